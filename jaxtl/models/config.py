@@ -1,0 +1,97 @@
+"""TransformerConfig: the one frozen description of a model.
+
+Config files (ml_collections) stop at the trainer; models only ever see this
+dataclass, and each layer reads the explicit fields it needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+FAMILIES = ("encoder", "decoder", "encoder_decoder")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Architecture hyper-parameters shared by the three model families.
+
+  ``family`` picks the stack: ``encoder`` (BERT, bidirectional),
+  ``decoder`` (GPT-2, causal) or ``encoder_decoder`` (T5).
+  """
+  family: str = "encoder"
+  vocab_size: int = 32000
+  d_model: int = 512
+  num_heads: int = 8
+  head_dim: int = 64
+  mlp_dim: int = 2048
+  num_layers: int = 6
+  num_decoder_layers: int = 0  # encoder_decoder only; 0 means num_layers.
+  max_len: int = 512  # size of the learned position table.
+  position: str = "learned"  # "learned" (BERT, GPT-2) or "relative" (T5).
+  relative_buckets: int = 32
+  relative_max_distance: int = 128
+  type_vocab_size: int = 0  # >0 adds token-type (segment A/B) embeddings.
+  activation: str = "gelu"  # gelu | gelu_new | relu | silu
+  gated_mlp: bool = False  # T5 v1.1 gated-GELU.
+  norm: str = "layernorm"  # layernorm | rmsnorm
+  norm_eps: float = 1e-12
+  pre_norm: bool = True  # False: post-LN (BERT).
+  embed_norm: bool = False  # norm right after the embeddings (BERT).
+  use_bias: bool = True  # biases in dense layers (T5 has none).
+  scale_attention: bool = True  # 1/sqrt(head_dim); T5 folds it into init.
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  tie_embeddings: bool = True
+  scale_tied_logits: bool = False  # T5 v1.0: hidden * d_model**-0.5 first.
+  lm_head_transform: bool = False  # BERT: dense + act + norm before logits.
+  lm_head_bias: bool = False
+  init_std: float = 0.02
+  dtype: str = "float32"  # compute dtype.
+  param_dtype: str = "float32"
+  scan_layers: bool = False
+  remat: str = "none"
+  attention_impl: str | None = None  # None (auto) | "xla" | "cudnn"
+
+  def __post_init__(self):
+    checks = {
+        "family": (self.family, FAMILIES),
+        "position": (self.position, ("learned", "relative")),
+        "norm": (self.norm, ("layernorm", "rmsnorm")),
+        "remat": (self.remat, REMAT_POLICIES),
+        "attention_impl": (self.attention_impl, (None, "xla", "cudnn")),
+    }
+    for name, (value, allowed) in checks.items():
+      if value not in allowed:
+        raise ValueError(f"TransformerConfig.{name}={value!r}; expected one of {allowed}")
+    for name in ("vocab_size", "d_model", "num_heads", "head_dim", "mlp_dim",
+                 "num_layers", "max_len"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"TransformerConfig.{name} must be positive, got {getattr(self, name)}")
+
+  @property
+  def jnp_dtype(self) -> Any:
+    return jnp.dtype(self.dtype)
+
+  @property
+  def jnp_param_dtype(self) -> Any:
+    return jnp.dtype(self.param_dtype)
+
+  @property
+  def decoder_layers(self) -> int:
+    return self.num_decoder_layers or self.num_layers
+
+  def replace(self, **changes: Any) -> "TransformerConfig":
+    return dataclasses.replace(self, **changes)
+
+  @classmethod
+  def from_mapping(cls, values: Mapping[str, Any]) -> "TransformerConfig":
+    """Builds from a config dict, naming any key the dataclass lacks."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(f"unknown model config keys {unknown}; known: {sorted(known)}")
+    return cls(**dict(values))

@@ -1,0 +1,299 @@
+"""Transformer building blocks: embeddings, attention, MLP, norms, masks.
+
+Shape letters used in names (nanodo style):
+  B batch, T query length, S key/value length, D model width, H heads,
+  K head width, F MLP width, V vocabulary, N relative-position buckets.
+
+Every parameter carries logical axis names (t5x vocabulary: ``vocab, embed,
+mlp, heads, kv``) so that one rules table in :mod:`jaxtl.sharding` decides how
+it is laid out on a device mesh; layers never mention mesh axes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxtl.models.config import TransformerConfig
+
+Array = jax.Array
+
+# Logical names for activations at block boundaries (kept apart from parameter
+# names so that, e.g., FSDP can shard the `embed` axis of weights while leaving
+# activations sharded over the batch only).
+ACT_BLD = ("activation_batch", "activation_length", "activation_embed")
+
+
+def constrain(x: Array, axes: tuple[str | None, ...]) -> Array:
+  """Logical sharding constraint (a no-op outside a mesh context)."""
+  return nn.with_logical_constraint(x, axes)
+
+
+def _init(std: float, axes: tuple[str, ...]) -> Callable[..., Any]:
+  return nn.with_logical_partitioning(nn.initializers.normal(stddev=std), axes)
+
+
+def _zeros(axes: tuple[str, ...]) -> Callable[..., Any]:
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def _ones(axes: tuple[str, ...]) -> Callable[..., Any]:
+  return nn.with_logical_partitioning(nn.initializers.ones_init(), axes)
+
+
+def activation_fn(name: str) -> Callable[[Array], Array]:
+  """The MLP non-linearity by name (HF names: gelu is exact, gelu_new is tanh)."""
+  table = {
+      "gelu": lambda x: nn.gelu(x, approximate=False),
+      "gelu_new": lambda x: nn.gelu(x, approximate=True),
+      "relu": nn.relu,
+      "silu": nn.silu,
+  }
+  if name not in table:
+    raise ValueError(f"unknown activation {name!r}; known: {sorted(table)}")
+  return table[name]
+
+
+# ----------------------------------------------------------------------------
+# Masks and position encodings.
+
+
+def attention_mask(q_segment_BT: Array, kv_segment_BS: Array,
+                   causal: bool = False,
+                   q_positions_BT: Array | None = None,
+                   kv_positions_BS: Array | None = None) -> Array:
+  """Boolean mask [B, 1, T, S]: True where query t may attend to key s.
+
+  Segment id 0 marks padding; packed rows carry segment ids 1..k and a token
+  only sees tokens of its own segment. With ``causal`` a query also never sees
+  a later key; positions (restarting per packed segment) decide "later" when
+  given, else the index along the row.
+  """
+  mask_BTS = ((q_segment_BT[:, :, None] == kv_segment_BS[:, None, :])
+              & (kv_segment_BS[:, None, :] > 0))
+  if causal:
+    if q_positions_BT is None or kv_positions_BS is None:
+      t = jnp.arange(q_segment_BT.shape[1])
+      s = jnp.arange(kv_segment_BS.shape[1])
+      mask_BTS &= (t[:, None] >= s[None, :])[None]
+    else:
+      mask_BTS &= q_positions_BT[:, :, None] >= kv_positions_BS[:, None, :]
+  return mask_BTS[:, None]
+
+
+def relative_position_buckets(relative_position: Array, bidirectional: bool,
+                              num_buckets: int, max_distance: int) -> Array:
+  """T5's log-spaced buckets of (key position - query position).
+
+  Small distances get a bucket each; larger ones share logarithmically wider
+  buckets up to ``max_distance``. Bidirectional buckets split the range in two
+  halves for keys before and after the query.
+  """
+  bucket = jnp.zeros_like(relative_position)
+  if bidirectional:
+    num_buckets //= 2
+    bucket += (relative_position > 0).astype(jnp.int32) * num_buckets
+    distance = jnp.abs(relative_position)
+  else:
+    distance = -jnp.minimum(relative_position, 0)
+  max_exact = num_buckets // 2
+  is_small = distance < max_exact
+  log_ratio = (jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
+               / math.log(max_distance / max_exact))
+  large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(jnp.int32)
+  large = jnp.minimum(large, num_buckets - 1)
+  return bucket + jnp.where(is_small, distance, large)
+
+
+class RelativePositionBias(nn.Module):
+  """Learned per-head scalar bias from bucketed relative positions (T5).
+
+  Computed once per stack and shared by all its layers, as in T5.
+  """
+  config: TransformerConfig
+  bidirectional: bool
+
+  @nn.compact
+  def __call__(self, q_positions_BT: Array, kv_positions_BS: Array) -> Array:
+    cfg = self.config
+    table_NH = self.param(
+        "rel_embedding", _init(cfg.init_std, ("relpos_buckets", "heads")),
+        (cfg.relative_buckets, cfg.num_heads), cfg.jnp_param_dtype)
+    rel_BTS = kv_positions_BS[:, None, :] - q_positions_BT[:, :, None]
+    buckets_BTS = relative_position_buckets(
+        rel_BTS, self.bidirectional, cfg.relative_buckets,
+        cfg.relative_max_distance)
+    bias_BTSH = jnp.asarray(table_NH, cfg.jnp_dtype)[buckets_BTS]
+    return jnp.transpose(bias_BTSH, (0, 3, 1, 2))  # [B, H, T, S]
+
+
+# ----------------------------------------------------------------------------
+# Layers.
+
+
+def make_norm(cfg: TransformerConfig, name: str) -> nn.Module:
+  """LayerNorm (BERT, GPT-2) or RMSNorm without bias (T5), per the config."""
+  if cfg.norm == "rmsnorm":
+    return nn.RMSNorm(epsilon=cfg.norm_eps, dtype=cfg.jnp_dtype,
+                      param_dtype=cfg.jnp_param_dtype,
+                      scale_init=_ones(("embed",)), name=name)
+  if cfg.norm == "layernorm":
+    return nn.LayerNorm(epsilon=cfg.norm_eps, dtype=cfg.jnp_dtype,
+                        param_dtype=cfg.jnp_param_dtype,
+                        scale_init=_ones(("embed",)),
+                        bias_init=_zeros(("embed",)), name=name)
+  raise ValueError(f"unknown norm {cfg.norm!r}; known: layernorm, rmsnorm")
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head dot-product attention (self- or cross-).
+
+  Uses the fused ``jax.nn.dot_product_attention`` (XLA or cuDNN kernels) and
+  falls back to explicit einsums only when attention weights are needed: for
+  attention dropout in training, or when the caller asks to see them.
+  """
+  config: TransformerConfig
+  deterministic: bool = True
+  return_weights: bool = False
+
+  @nn.compact
+  def __call__(self, x_BTD: Array, kv_BSD: Array, mask_B1TS: Array | None,
+               bias_BHTS: Array | None = None) -> tuple[Array, Array | None]:
+    cfg = self.config
+    dense = lambda name: nn.DenseGeneral(
+        features=(cfg.num_heads, cfg.head_dim), axis=-1, use_bias=cfg.use_bias,
+        dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
+        kernel_init=_init(cfg.init_std, ("embed", "heads", "kv")),
+        bias_init=_zeros(("heads", "kv")), name=name)
+    q_BTHK = dense("query")(x_BTD)
+    k_BSHK = dense("key")(kv_BSD)
+    v_BSHK = dense("value")(kv_BSD)
+    scale = 1.0 / math.sqrt(cfg.head_dim) if cfg.scale_attention else 1.0
+
+    use_dropout = cfg.attention_dropout_rate > 0 and not self.deterministic
+    weights_BHTS = None
+    if self.return_weights or use_dropout:
+      logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK) * scale
+      if bias_BHTS is not None:
+        logits_BHTS += bias_BHTS
+      if mask_B1TS is not None:
+        logits_BHTS = jnp.where(mask_B1TS, logits_BHTS,
+                                jnp.finfo(logits_BHTS.dtype).min)
+      weights_BHTS = jax.nn.softmax(logits_BHTS.astype(jnp.float32), axis=-1)
+      probs_BHTS = nn.Dropout(cfg.attention_dropout_rate)(
+          weights_BHTS, deterministic=self.deterministic)
+      out_BTHK = jnp.einsum("bhts,bshk->bthk", probs_BHTS.astype(cfg.jnp_dtype),
+                            v_BSHK)
+    else:
+      out_BTHK = jax.nn.dot_product_attention(
+          q_BTHK, k_BSHK, v_BSHK, bias=bias_BHTS, mask=mask_B1TS, scale=scale,
+          implementation=cfg.attention_impl)
+    out_BTHK = constrain(out_BTHK, ("activation_batch", "activation_length",
+                                    "activation_heads", "activation_kv"))
+    out_BTD = nn.DenseGeneral(
+        features=cfg.d_model, axis=(-2, -1), use_bias=cfg.use_bias,
+        dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
+        kernel_init=_init(cfg.init_std, ("heads", "kv", "embed")),
+        bias_init=_zeros(("embed",)), name="out")(out_BTHK)
+    return out_BTD, weights_BHTS
+
+
+class Mlp(nn.Module):
+  """Position-wise feed-forward: act(x W_in) W_out, or gated act(x W_0) * (x W_1)."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x_BTD: Array) -> Array:
+    cfg = self.config
+    dense = lambda features, axes, name: nn.Dense(
+        features, use_bias=cfg.use_bias, dtype=cfg.jnp_dtype,
+        param_dtype=cfg.jnp_param_dtype, kernel_init=_init(cfg.init_std, axes),
+        bias_init=_zeros(axes[1:]), name=name)
+    act = activation_fn(cfg.activation)
+    if cfg.gated_mlp:
+      h_BTF = (act(dense(cfg.mlp_dim, ("embed", "mlp"), "wi_0")(x_BTD))
+               * dense(cfg.mlp_dim, ("embed", "mlp"), "wi_1")(x_BTD))
+    else:
+      h_BTF = act(dense(cfg.mlp_dim, ("embed", "mlp"), "wi")(x_BTD))
+    h_BTF = constrain(h_BTF, ("activation_batch", "activation_length",
+                              "activation_mlp"))
+    return dense(cfg.d_model, ("mlp", "embed"), "wo")(h_BTF)
+
+
+class Embedder(nn.Module):
+  """Token (+ learned absolute position) (+ token type) embeddings.
+
+  The token table is owned by the caller so that T5 can share one table
+  between encoder, decoder and LM head.
+  """
+  config: TransformerConfig
+  token_embed: nn.Module
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, tokens_BT: Array, positions_BT: Array,
+               token_types_BT: Array | None = None) -> Array:
+    cfg = self.config
+    x_BTD = self.token_embed(tokens_BT)
+    if cfg.position == "learned":
+      table_PD = self.param("position_embedding",
+                            _init(cfg.init_std, ("positions", "embed")),
+                            (cfg.max_len, cfg.d_model), cfg.jnp_param_dtype)
+      x_BTD += jnp.asarray(table_PD, cfg.jnp_dtype)[positions_BT]
+    if cfg.type_vocab_size:
+      if token_types_BT is None:
+        token_types_BT = jnp.zeros_like(tokens_BT)
+      table_YD = self.param("token_type_embedding",
+                            _init(cfg.init_std, ("type_vocab", "embed")),
+                            (cfg.type_vocab_size, cfg.d_model),
+                            cfg.jnp_param_dtype)
+      x_BTD += jnp.asarray(table_YD, cfg.jnp_dtype)[token_types_BT]
+    if cfg.embed_norm:
+      x_BTD = make_norm(cfg, "norm")(x_BTD)
+    x_BTD = nn.Dropout(cfg.dropout_rate)(x_BTD, deterministic=self.deterministic)
+    return constrain(x_BTD, ACT_BLD)
+
+
+def token_embedding(cfg: TransformerConfig, name: str = "token_embed") -> nn.Embed:
+  return nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.jnp_dtype,
+                  param_dtype=cfg.jnp_param_dtype,
+                  embedding_init=_init(cfg.init_std, ("vocab", "embed")),
+                  name=name)
+
+
+class LMHead(nn.Module):
+  """Projects hidden states to vocabulary logits.
+
+  Tied heads reuse the token table (T5 v1.0 first scales by d_model**-0.5);
+  BERT adds a dense + activation + norm transform and an output bias.
+  """
+  config: TransformerConfig
+  token_embed: nn.Module | None = None
+
+  @nn.compact
+  def __call__(self, x_BTD: Array) -> Array:
+    cfg = self.config
+    if cfg.lm_head_transform:
+      x_BTD = nn.Dense(cfg.d_model, dtype=cfg.jnp_dtype,
+                       param_dtype=cfg.jnp_param_dtype,
+                       kernel_init=_init(cfg.init_std, ("embed", "mlp")),
+                       bias_init=_zeros(("mlp",)), name="transform")(x_BTD)
+      x_BTD = make_norm(cfg, "transform_norm")(activation_fn(cfg.activation)(x_BTD))
+    if cfg.tie_embeddings:
+      if cfg.scale_tied_logits:
+        x_BTD = x_BTD * cfg.d_model**-0.5
+      logits_BTV = self.token_embed.attend(x_BTD)
+    else:
+      logits_BTV = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.jnp_dtype,
+                            param_dtype=cfg.jnp_param_dtype,
+                            kernel_init=_init(cfg.init_std, ("embed", "vocab")),
+                            name="logits")(x_BTD)
+    if cfg.lm_head_bias:
+      logits_BTV += self.param("bias", _zeros(("vocab",)), (cfg.vocab_size,),
+                               cfg.jnp_param_dtype)
+    return constrain(logits_BTV, ("activation_batch", "activation_length",
+                                  "activation_vocab"))

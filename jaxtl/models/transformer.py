@@ -1,0 +1,249 @@
+"""Transformer stacks: encoder (BERT), decoder-only (GPT-2), encoder-decoder (T5).
+
+All three are pure-functional Linen modules built from the same block. A model
+returns a dict with ``logits`` and, on request, every layer's hidden states
+and attention weights (for probing and ELMo-style scalar mixing).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxtl.models import layers
+from jaxtl.models.config import TransformerConfig
+
+Array = jax.Array
+
+_REMAT_POLICY = {
+    "full": None,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+class TransformerBlock(nn.Module):
+  """Self-attention (+ cross-attention) + MLP, each with a residual.
+
+  Pre-norm (GPT-2, T5): x + f(norm(x)). Post-norm (BERT): norm(x + f(x)).
+  The call signature ``(x, *broadcast) -> (x, per_layer_outputs)`` is what
+  ``nn.scan`` needs, so the same block runs looped or scanned.
+  """
+  config: TransformerConfig
+  cross_attention: bool = False
+  deterministic: bool = True
+  return_hidden: bool = False
+  return_attention: bool = False
+
+  def _sublayer(self, x_BTD: Array, name: str, fn) -> tuple[Array, Any]:
+    cfg = self.config
+    drop = nn.Dropout(cfg.dropout_rate, name=f"{name}_dropout")
+    if cfg.pre_norm:
+      y_BTD, aux = fn(layers.make_norm(cfg, f"{name}_norm")(x_BTD))
+      return x_BTD + drop(y_BTD, deterministic=self.deterministic), aux
+    y_BTD, aux = fn(x_BTD)
+    x_BTD = x_BTD + drop(y_BTD, deterministic=self.deterministic)
+    return layers.make_norm(cfg, f"{name}_norm")(x_BTD), aux
+
+  @nn.compact
+  def __call__(self, x_BTD: Array, mask_B1TT: Array, bias_BHTT: Array | None,
+               enc_BSD: Array | None = None, enc_mask_B1TS: Array | None = None):
+    cfg = self.config
+    attn = functools.partial(layers.MultiHeadAttention, cfg,
+                             deterministic=self.deterministic,
+                             return_weights=self.return_attention)
+    self_attn = attn(name="self_attention")
+    x_BTD, self_w = self._sublayer(
+        x_BTD, "self_attention", lambda h: self_attn(h, h, mask_B1TT, bias_BHTT))
+    cross_w = None
+    if self.cross_attention:
+      cross = attn(name="cross_attention")
+      x_BTD, cross_w = self._sublayer(
+          x_BTD, "cross_attention", lambda h: cross(h, enc_BSD, enc_mask_B1TS))
+    mlp = layers.Mlp(cfg, name="mlp")
+    x_BTD, _ = self._sublayer(x_BTD, "mlp", lambda h: (mlp(h), None))
+    x_BTD = layers.constrain(x_BTD, layers.ACT_BLD)
+    outputs = {}
+    if self.return_hidden:
+      outputs["hidden"] = x_BTD
+    if self.return_attention:
+      outputs["attention"] = self_w
+      if self.cross_attention:
+        outputs["cross_attention"] = cross_w
+    return x_BTD, outputs
+
+
+class Stack(nn.Module):
+  """Embeddings -> N blocks -> final norm (pre-norm models).
+
+  Returns ``(last_hidden_BTD, extras)`` where extras holds, when asked,
+  ``hidden_states`` (embedding output plus every layer, the last one after
+  the final norm, as in Hugging Face) and per-layer ``attentions``.
+  """
+  config: TransformerConfig
+  num_layers: int
+  causal: bool
+  token_embed: nn.Module
+  cross_attention: bool = False
+
+  @nn.compact
+  def __call__(self, tokens_BT: Array, segment_ids_BT: Array | None = None,
+               positions_BT: Array | None = None,
+               token_types_BT: Array | None = None,
+               enc_BSD: Array | None = None,
+               enc_segment_ids_BS: Array | None = None, *,
+               deterministic: bool = True, return_hidden: bool = False,
+               return_attention: bool = False):
+    cfg = self.config
+    if segment_ids_BT is None:
+      segment_ids_BT = jnp.ones_like(tokens_BT)
+    if positions_BT is None:
+      positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]),
+                                      tokens_BT.shape)
+    x_BTD = layers.Embedder(cfg, self.token_embed, deterministic,
+                            name="embedder")(tokens_BT, positions_BT,
+                                             token_types_BT)
+    embedded_BTD = x_BTD
+    mask_B1TT = layers.attention_mask(segment_ids_BT, segment_ids_BT,
+                                      self.causal, positions_BT, positions_BT)
+    bias_BHTT = None
+    if cfg.position == "relative":
+      bias_BHTT = layers.RelativePositionBias(
+          cfg, bidirectional=not self.causal, name="relative_bias")(
+              positions_BT, positions_BT)
+    enc_mask_B1TS = None
+    if self.cross_attention:
+      enc_mask_B1TS = layers.attention_mask(segment_ids_BT, enc_segment_ids_BS)
+
+    block = TransformerBlock
+    if cfg.remat != "none":
+      block = nn.remat(block, policy=_REMAT_POLICY[cfg.remat],
+                       prevent_cse=not cfg.scan_layers)
+    kwargs = dict(config=cfg, cross_attention=self.cross_attention,
+                  deterministic=deterministic,
+                  return_hidden=return_hidden,
+                  return_attention=return_attention)
+    args = (mask_B1TT, bias_BHTT, enc_BSD, enc_mask_B1TS)
+    if cfg.scan_layers:
+      scanned = nn.scan(block, variable_axes={"params": 0},
+                        split_rngs={"params": True, "dropout": True},
+                        in_axes=(nn.broadcast,) * len(args),
+                        length=self.num_layers,
+                        metadata_params={nn.PARTITION_NAME: "layers"})
+      x_BTD, per_layer = scanned(**kwargs, name="layers")(x_BTD, *args)
+      # Stacked [L, ...] outputs -> one entry per layer.
+      per_layer = [jax.tree.map(lambda a, i=i: a[i], per_layer)
+                   for i in range(self.num_layers)] if per_layer else []
+    else:
+      outs = []
+      for i in range(self.num_layers):
+        x_BTD, out = block(**kwargs, name=f"layer_{i}")(x_BTD, *args)
+        outs.append(out)
+      per_layer = outs if any(outs) else []
+
+    if cfg.pre_norm:
+      x_BTD = layers.make_norm(cfg, "final_norm")(x_BTD)
+      x_BTD = nn.Dropout(cfg.dropout_rate)(x_BTD,
+                                           deterministic=deterministic)
+    extras = {}
+    if return_hidden:
+      hidden = [p["hidden"] for p in per_layer]
+      extras["hidden_states"] = (embedded_BTD, *hidden[:-1], x_BTD)
+    if return_attention:
+      extras["attentions"] = tuple(p["attention"] for p in per_layer)
+      if self.cross_attention:
+        extras["cross_attentions"] = tuple(p["cross_attention"] for p in per_layer)
+    return x_BTD, extras
+
+
+class EncoderOrDecoder(nn.Module):
+  """One stack + LM head: ``encoder`` (bidirectional, MLM) or ``decoder`` (causal LM).
+
+  BERT and GPT-2 differ only in the attention mask and config switches
+  (post- vs pre-norm, embedding norm, token types), so one module serves both.
+  """
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, tokens_BT: Array, segment_ids_BT: Array | None = None,
+               positions_BT: Array | None = None,
+               token_types_BT: Array | None = None, *,
+               deterministic: bool = True, return_hidden: bool = False,
+               return_attention: bool = False, lm_head: bool = True
+               ) -> dict[str, Any]:
+    cfg = self.config
+    embed = layers.token_embedding(cfg)
+    hidden_BTD, extras = Stack(
+        cfg, cfg.num_layers, causal=cfg.family == "decoder", token_embed=embed,
+        name="stack")(tokens_BT, segment_ids_BT, positions_BT, token_types_BT,
+                      deterministic=deterministic, return_hidden=return_hidden,
+                      return_attention=return_attention)
+    out = {"last_hidden": hidden_BTD, **extras}
+    if lm_head:
+      out["logits"] = layers.LMHead(cfg, embed, name="lm_head")(hidden_BTD)
+    return out
+
+
+class EncoderDecoder(nn.Module):
+  """T5: bidirectional encoder, causal decoder with cross-attention, shared table."""
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    self.token_embed = layers.token_embedding(cfg)
+    self.encoder = Stack(cfg, cfg.num_layers, causal=False,
+                         token_embed=self.token_embed)
+    self.decoder = Stack(cfg, cfg.decoder_layers, causal=True,
+                         token_embed=self.token_embed, cross_attention=True)
+    self.lm_head = layers.LMHead(cfg, self.token_embed)
+
+  def encode(self, tokens_BS: Array, segment_ids_BS: Array | None = None,
+             positions_BS: Array | None = None, *, deterministic: bool = True,
+             return_hidden: bool = False, return_attention: bool = False):
+    return self.encoder(tokens_BS, segment_ids_BS, positions_BS,
+                        deterministic=deterministic,
+                        return_hidden=return_hidden,
+                        return_attention=return_attention)
+
+  def decode(self, enc_BSD: Array, enc_segment_ids_BS: Array | None,
+             tokens_BT: Array, segment_ids_BT: Array | None = None,
+             positions_BT: Array | None = None, *, deterministic: bool = True,
+             return_hidden: bool = False, return_attention: bool = False):
+    if enc_segment_ids_BS is None:
+      enc_segment_ids_BS = jnp.ones(enc_BSD.shape[:2], jnp.int32)
+    hidden_BTD, extras = self.decoder(
+        tokens_BT, segment_ids_BT, positions_BT, None, enc_BSD,
+        enc_segment_ids_BS, deterministic=deterministic,
+        return_hidden=return_hidden, return_attention=return_attention)
+    return self.lm_head(hidden_BTD), hidden_BTD, extras
+
+  def __call__(self, encoder_tokens_BS: Array, decoder_tokens_BT: Array,
+               encoder_segment_ids_BS: Array | None = None,
+               decoder_segment_ids_BT: Array | None = None,
+               encoder_positions_BS: Array | None = None,
+               decoder_positions_BT: Array | None = None, *,
+               deterministic: bool = True, return_hidden: bool = False,
+               return_attention: bool = False) -> dict[str, Any]:
+    flags = dict(deterministic=deterministic, return_hidden=return_hidden,
+                 return_attention=return_attention)
+    enc_BSD, enc_extras = self.encode(encoder_tokens_BS, encoder_segment_ids_BS,
+                                      encoder_positions_BS, **flags)
+    logits_BTV, hidden_BTD, dec_extras = self.decode(
+        enc_BSD, encoder_segment_ids_BS, decoder_tokens_BT,
+        decoder_segment_ids_BT, decoder_positions_BT, **flags)
+    out = {"logits": logits_BTV, "last_hidden": hidden_BTD,
+           "encoder_last_hidden": enc_BSD}
+    out.update({f"encoder_{k}": v for k, v in enc_extras.items()})
+    out.update(dec_extras)
+    return out
+
+
+def build_model(config: TransformerConfig) -> nn.Module:
+  """The Linen module for ``config.family``."""
+  if config.family == "encoder_decoder":
+    return EncoderDecoder(config)
+  return EncoderOrDecoder(config)
