@@ -1,0 +1,1 @@
+"""Host-side (numpy) input pipeline: corruptions, packing, batching."""

@@ -1,0 +1,346 @@
+"""Readers that turn a dataset split into a list of texts.
+
+The corpora jaxtl trains on fit in host memory, so every reader returns a
+plain `list[str]`; tokenization and packing happen later. Errors name the
+file and 1-based line so a bad row in a large file is quick to find.
+TensorFlow (for TFDS) is imported only inside `read_tfds`.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+DATA_DIR_ENV = "JAXTL_DATA_DIR"
+_DATA_DIR_PLACEHOLDER = "{data_dir}"
+
+PathLike = str | os.PathLike[str]
+
+
+def resolve_data_dir(flag_value: str | None = None) -> str | None:
+  """Returns the data directory: the flag, else $JAXTL_DATA_DIR, else None."""
+  if flag_value:
+    return flag_value
+  return os.environ.get(DATA_DIR_ENV) or None
+
+
+def require_data_dir(flag_value: str | None = None) -> str:
+  """Like `resolve_data_dir`, but fails clearly when no directory is set."""
+  data_dir = resolve_data_dir(flag_value)
+  if data_dir is None:
+    raise ValueError(
+        f"no data directory: set the environment variable {DATA_DIR_ENV} "
+        "(or pass a data_dir flag) to the folder holding the datasets")
+  return data_dir
+
+
+def _check_file(path: PathLike) -> str:
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"data file not found: {path}")
+  return path
+
+
+def _open_text(path: str, encoding: str, newline: str | None = None
+               ) -> io.TextIOBase:
+  """Opens a text file, decompressing it on the fly if it ends in .gz."""
+  if path.endswith(".gz"):
+    return gzip.open(path, "rt", encoding=encoding, newline=newline)
+  return open(path, "r", encoding=encoding, newline=newline)
+
+
+def _decode_error(path: str, encoding: str, e: UnicodeDecodeError
+                  ) -> ValueError:
+  """Builds a decode error that names the file and first bad line."""
+  where = path
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rb") as f:
+    for lineno, raw in enumerate(f, start=1):
+      try:
+        raw.decode(encoding)
+      except UnicodeDecodeError:
+        where = f"{path}:{lineno}"
+        break
+      except LookupError:
+        break
+  return ValueError(
+      f"{where}: not valid {encoding} ({e.reason}); pass the file's "
+      "encoding, e.g. encoding='latin-1'")
+
+
+def read_text(path: PathLike, *, encoding: str = "utf-8",
+              paragraphs: bool = False) -> list[str]:
+  """Reads a plain-text file as documents.
+
+  Args:
+    path: The file (may end in .gz).
+    encoding: Text encoding of the file.
+    paragraphs: If True the whole file is one document (tiny Shakespeare);
+      otherwise every non-blank line is a document (WikiText), kept as it is
+      apart from the line break.
+
+  Returns:
+    The documents.
+  """
+  path = _check_file(path)
+  try:
+    with _open_text(path, encoding) as f:
+      if paragraphs:
+        text = f.read()
+        return [text] if text.strip() else []
+      return [line.rstrip("\r\n") for line in f if line.strip()]
+  except UnicodeDecodeError as e:
+    raise _decode_error(path, encoding, e) from e
+
+
+def read_jsonl(path: PathLike, *, field: str = "text",
+               filter: Mapping[str, Any] | None = None  # pylint: disable=redefined-builtin
+               ) -> list[str]:
+  """Reads one string field from each row of a JSON-lines file.
+
+  Args:
+    path: The file; gzipped when its name ends in .gz.
+    field: The field holding the text.
+    filter: Keep only rows whose values equal these (e.g. {"label": 1}).
+
+  Returns:
+    The texts of the kept rows, in file order.
+
+  Raises:
+    ValueError: naming the file and line, for malformed JSON, a missing
+      field, or a text that is not a non-empty string.
+  """
+  path = _check_file(path)
+  conditions = list((filter or {}).items())
+  texts = []
+  with _open_text(path, "utf-8") as f:
+    for lineno, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: malformed JSON: {e}") from e
+      if not isinstance(row, dict):
+        raise ValueError(f"{path}:{lineno}: expected a JSON object, got "
+                         f"{type(row).__name__}")
+      keep = True
+      for key, value in conditions:
+        if key not in row:
+          raise ValueError(
+              f"{path}:{lineno}: filter field {key!r} missing from row")
+        if row[key] != value:
+          keep = False
+          break
+      if not keep:
+        continue
+      if field not in row:
+        raise ValueError(f"{path}:{lineno}: field {field!r} missing (row "
+                         f"has {sorted(row)})")
+      text = row[field]
+      if not isinstance(text, str):
+        raise ValueError(f"{path}:{lineno}: field {field!r} is "
+                         f"{type(text).__name__}, not a string")
+      if not text.strip():
+        raise ValueError(f"{path}:{lineno}: field {field!r} is empty")
+      texts.append(text)
+  return texts
+
+
+def read_tsv_column(path: PathLike, column: int | str, *, header: bool = True,
+                    encoding: str = "utf-8-sig") -> list[str]:
+  """Reads one column of a tab-separated file such as a GLUE task.
+
+  Quotes are not special (GLUE sentences contain stray `"`), and the default
+  encoding drops the BOM that starts MRPC's header.
+
+  Args:
+    path: The file.
+    column: 0-based index, or a header name (needs `header=True`).
+    header: Whether the first line names the columns (it is skipped).
+    encoding: Text encoding of the file.
+
+  Returns:
+    The column's values, one per data row.
+  """
+  path = _check_file(path)
+  if isinstance(column, str) and not header:
+    raise ValueError(
+        f"{path}: column {column!r} given by name but header=False")
+  if isinstance(column, int) and column < 0:
+    raise ValueError(f"column index must be >= 0, got {column}")
+  values = []
+  try:
+    with _open_text(path, encoding, newline="") as f:
+      reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+      index = column if isinstance(column, int) else -1
+      for lineno, row in enumerate(reader, start=1):
+        if lineno == 1 and header:
+          if isinstance(column, str):
+            if column not in row:
+              raise ValueError(f"{path}: no column {column!r}; the header "
+                               f"has {row}")
+            index = row.index(column)
+          continue
+        if not row:  # Blank line.
+          continue
+        if index >= len(row):
+          raise ValueError(f"{path}:{lineno}: row has {len(row)} columns, "
+                           f"column {column!r} needs {index + 1}")
+        values.append(row[index])
+  except UnicodeDecodeError as e:
+    raise _decode_error(path, encoding, e) from e
+  return values
+
+
+def read_tfds(name: str, split: str, *, data_dir: PathLike | None = None,
+              manual_dir: PathLike | None = None,
+              field: str = "text") -> list[str]:
+  """Reads a text field of a TensorFlow Datasets split (prepared if needed).
+
+  TensorFlow is imported here only, and hidden from the accelerators so it
+  never grabs GPU memory that JAX needs.
+
+  Args:
+    name: The TFDS dataset name, e.g. "tiny_shakespeare".
+    split: A TFDS split string, e.g. "train" or "train[:90%]".
+    data_dir: Where TFDS keeps prepared data (TFDS's default if None).
+    manual_dir: Folder with manually downloaded source files, for offline
+      preparation.
+    field: The feature holding the text.
+
+  Returns:
+    The texts, one per example.
+  """
+  try:
+    # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+  except ImportError as e:
+    raise ImportError(
+        "reading TFDS datasets needs TensorFlow Datasets: "
+        f"pip install 'jaxtl[tfds]' ({e})") from e
+  try:
+    tf.config.set_visible_devices([], "GPU")
+  except RuntimeError:  # TF already initialised its devices.
+    pass
+  kwargs: dict[str, Any] = {}
+  if manual_dir is not None:
+    manual_dir = os.fspath(manual_dir)
+    if not os.path.isdir(manual_dir):
+      raise FileNotFoundError(f"TFDS manual_dir not found: {manual_dir}")
+    kwargs["download_and_prepare_kwargs"] = {
+        "download_config": tfds.download.DownloadConfig(manual_dir=manual_dir)
+    }
+  ds = tfds.load(name, split=split,
+                 data_dir=None if data_dir is None else os.fspath(data_dir),
+                 **kwargs)
+  texts = []
+  for example in tfds.as_numpy(ds):
+    if field not in example:
+      raise ValueError(f"TFDS {name}[{split}] has no feature {field!r}; it "
+                       f"has {sorted(example)}")
+    value = example[field]
+    if isinstance(value, bytes):
+      value = value.decode("utf-8")
+    elif not isinstance(value, str):
+      raise ValueError(f"TFDS {name}[{split}] feature {field!r} is not text "
+                       f"({type(value).__name__})")
+    texts.append(value)
+  return texts
+
+
+def _expand(path: Any) -> str:
+  """Substitutes the data directory into a configured path."""
+  path = os.fspath(path)
+  if _DATA_DIR_PLACEHOLDER in path:
+    path = path.replace(_DATA_DIR_PLACEHOLDER, require_data_dir())
+  return path
+
+
+def _split_files(source: Mapping[str, Any], split: str) -> list[str]:
+  files = source.get("files")
+  if not isinstance(files, Mapping) or not files:
+    raise ValueError(f"source of kind {source['kind']!r} needs 'files', a "
+                     "mapping from split name to paths")
+  if split not in files:
+    raise ValueError(f"unknown split {split!r}; the source has "
+                     f"{sorted(files)}")
+  paths = files[split]
+  if isinstance(paths, (str, os.PathLike)):
+    paths = [paths]
+  return [_expand(p) for p in paths]
+
+
+def _load_tfds(source: Mapping[str, Any], split: str) -> list[str]:
+  splits = source.get("splits")
+  if splits is not None:  # Optional renaming, e.g. validation -> train[:5%].
+    if split not in splits:
+      raise ValueError(f"unknown split {split!r}; the source has "
+                       f"{sorted(splits)}")
+    split = splits[split]
+  data_dir = source.get("data_dir")
+  manual_dir = source.get("manual_dir")
+  return read_tfds(
+      source["name"], split,
+      data_dir=None if data_dir is None else _expand(data_dir),
+      manual_dir=None if manual_dir is None else _expand(manual_dir),
+      field=source.get("field", "text"))
+
+
+def _load_files(source: Mapping[str, Any], split: str) -> list[str]:
+  kind = source["kind"]
+  texts: list[str] = []
+  for path in _split_files(source, split):
+    if kind == "text":
+      texts += read_text(path, encoding=source.get("encoding", "utf-8"),
+                         paragraphs=source.get("paragraphs", False))
+    elif kind == "jsonl":
+      texts += read_jsonl(path, field=source.get("field", "text"),
+                          filter=source.get("filter"))
+    else:  # tsv
+      if "column" not in source:
+        raise ValueError("source of kind 'tsv' needs 'column'")
+      texts += read_tsv_column(
+          path, source["column"], header=source.get("header", True),
+          encoding=source.get("encoding", "utf-8-sig"))
+  return texts
+
+
+_LOADERS = {
+    "text": _load_files,
+    "jsonl": _load_files,
+    "tsv": _load_files,
+    "tfds": _load_tfds,
+}
+KINDS: Sequence[str] = tuple(_LOADERS)
+
+
+def load_texts(source: Mapping[str, Any], split: str) -> list[str]:
+  """Reads a split of a dataset described by a config dict.
+
+  `source["kind"]` is one of `KINDS`. File kinds take `files` (split name ->
+  a path or list of paths, which may contain `{data_dir}`) plus the reader's
+  options (`field`, `filter`, `column`, `header`, `encoding`, `paragraphs`);
+  "tfds" takes `name`, optional `data_dir`, `manual_dir`, `field` and
+  `splits` (a renaming of split names to TFDS split strings).
+
+  Args:
+    source: The dataset description (a dict or ml_collections ConfigDict).
+    split: The split to read, e.g. "train".
+
+  Returns:
+    The split's texts.
+  """
+  if hasattr(source, "to_dict"):  # ml_collections.ConfigDict.
+    source = source.to_dict()
+  kind = source.get("kind")
+  if kind not in _LOADERS:
+    raise ValueError(f"unknown source kind {kind!r}; known kinds: "
+                     f"{', '.join(KINDS)}")
+  return _LOADERS[kind](source, split)

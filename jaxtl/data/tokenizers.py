@@ -1,0 +1,394 @@
+"""Tokenizers behind one interface, so models and pipelines never care which.
+
+Every tokenizer exposes the ids that the data pipeline needs (pad, eos, the
+MLM mask, T5 sentinels, ...) and the set of ids that must never be chosen
+for masking. Today only SentencePiece is implemented; a WordPiece/BPE class
+backed by the `tokenizers` library is meant to subclass `Tokenizer` the same
+way (fill in the id attributes and `_sentinels`, implement encode/decode).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import os
+import random
+import re
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+_LOG = logging.getLogger(__name__)
+
+# Pieces by which special tokens are recognised in a SentencePiece model.
+MASK_PIECE = "[MASK]"
+CLS_PIECE = "[CLS]"
+SEP_PIECE = "[SEP]"
+_SENTINEL_RE = re.compile(r"^(?:\u2581)?<extra_id_(\d+)>$")
+
+# Classic T5 models hold 32000 pieces; the 100 sentinels live after them,
+# outside the SentencePiece model, counting down from the top of the vocab.
+_T5_PIECES = 32000
+_T5_SENTINELS = 100
+
+# SentencePiece's default max_sentence_length, in bytes.
+_MAX_SENTENCE_BYTES = 4192
+# Fixed thread count for training: unigram scores depend on how the work is
+# split among threads, so a machine-dependent count would break determinism.
+_TRAIN_THREADS = 16
+
+
+class Tokenizer(abc.ABC):
+  """Text <-> ids, with the special ids the data pipeline relies on.
+
+  Attributes:
+    vocab_size: Size of the id space the model's embedding must cover (may
+      exceed the number of real pieces, e.g. T5's out-of-model sentinels).
+    pad_id, eos_id, unk_id: Always present.
+    bos_id, mask_id, cls_id, sep_id: None when the vocabulary has no such
+      token.
+  """
+
+  vocab_size: int
+  pad_id: int
+  eos_id: int
+  unk_id: int
+  bos_id: int | None = None
+  mask_id: int | None = None
+  cls_id: int | None = None
+  sep_id: int | None = None
+  # Sentinel ids in order (index i is <extra_id_i>); set by subclasses.
+  _sentinels: tuple[int, ...] = ()
+
+  @abc.abstractmethod
+  def encode(self, text: str) -> list[int]:
+    """Returns the ids of `text`, without bos/eos."""
+
+  @abc.abstractmethod
+  def decode(self, ids: Sequence[int]) -> str:
+    """Returns the text of `ids`, skipping padding."""
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Encodes many texts; subclasses override this with a faster path."""
+    return [self.encode(t) for t in texts]
+
+  @property
+  def num_sentinels(self) -> int:
+    """Number of T5 sentinels (<extra_id_i>) the vocabulary provides."""
+    return len(self._sentinels)
+
+  def sentinel_id(self, i: int) -> int:
+    """Returns the id of T5 sentinel <extra_id_i>, for span corruption."""
+    if not 0 <= i < len(self._sentinels):
+      raise ValueError(
+          f"sentinel <extra_id_{i}> is not in this vocabulary (it has "
+          f"{len(self._sentinels)} sentinels)")
+    return self._sentinels[i]
+
+  def _extra_special_ids(self) -> Iterable[int]:
+    """Other ids that are special for a given implementation."""
+    return ()
+
+  @property
+  def special_ids(self) -> np.ndarray:
+    """Sorted int32 ids of all special tokens, so masking can avoid them."""
+    ids = {self.pad_id, self.eos_id, self.unk_id}
+    for i in (self.bos_id, self.mask_id, self.cls_id, self.sep_id):
+      if i is not None:
+        ids.add(i)
+    ids.update(self._sentinels)
+    ids.update(self._extra_special_ids())
+    return np.array(sorted(ids), dtype=np.int32)
+
+
+def _optional_id(i: int) -> int | None:
+  return None if i < 0 else i
+
+
+class SentencePieceTokenizer(Tokenizer):
+  """A SentencePiece `.model` file (T5's vocabulary, or one we trained)."""
+
+  def __init__(self, model_path: str | os.PathLike[str],
+               num_threads: int = -1):
+    """Loads the model.
+
+    Args:
+      model_path: Path of a SentencePiece `.model` file.
+      num_threads: Threads for `encode_batch`; -1 lets SentencePiece decide.
+    """
+    self.model_path = os.fspath(model_path)
+    if not os.path.isfile(self.model_path):
+      raise FileNotFoundError(
+          f"SentencePiece model not found: {self.model_path}")
+    self._sp = spm.SentencePieceProcessor(model_file=self.model_path)
+    self._num_threads = num_threads
+    sp = self._sp
+    self._num_pieces = sp.get_piece_size()
+
+    unk = sp.unk_id()
+    pad = _optional_id(sp.pad_id())
+    eos = _optional_id(sp.eos_id())
+    if pad is None or eos is None or unk < 0:
+      raise ValueError(
+          f"{self.model_path}: a model needs pad, eos and unk ids (got pad="
+          f"{sp.pad_id()}, eos={sp.eos_id()}, unk={unk})")
+    self.pad_id, self.eos_id, self.unk_id = pad, eos, unk
+    self.bos_id = _optional_id(sp.bos_id())
+
+    # One pass over the pieces finds named specials and sentinels; looking
+    # them up with piece_to_id would silently return unk for absent ones.
+    named: dict[str, int] = {}
+    sentinels: dict[int, int] = {}
+    controls: list[int] = []
+    pieces = sp.id_to_piece(list(range(self._num_pieces)))
+    for i, piece in enumerate(pieces):
+      if piece in (MASK_PIECE, CLS_PIECE, SEP_PIECE):
+        named.setdefault(piece, i)
+      elif piece.endswith(">") and (m := _SENTINEL_RE.match(piece)):
+        sentinels.setdefault(int(m.group(1)), i)
+      if sp.is_control(i):
+        controls.append(i)
+    self.mask_id = named.get(MASK_PIECE)
+    self.cls_id = named.get(CLS_PIECE)
+    self.sep_id = named.get(SEP_PIECE)
+    self._controls = tuple(controls)
+
+    self.vocab_size = self._num_pieces
+    self._virtual_sentinels = False
+    if sentinels:
+      # Sentinels must be numbered 0..n-1; keep the contiguous prefix.
+      n = 0
+      while n in sentinels:
+        n += 1
+      if n != len(sentinels):
+        _LOG.warning("%s: sentinel pieces are not numbered contiguously; "
+                     "using <extra_id_0>..<extra_id_%d>", self.model_path,
+                     n - 1)
+      self._sentinels = tuple(sentinels[i] for i in range(n))
+    elif self._num_pieces == _T5_PIECES:
+      # Classic T5 convention: sentinels sit above the model's pieces.
+      self.vocab_size = _T5_PIECES + _T5_SENTINELS
+      self._sentinels = tuple(
+          self.vocab_size - 1 - i for i in range(_T5_SENTINELS))
+      self._virtual_sentinels = True
+    else:
+      self._sentinels = ()
+
+  def __repr__(self) -> str:
+    return (f"SentencePieceTokenizer({self.model_path!r}, "
+            f"vocab_size={self.vocab_size})")
+
+  @property
+  def processor(self) -> spm.SentencePieceProcessor:
+    """The underlying SentencePiece processor, for anything not wrapped."""
+    return self._sp
+
+  def encode(self, text: str) -> list[int]:
+    return self._sp.encode(text)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Encodes `texts` in SentencePiece's multi-threaded C++ loop."""
+    return self._sp.encode(list(texts), num_threads=self._num_threads)
+
+  def decode(self, ids: Sequence[int]) -> str:
+    ids = [int(i) for i in ids if int(i) != self.pad_id]
+    if not self._virtual_sentinels or all(i < self._num_pieces for i in ids):
+      return self._sp.decode(ids)
+    # Out-of-model T5 sentinels: decode the runs between them separately.
+    parts: list[str] = []
+    run: list[int] = []
+    for i in ids:
+      if i < self._num_pieces:
+        run.append(i)
+        continue
+      if run:
+        parts.append(self._sp.decode(run))
+        run = []
+      parts.append(f"<extra_id_{self.vocab_size - 1 - i}>")
+    if run:
+      parts.append(self._sp.decode(run))
+    return " ".join(p for p in parts if p)
+
+  def _extra_special_ids(self) -> Iterable[int]:
+    return self._controls
+
+
+def _split_long(line: str, max_bytes: int) -> Iterator[str]:
+  """Cuts `line` at spaces into chunks of at most `max_bytes` UTF-8 bytes."""
+  chunk: list[str] = []
+  size = 0
+  for word in line.split():
+    n = len(word.encode("utf-8"))
+    if n > max_bytes:  # A single giant "word": cut it by characters.
+      if chunk:
+        yield " ".join(chunk)
+        chunk, size = [], 0
+      data = word.encode("utf-8")
+      for start in range(0, len(data), max_bytes):
+        piece = data[start:start + max_bytes].decode("utf-8", "ignore")
+        if piece:
+          yield piece
+      continue
+    if chunk and size + 1 + n > max_bytes:
+      yield " ".join(chunk)
+      chunk, size = [], 0
+    size += n + (1 if chunk else 0)
+    chunk.append(word)
+  if chunk:
+    yield " ".join(chunk)
+
+
+def _training_sentences(texts: Iterable[str], max_bytes: int
+                        ) -> Iterator[str]:
+  """Yields non-empty lines of `texts`, cut to fit SentencePiece's limit."""
+  for text in texts:
+    for line in text.splitlines():
+      line = line.strip()
+      if not line:
+        continue
+      if len(line) * 4 <= max_bytes or len(line.encode("utf-8")) <= max_bytes:
+        yield line
+      else:
+        yield from _split_long(line, max_bytes)
+
+
+def _sample_sentences(sentences: Iterable[str], max_sentences: int,
+                      seed: int) -> list[str]:
+  """Keeps all sentences, or a seeded uniform sample of `max_sentences`."""
+  rng = random.Random(seed)
+  kept: list[str] = []
+  seen = 0
+  for s in sentences:
+    seen += 1
+    if len(kept) < max_sentences:
+      kept.append(s)
+    else:  # Reservoir sampling: deterministic given the seed.
+      j = rng.randrange(seen)
+      if j < max_sentences:
+        kept[j] = s
+  if seen > max_sentences:
+    _LOG.info("sentencepiece: sampled %d of %d sentences", max_sentences,
+              seen)
+  return kept
+
+
+class _ModelWriter:
+  """Receives the serialized model from SentencePiece's trainer."""
+
+  def __init__(self):
+    self.data = b""
+
+  def write(self, data: bytes) -> None:
+    self.data = data
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f:
+    f.write(data)
+  os.replace(tmp, path)
+
+
+def train_sentencepiece(
+    texts: Iterable[str],
+    model_prefix: str | os.PathLike[str],
+    vocab_size: int,
+    model_type: str = "unigram",
+    num_sentinels: int = 100,
+    max_sentences: int = 2_000_000,
+    character_coverage: float = 0.9995,
+    seed: int = 0,
+) -> SentencePieceTokenizer:
+  """Trains a SentencePiece model on `texts` with jaxtl's special ids.
+
+  Ids: pad=0, eos=1, unk=2, bos=3, then user-defined `[MASK]`, `[CLS]`,
+  `[SEP]` and `<extra_id_0>`..`<extra_id_{num_sentinels-1}>`. The result has
+  exactly `vocab_size` pieces, specials included (SentencePiece's hard vocab
+  limit is kept, so a corpus too small for the size is an error rather than
+  a silently smaller vocabulary). Texts are split into lines, and lines
+  longer than SentencePiece's 4192-byte sentence limit are cut at spaces.
+  Training is deterministic: input order is kept (a seeded reservoir sample
+  when there are more than `max_sentences` lines) and the thread count is
+  fixed.
+
+  Args:
+    texts: Documents to learn from.
+    model_prefix: Writes `{model_prefix}.model` and `{model_prefix}.vocab`.
+    vocab_size: Total number of pieces.
+    model_type: "unigram" or "bpe".
+    num_sentinels: Number of T5 sentinel pieces to reserve.
+    max_sentences: Cap on training lines.
+    character_coverage: Fraction of characters the vocabulary must cover.
+    seed: Seed for the sentence sample and SentencePiece's own randomness.
+
+  Returns:
+    The trained tokenizer, loaded from `{model_prefix}.model`.
+  """
+  if model_type not in ("unigram", "bpe"):
+    raise ValueError(
+        f"model_type must be 'unigram' or 'bpe', got {model_type!r}")
+  if num_sentinels < 0 or max_sentences <= 0:
+    raise ValueError("num_sentinels must be >= 0 and max_sentences > 0, got "
+                     f"{num_sentinels} and {max_sentences}")
+  symbols = [MASK_PIECE, CLS_PIECE, SEP_PIECE] + [
+      f"<extra_id_{i}>" for i in range(num_sentinels)]
+  reserved = 4 + len(symbols)
+  if vocab_size <= reserved:
+    raise ValueError(
+        f"vocab_size={vocab_size} leaves no room for text pieces: {reserved} "
+        "ids are reserved for special tokens")
+  prefix = os.fspath(model_prefix)
+  sentences = _sample_sentences(
+      _training_sentences(texts, _MAX_SENTENCE_BYTES), max_sentences, seed)
+  if not sentences:
+    raise ValueError(f"no non-empty text to train {prefix}.model on")
+
+  writer = _ModelWriter()
+  spm.set_random_generator_seed(seed)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=writer,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        pad_id=0, eos_id=1, unk_id=2, bos_id=3,
+        pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>",
+        bos_piece="<s>",
+        user_defined_symbols=symbols,
+        hard_vocab_limit=True,
+        input_sentence_size=0,  # We already sampled.
+        shuffle_input_sentence=False,
+        max_sentence_length=_MAX_SENTENCE_BYTES,
+        num_threads=_TRAIN_THREADS,
+        minloglevel=1,
+    )
+  except RuntimeError as e:
+    raise ValueError(
+        f"SentencePiece training of {prefix}.model failed (vocab_size="
+        f"{vocab_size}, model_type={model_type!r}, {len(sentences)} "
+        f"sentences): {e}") from e
+
+  # Write the files ourselves, each via a temp file + rename, so readers
+  # never see a half-written model.
+  directory = os.path.dirname(prefix)
+  if directory:
+    os.makedirs(directory, exist_ok=True)
+  sp = spm.SentencePieceProcessor(model_proto=writer.data)
+  vocab_lines = [
+      f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n"
+      for i in range(sp.get_piece_size())]
+  _write_atomically(f"{prefix}.vocab", "".join(vocab_lines).encode("utf-8"))
+  _write_atomically(f"{prefix}.model", writer.data)
+  return SentencePieceTokenizer(f"{prefix}.model")
+
+
+def get_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
+  """Loads the tokenizer stored at `path`, choosing the class by suffix."""
+  path = os.fspath(path)
+  if path.endswith(".model"):
+    return SentencePieceTokenizer(path)
+  raise ValueError(
+      f"unsupported tokenizer file {path!r}: supported formats are "
+      "SentencePiece '.model' files")
