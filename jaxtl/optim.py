@@ -41,8 +41,7 @@ def decay_mask(params: Any) -> Any:
   """True for weight matrices and embeddings; False for norms and biases."""
   flat = traverse_util.flatten_dict(params)
   mask = {path: not any(token in part for part in path for token in _NO_DECAY_NAMES)
-          and getattr(leaf, "ndim", 2) >= 2
-          for path, leaf in flat.items()}
+          for path in flat}
   return traverse_util.unflatten_dict(mask)
 
 

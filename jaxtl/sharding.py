@@ -48,7 +48,7 @@ DEFAULT_RULES: Rules = (
 
 def make_rules(overrides: Mapping[str, Any] | None = None) -> Rules:
   """DEFAULT_RULES with some logical names remapped (e.g. from the config)."""
-  overrides = dict(overrides or {})
+  overrides = dict(overrides.items()) if overrides else {}
   unknown = set(overrides) - {name for name, _ in DEFAULT_RULES}
   if unknown:
     raise ValueError(f"unknown logical axes in sharding rules: {sorted(unknown)}")
@@ -77,7 +77,10 @@ def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None
   if math.prod(shape) != len(devices):
     raise ValueError(f"mesh {tuple(shape)} needs {math.prod(shape)} devices, "
                      f"{len(devices)} available")
-  return jax.make_mesh(tuple(shape), MESH_AXES, devices=devices)
+  # Auto axes: XLA's partitioner propagates shardings from the logical
+  # annotations (explicit-sharding mode would turn them into assertions).
+  auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+  return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=auto, devices=devices)
 
 
 def logical_shardings(abstract_tree: Any, mesh: Mesh, rules: Rules) -> Any:

@@ -80,10 +80,9 @@ def mlm_mask(
         tokens: 1-D integer token ids of one example (padding included).
         rng: source of all randomness.
         mask_id: id of the [MASK] token.
-        vocab_size: ids are in [0, vocab_size); random replacements come from
-          here.
-        special_ids: ids that are never chosen nor drawn (padding, CLS, SEP,
-          ...).
+        vocab_size: token ids lie in [0, vocab_size); random replacements
+            are drawn from its non-special part.
+        special_ids: ids never chosen nor drawn (padding, CLS, SEP, ...).
         mask_rate: fraction of maskable positions to predict, in (0, 1).
         mask_token_rate: probability a chosen position becomes `mask_id`.
         random_token_rate: probability a chosen position becomes a random id.
@@ -92,8 +91,8 @@ def mlm_mask(
 
     Returns:
         inputs: int32 corrupted tokens.
-        targets: int32 original tokens at every position (weights select the
-          loss).
+        targets: int32 original tokens at every position (weights select
+            the loss).
         weights: float32, 1.0 at chosen positions and 0.0 elsewhere.
     """
     _check_unit_interval('mask_rate', mask_rate, closed=False)
@@ -178,10 +177,13 @@ def span_corruption_lengths(
     Pretraining wants full input rows, so we take as many raw tokens as possible
     such that, after replacing each noise span with one sentinel and appending
     EOS, the inputs are at most `inputs_length` long (the same search as T5's
-    `random_spans_helper`). Because the corrupted length grows by 0 or 1 per
-    extra raw token when mean_noise_span_length >= 1, the bound is then met
-    exactly. `targets_length` (noise tokens + one sentinel per span + EOS) is
-    the exact targets length for that raw length.
+    `random_spans_helper`). The corrupted length is non-decreasing in the raw
+    length and, for the usual settings (noise_density <= 0.3, or <= 0.5 with
+    mean_noise_span_length >= 2; T5 uses 0.15 and 3), grows by at most one per
+    extra raw token, so the bound is then met exactly. With denser noise made
+    of very short spans it can step by two, and the inputs may come out one
+    token short. `targets_length` (noise tokens + one sentinel per span + EOS)
+    is the exact targets length for the returned raw length.
     """
     _check_span_args(noise_density, mean_noise_span_length)
     if inputs_length < 1:
@@ -192,12 +194,9 @@ def span_corruption_lengths(
                                      mean_noise_span_length)
         return tokens_length - noise + spans + 1, noise + spans + 1
 
-    # The inputs length is non-decreasing in the raw length; start near the
-    # answer (corruption never lengthens inputs for mean span >= 1) and walk.
-    tokens_length = max(inputs_length - 1, 0)
-    while (tokens_length > 0
-           and corrupted_lengths(tokens_length)[0] > inputs_length):
-        tokens_length -= 1
+    # Spans never outnumber noise tokens, so the corrupted inputs are at most
+    # raw length + 1 (EOS): inputs_length - 1 raw tokens always fit. Walk up.
+    tokens_length = inputs_length - 1
     while corrupted_lengths(tokens_length + 1)[0] <= inputs_length:
         tokens_length += 1
     return tokens_length, corrupted_lengths(tokens_length)[1]
@@ -248,7 +247,7 @@ def span_corrupt(
         tokens: 1-D integer raw token ids, without EOS.
         rng: source of all randomness.
         sentinel_ids: distinct ids, one per span in order (e.g. T5's
-          <extra_id_0..99>).
+            <extra_id_0..99>).
         eos_id: appended to both inputs and targets.
         noise_density: fraction of tokens to drop, in (0, 1).
         mean_noise_span_length: average number of tokens per dropped span.

@@ -33,7 +33,7 @@ def chunk_stream(
         length: row length.
         eos_id: appended after every document, or None for no separator.
         drop_remainder: drop a final partial row; otherwise pad it with
-          `pad_id`.
+            `pad_id`.
         pad_id: id used to fill the final row when `drop_remainder` is False.
 
     Returns:

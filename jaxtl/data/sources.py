@@ -255,7 +255,7 @@ def read_tfds(name: str, split: str, *, data_dir: PathLike | None = None,
   return texts
 
 
-def _expand(path: Any) -> str:
+def expand_path(path: Any) -> str:
   """Substitutes the data directory into a configured path."""
   path = os.fspath(path)
   if _DATA_DIR_PLACEHOLDER in path:
@@ -274,7 +274,7 @@ def _split_files(source: Mapping[str, Any], split: str) -> list[str]:
   paths = files[split]
   if isinstance(paths, (str, os.PathLike)):
     paths = [paths]
-  return [_expand(p) for p in paths]
+  return [expand_path(p) for p in paths]
 
 
 def _load_tfds(source: Mapping[str, Any], split: str) -> list[str]:
@@ -284,12 +284,12 @@ def _load_tfds(source: Mapping[str, Any], split: str) -> list[str]:
       raise ValueError(f"unknown split {split!r}; the source has "
                        f"{sorted(splits)}")
     split = splits[split]
-  data_dir = source.get("data_dir")
-  manual_dir = source.get("manual_dir")
+  data_dir = source.get("data_dir")  # "" or None: TFDS's default.
+  manual_dir = source.get("manual_dir")  # "" or None: download.
   return read_tfds(
       source["name"], split,
-      data_dir=None if data_dir is None else _expand(data_dir),
-      manual_dir=None if manual_dir is None else _expand(manual_dir),
+      data_dir=expand_path(data_dir) if data_dir else None,
+      manual_dir=expand_path(manual_dir) if manual_dir else None,
       field=source.get("field", "text"))
 
 

@@ -10,6 +10,7 @@ way (fill in the id attributes and `_sentinels`, implement encode/decode).
 from __future__ import annotations
 
 import abc
+import hashlib
 import logging
 import os
 import random
@@ -72,6 +73,10 @@ class Tokenizer(abc.ABC):
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """Encodes many texts; subclasses override this with a faster path."""
     return [self.encode(t) for t in texts]
+
+  @abc.abstractmethod
+  def fingerprint(self) -> str:
+    """A short hash of the vocabulary: keys caches of tokenized data."""
 
   @property
   def num_sentinels(self) -> int:
@@ -184,6 +189,9 @@ class SentencePieceTokenizer(Tokenizer):
     """The underlying SentencePiece processor, for anything not wrapped."""
     return self._sp
 
+  def fingerprint(self) -> str:
+    return hashlib.sha1(self._sp.serialized_model_proto()).hexdigest()[:16]
+
   def encode(self, text: str) -> list[int]:
     return self._sp.encode(text)
 
@@ -225,10 +233,13 @@ def _split_long(line: str, max_bytes: int) -> Iterator[str]:
         yield " ".join(chunk)
         chunk, size = [], 0
       data = word.encode("utf-8")
-      for start in range(0, len(data), max_bytes):
-        piece = data[start:start + max_bytes].decode("utf-8", "ignore")
-        if piece:
-          yield piece
+      start = 0
+      while start < len(data):
+        end = min(start + max_bytes, len(data))
+        while end < len(data) and data[end] & 0xC0 == 0x80:
+          end -= 1  # Never cut inside a multi-byte character.
+        yield data[start:end].decode("utf-8")
+        start = end
       continue
     if chunk and size + 1 + n > max_bytes:
       yield " ".join(chunk)

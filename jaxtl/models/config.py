@@ -94,4 +94,7 @@ class TransformerConfig:
     unknown = sorted(set(values) - known)
     if unknown:
       raise ValueError(f"unknown model config keys {unknown}; known: {sorted(known)}")
-    return cls(**dict(values))
+    values = dict(values)
+    if values.get("attention_impl") == "":  # config files cannot hold None.
+      values["attention_impl"] = None
+    return cls(**values)

@@ -160,18 +160,31 @@ class MultiHeadAttention(nn.Module):
   deterministic: bool = True
   return_weights: bool = False
 
+  def _project(self, name: str, x: Array, equation: str, shape: tuple[int, ...],
+               axes: tuple[str, ...], bias_shape: tuple[int, ...],
+               bias_axes: tuple[str, ...]) -> Array:
+    """A multi-dimensional dense layer as one einsum (kernel keeps its axes)."""
+    cfg = self.config
+    kernel = self.param(f"{name}_kernel", _init(cfg.init_std, axes), shape,
+                        cfg.jnp_param_dtype)
+    y = jnp.einsum(equation, x, jnp.asarray(kernel, cfg.jnp_dtype))
+    if cfg.use_bias:
+      bias = self.param(f"{name}_bias", _zeros(bias_axes), bias_shape,
+                        cfg.jnp_param_dtype)
+      y += jnp.asarray(bias, cfg.jnp_dtype)
+    return y
+
   @nn.compact
   def __call__(self, x_BTD: Array, kv_BSD: Array, mask_B1TS: Array | None,
                bias_BHTS: Array | None = None) -> tuple[Array, Array | None]:
     cfg = self.config
-    dense = lambda name: nn.DenseGeneral(
-        features=(cfg.num_heads, cfg.head_dim), axis=-1, use_bias=cfg.use_bias,
-        dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
-        kernel_init=_init(cfg.init_std, ("embed", "heads", "kv")),
-        bias_init=_zeros(("heads", "kv")), name=name)
-    q_BTHK = dense("query")(x_BTD)
-    k_BSHK = dense("key")(kv_BSD)
-    v_BSHK = dense("value")(kv_BSD)
+    hk = (cfg.num_heads, cfg.head_dim)
+    q_BTHK = self._project("query", x_BTD, "btd,dhk->bthk", (cfg.d_model, *hk),
+                           ("embed", "heads", "kv"), hk, ("heads", "kv"))
+    k_BSHK = self._project("key", kv_BSD, "bsd,dhk->bshk", (cfg.d_model, *hk),
+                           ("embed", "heads", "kv"), hk, ("heads", "kv"))
+    v_BSHK = self._project("value", kv_BSD, "bsd,dhk->bshk", (cfg.d_model, *hk),
+                           ("embed", "heads", "kv"), hk, ("heads", "kv"))
     scale = 1.0 / math.sqrt(cfg.head_dim) if cfg.scale_attention else 1.0
 
     use_dropout = cfg.attention_dropout_rate > 0 and not self.deterministic
@@ -194,11 +207,9 @@ class MultiHeadAttention(nn.Module):
           implementation=cfg.attention_impl)
     out_BTHK = constrain(out_BTHK, ("activation_batch", "activation_length",
                                     "activation_heads", "activation_kv"))
-    out_BTD = nn.DenseGeneral(
-        features=cfg.d_model, axis=(-2, -1), use_bias=cfg.use_bias,
-        dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
-        kernel_init=_init(cfg.init_std, ("heads", "kv", "embed")),
-        bias_init=_zeros(("embed",)), name="out")(out_BTHK)
+    out_BTD = self._project("out", out_BTHK, "bthk,hkd->btd",
+                            (*hk, cfg.d_model), ("heads", "kv", "embed"),
+                            (cfg.d_model,), ("embed",))
     return out_BTD, weights_BHTS
 
 

@@ -1,0 +1,1 @@
+"""jaxtl config files: model presets, the shared skeleton, and recipes."""

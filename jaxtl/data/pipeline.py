@@ -1,0 +1,385 @@
+"""Host input pipeline: source -> tokens -> rows -> objective -> batches.
+
+Everything here is numpy on the host. A split is tokenized once (and cached),
+cut into fixed-length rows, and then served by :class:`BatchIterator`, whose
+whole state is ``(epoch, index)``: the epoch's shuffle order and every
+example's corruption (MLM mask, noise spans) are pure functions of
+``(seed, epoch, example id)``. That makes masking dynamic (a new mask each
+epoch), resumable exactly from a checkpointed position, and independent of
+how many processes share the batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import threading
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from jaxtl.data import corruption, packing, sources
+from jaxtl.data.tokenizers import Tokenizer, get_tokenizer, train_sentencepiece
+
+log = logging.getLogger(__name__)
+
+Example = dict[str, np.ndarray]
+Rows = dict[str, np.ndarray]  # "tokens", "segment_ids", "positions": [N, L]
+
+
+# ----------------------------------------------------------------------------
+# Tokenizer and tokenized rows.
+
+
+def build_tokenizer(data: Mapping[str, Any], workdir: str | None,
+                    train_texts: Callable[[], list[str]]) -> Tokenizer:
+  """Loads ``data.tokenizer.path``, or trains one (cached in the workdir)."""
+  spec = data["tokenizer"]
+  if spec.get("path"):
+    return get_tokenizer(sources.expand_path(spec["path"]))
+  cache_dir = os.path.join(workdir or ".", "tokenizer")
+  prefix = os.path.join(cache_dir, f"spm_{spec['model_type']}_{spec['vocab_size']}")
+  if os.path.exists(prefix + ".model"):
+    return get_tokenizer(prefix + ".model")
+  os.makedirs(cache_dir, exist_ok=True)
+  log.info("training a %s sentencepiece model (vocab %d) -> %s.model",
+           spec["model_type"], spec["vocab_size"], prefix)
+  return train_sentencepiece(train_texts(), prefix, spec["vocab_size"],
+                             model_type=spec["model_type"],
+                             max_sentences=spec.get("max_sentences", 1_000_000))
+
+
+def _cache_key(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
+               row_length: int) -> str:
+  h = hashlib.sha1()
+  h.update(json.dumps({k: data[k] for k in ("source", "max_docs", "packing")},
+                      sort_keys=True, default=str).encode())
+  h.update(f"{split}|{row_length}|{tokenizer.fingerprint()}".encode())
+  return h.hexdigest()[:16]
+
+
+def tokenized_rows(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
+                   row_length: int, *, eos: bool, cache_dir: str | None,
+                   texts: list[str] | None = None) -> Rows:
+  """The split's documents, tokenized and cut (or packed) into rows.
+
+  ``chunk`` concatenates documents (EOS between them when ``eos``) and cuts
+  the stream, GPT/RoBERTa style; ``pack`` keeps documents apart with segment
+  ids (truncating any longer than a row).
+  """
+  path = None
+  if cache_dir:
+    key = _cache_key(data, split, tokenizer, row_length)
+    path = os.path.join(cache_dir, f"rows_{split.replace('/', '_')}_{key}.npz")
+    if os.path.exists(path):
+      with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+  if texts is None:
+    texts = sources.load_texts(data["source"], split)
+  if data.get("max_docs"):
+    texts = texts[:data["max_docs"]]
+  docs = [np.asarray(d, np.int32) for d in tokenizer.encode_batch(texts) if d]
+  if data["packing"] == "chunk":
+    tokens = packing.chunk_stream(docs, row_length,
+                                  eos_id=tokenizer.eos_id if eos else None)
+    rows = {"tokens": tokens, "segment_ids": np.ones_like(tokens),
+            "positions": np.broadcast_to(np.arange(row_length, dtype=np.int32),
+                                         tokens.shape).copy()}
+  elif data["packing"] == "pack":
+    if eos:
+      docs = [np.append(d, tokenizer.eos_id).astype(np.int32) for d in docs]
+    truncated = sum(len(d) > row_length for d in docs)
+    if truncated:
+      log.info("%s: %d of %d documents truncated to %d tokens", split,
+               truncated, len(docs), row_length)
+    packed = packing.pack_sequences([{"tokens": d} for d in docs],
+                                    {"tokens": row_length},
+                                    pad_id=tokenizer.pad_id)
+    rows = {"tokens": packed["tokens"],
+            "segment_ids": packed["tokens_segment_ids"],
+            "positions": packed["tokens_positions"]}
+  else:
+    raise ValueError(f"config.data.packing={data['packing']!r}; expected chunk or pack")
+  if not len(rows["tokens"]):
+    raise ValueError(f"split {split!r} of {data['source']} gave no complete "
+                     f"row of {row_length} tokens")
+  if path:
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **rows)
+    os.replace(tmp, path)
+  return rows
+
+
+def unigram_entropy(rows: Rows, vocab_size: int) -> float:
+  """Entropy (nats) of the unigram distribution of real tokens in ``rows``.
+
+  A model that ignores context cannot do better than this; pretraining
+  should bring the validation loss clearly below it.
+  """
+  counts = np.bincount(rows["tokens"][rows["segment_ids"] > 0].ravel(),
+                       minlength=vocab_size).astype(np.float64)
+  p = counts[counts > 0] / counts.sum()
+  return float(-(p * np.log(p)).sum())
+
+
+# ----------------------------------------------------------------------------
+# Objectives: one row -> one example with t5x feature names.
+
+
+def clm_example(row: Mapping[str, np.ndarray]) -> Example:
+  """Next-token prediction; a target in another segment (or padding) has weight 0."""
+  tokens, seg, pos = row["tokens"], row["segment_ids"], row["positions"]
+  same_segment = (seg[1:] == seg[:-1]) & (seg[1:] > 0)
+  return {"decoder_input_tokens": tokens[:-1],
+          "decoder_target_tokens": tokens[1:],
+          "decoder_loss_weights": same_segment.astype(np.float32),
+          "decoder_segment_ids": seg[:-1], "decoder_positions": pos[:-1]}
+
+
+def mlm_example(row: Mapping[str, np.ndarray], rng: np.random.Generator,
+                tokenizer: Tokenizer, objective: Mapping[str, Any],
+                special_ids: np.ndarray) -> Example:
+  """BERT masking of a row (special tokens and padding are never chosen)."""
+  tokens, seg, pos = row["tokens"], row["segment_ids"], row["positions"]
+  inputs, targets, weights = corruption.mlm_mask(
+      tokens, rng, mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size,
+      special_ids=special_ids, mask_rate=objective["mask_rate"],
+      mask_token_rate=objective["mask_token_rate"],
+      random_token_rate=objective["random_token_rate"], can_mask=seg > 0)
+  return {"encoder_input_tokens": inputs, "encoder_target_tokens": targets,
+          "encoder_loss_weights": weights, "encoder_segment_ids": seg,
+          "encoder_positions": pos}
+
+
+def span_example(row: Mapping[str, np.ndarray], rng: np.random.Generator,
+                 tokenizer: Tokenizer, objective: Mapping[str, Any],
+                 sentinels: np.ndarray, inputs_length: int, targets_length: int
+                 ) -> Example:
+  """T5 span corruption; decoder inputs are targets shifted right (start = pad)."""
+  inputs, targets = corruption.span_corrupt(
+      row["tokens"], rng, sentinel_ids=sentinels, eos_id=tokenizer.eos_id,
+      noise_density=objective["noise_density"],
+      mean_noise_span_length=objective["mean_noise_span_length"])
+  ex = packing.pad_batch([{"encoder": inputs, "decoder": targets}],
+                         {"encoder": inputs_length, "decoder": targets_length},
+                         pad_id=tokenizer.pad_id)
+  ex = {k: v[0] for k, v in ex.items()}
+  dec = ex["decoder"]
+  return {"encoder_input_tokens": ex["encoder"],
+          "encoder_segment_ids": ex["encoder_segment_ids"],
+          "encoder_positions": ex["encoder_positions"],
+          "decoder_input_tokens": np.concatenate([[tokenizer.pad_id], dec[:-1]]).astype(np.int32),
+          "decoder_target_tokens": dec,
+          "decoder_loss_weights": (ex["decoder_segment_ids"] > 0).astype(np.float32),
+          "decoder_segment_ids": ex["decoder_segment_ids"],
+          "decoder_positions": ex["decoder_positions"]}
+
+
+def frame_rows(rows: Rows, first_id: int, last_id: int) -> Rows:
+  """Adds a first and last token to every row ([CLS] ... [SEP] for BERT)."""
+  n = len(rows["tokens"])
+  col = lambda v: np.full((n, 1), v, np.int32)
+  tokens = np.concatenate([col(first_id), rows["tokens"], col(last_id)], axis=1)
+  seg = rows["segment_ids"]
+  seg = np.concatenate([seg[:, :1], seg, seg[:, -1:]], axis=1)
+  positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32),
+                              tokens.shape).copy()
+  return {"tokens": tokens, "segment_ids": seg, "positions": positions}
+
+
+# ----------------------------------------------------------------------------
+# Batching.
+
+
+class BatchIterator:
+  """Deterministic, resumable batches of examples made from rows.
+
+  Epoch ``e`` visits rows in ``permutation(seed, e)`` (or in order without
+  shuffling), ``batch_size`` (global) rows per batch; this process keeps its
+  contiguous ``1 / process_count`` share. Example ``i`` of epoch ``e`` is made
+  with ``default_rng((seed, e, i))``.
+  """
+
+  def __init__(self, rows: Rows, make_example: Callable[..., Example], *,
+               batch_size: int, seed: int, shuffle: bool = True,
+               repeat: bool = True, process_index: int = 0,
+               process_count: int = 1):
+    if batch_size % process_count:
+      raise ValueError(f"global batch size {batch_size} is not divisible by "
+                       f"the {process_count} processes")
+    self.rows = rows
+    self.num_rows = len(rows["tokens"])
+    if self.num_rows < batch_size:
+      raise ValueError(f"only {self.num_rows} rows, fewer than one batch of "
+                       f"{batch_size}")
+    self.make_example = make_example
+    self.batch_size, self.seed = batch_size, seed
+    self.shuffle, self.repeat = shuffle, repeat
+    self.local = batch_size // process_count
+    self.offset = process_index * self.local
+    self.batches_per_epoch = self.num_rows // batch_size
+    self.epoch, self.index = 0, 0
+    self._order_epoch, self._order = -1, None
+
+  def get_state(self) -> dict[str, int]:
+    return {"epoch": self.epoch, "index": self.index}
+
+  def set_state(self, state: Mapping[str, int]) -> None:
+    self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+  def _epoch_order(self) -> np.ndarray:
+    if self._order_epoch != self.epoch:
+      self._order = (np.random.default_rng((self.seed, self.epoch)).permutation(self.num_rows)
+                     if self.shuffle else np.arange(self.num_rows))
+      self._order_epoch = self.epoch
+    return self._order
+
+  def __iter__(self) -> Iterator[Example]:
+    return self
+
+  def __next__(self) -> Example:
+    if self.index >= self.batches_per_epoch:
+      if not self.repeat:
+        raise StopIteration
+      self.epoch, self.index = self.epoch + 1, 0
+    start = self.index * self.batch_size + self.offset
+    ids = self._epoch_order()[start:start + self.local]
+    examples = []
+    for i in ids:
+      row = {k: v[i] for k, v in self.rows.items()}
+      rng = np.random.default_rng((self.seed, self.epoch, int(i)))
+      examples.append(self.make_example(row, rng))
+    self.index += 1
+    return {k: np.stack([ex[k] for ex in examples]) for k in examples[0]}
+
+
+class Prefetcher:
+  """Makes batches in a background thread, ahead of the training step.
+
+  ``get_state`` reports the position of the next batch the *consumer* will
+  get, not of the producer, so checkpoints resume exactly.
+  """
+
+  def __init__(self, iterator: BatchIterator, size: int = 2):
+    self.iterator = iterator
+    self._queue: queue.Queue = queue.Queue(maxsize=max(size, 1))
+    self._state = iterator.get_state()
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._produce, daemon=True)
+    self._thread.start()
+
+  def _produce(self) -> None:
+    try:
+      while not self._stop.is_set():
+        item = next(self.iterator)
+        self._queue.put((item, self.iterator.get_state()))
+    except StopIteration:
+      self._queue.put(None)
+    except Exception as e:  # pylint: disable=broad-except
+      self._queue.put(e)
+
+  def get_state(self) -> dict[str, int]:
+    return dict(self._state)
+
+  def __iter__(self) -> Iterator[Example]:
+    return self
+
+  def __next__(self) -> Example:
+    item = self._queue.get()
+    if item is None:
+      raise StopIteration
+    if isinstance(item, Exception):
+      raise item
+    batch, self._state = item
+    return batch
+
+  def close(self) -> None:
+    self._stop.set()
+    while not self._queue.empty():
+      self._queue.get_nowait()
+
+
+class DataSetup:
+  """Everything the trainer needs from the data side, built from config.data."""
+
+  def __init__(self, config: Any, workdir: str | None, *, process_index: int = 0,
+               process_count: int = 1):
+    data, objective = config.data, config.objective
+    self.objective = objective.name
+    self.batch_size, self.seed = data.batch_size, config.seed
+    self.process_index, self.process_count = process_index, process_count
+    self._texts: dict[str, list[str]] = {}
+    self.tokenizer = build_tokenizer(data, workdir,
+                                     lambda: self._split_texts(data, data.train_split))
+    tok = self.tokenizer
+    cache = os.path.join(workdir, "data_cache") if workdir and data.cache else None
+    L = data.seq_len
+    if self.objective == "clm":
+      row_length, eos = L + 1, True
+      self.make_example = lambda row, rng: clm_example(row)
+      self.lengths = {"decoder": L}
+    elif self.objective == "mlm":
+      if tok.mask_id is None:
+        raise ValueError("the mlm objective needs a [MASK] token; the tokenizer "
+                         f"{data.tokenizer.path or 'trained'} has none")
+      framed = data.packing == "chunk"
+      row_length, eos = (L - 2 if framed else L), not framed
+      specials = tok.special_ids
+      self.make_example = lambda row, rng: mlm_example(row, rng, tok, objective,
+                                                       specials)
+      self.lengths = {"encoder": L}
+    elif self.objective == "span":
+      row_length, targets_len = corruption.span_corruption_lengths(
+          L, objective.noise_density, objective.mean_noise_span_length)
+      eos = False
+      sentinels = np.array([tok.sentinel_id(i) for i in range(tok.num_sentinels)],
+                           np.int32)
+      self.make_example = lambda row, rng: span_example(
+          row, rng, tok, objective, sentinels, L, targets_len)
+      self.lengths = {"encoder": L, "decoder": targets_len}
+    else:
+      raise ValueError(f"unknown objective {self.objective!r}")
+    self._rows = {}
+    for split in (data.train_split, data.eval_split):
+      rows = tokenized_rows(data, split, tok, row_length, eos=eos,
+                            cache_dir=cache, texts=self._texts.get(split))
+      if self.objective == "mlm" and data.packing == "chunk":
+        first = tok.cls_id if tok.cls_id is not None else tok.bos_id
+        last = tok.sep_id if tok.sep_id is not None else tok.eos_id
+        rows = frame_rows(rows, first, last)
+      self._rows[split] = rows
+    self._texts.clear()
+    self.train_split, self.eval_split = data.train_split, data.eval_split
+    self.unigram_entropy = unigram_entropy(self._rows[data.train_split],
+                                           tok.vocab_size)
+
+  def _split_texts(self, data: Any, split: str) -> list[str]:
+    if split not in self._texts:
+      texts = sources.load_texts(data.source, split)
+      self._texts[split] = texts[:data.max_docs] if data.max_docs else texts
+    return self._texts[split]
+
+  def train_iterator(self) -> BatchIterator:
+    return BatchIterator(self._rows[self.train_split], self.make_example,
+                         batch_size=self.batch_size, seed=self.seed,
+                         process_index=self.process_index,
+                         process_count=self.process_count)
+
+  def eval_iterator(self, num_batches: int | None = None) -> Iterator[Example]:
+    """The same eval batches (and masks) every time it is called."""
+    it = BatchIterator(self._rows[self.eval_split], self.make_example,
+                       batch_size=self.batch_size, seed=self.seed + 1,
+                       shuffle=False, repeat=False,
+                       process_index=self.process_index,
+                       process_count=self.process_count)
+    for i, batch in enumerate(it):
+      if num_batches and i >= num_batches:
+        return
+      yield batch
+
+  def num_rows(self, split: str) -> int:
+    return len(self._rows[split]["tokens"])

@@ -1,0 +1,50 @@
+r"""Entry point: ``python -m jaxtl.main --config=configs/X.py --workdir=DIR``.
+
+Overrides: ``--config.optim.lr=3e-4``, ``--config=configs/X.py:model=bert_mini``.
+Multi-process runs (GPU clusters, TPU pods) call ``jax.distributed.initialize``
+first; see ``launch/``.
+"""
+
+from __future__ import annotations
+
+import logging as py_logging
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "Checkpoints, metrics and caches go here.")
+flags.DEFINE_bool("multiprocess", False, "Call jax.distributed.initialize() "
+                  "(set automatically on SLURM / TPU pods by the launch scripts).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  import jax  # pylint: disable=g-import-not-at-top
+
+  if FLAGS.multiprocess:
+    jax.distributed.initialize()
+  from jaxtl import train  # pylint: disable=g-import-not-at-top
+
+  logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
+               jax.device_count(), jax.devices()[0].platform,
+               jax.process_index(), jax.process_count())
+  logging.info("config:\n%s", FLAGS.config)
+  metrics = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  logging.info("final eval: %s", metrics)
+
+
+class _QuietLibraries(py_logging.Filter):
+  """Drops INFO chatter from Orbax (dozens of lines per checkpoint)."""
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    return record.levelno > py_logging.INFO or "orbax" not in record.pathname
+
+
+if __name__ == "__main__":
+  logging.get_absl_handler().addFilter(_QuietLibraries())
+  app.run(main)

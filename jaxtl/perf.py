@@ -1,0 +1,65 @@
+"""Model FLOPs and MFU: how much of the hardware a training step uses.
+
+Model FLOPs per example follow the PaLM appendix convention: 6 FLOPs per
+matmul weight per token for forward + backward (2 forward, 4 backward), plus
+attention's score and value products, 12 * layers * (heads * head_dim) *
+key_length per token (causal masking is not discounted). Embedding lookups
+are free; the LM-head projection (vocab x d_model) counts whether tied or not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import traverse_util
+
+from jaxtl.models.config import TransformerConfig
+
+# Dense peak FLOP/s per chip by `device_kind` substring and compute dtype.
+# float32 on GPUs means TF32 tensor-core peak, which XLA uses by default.
+PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "H200": {"bfloat16": 989e12, "float32": 494e12},
+    "H100": {"bfloat16": 989e12, "float32": 494e12},
+    "A100": {"bfloat16": 312e12, "float32": 156e12},
+    "L4": {"bfloat16": 121e12, "float32": 60e12},
+    "TPU v6": {"bfloat16": 918e12, "float32": 918e12},
+    "TPU v5p": {"bfloat16": 459e12, "float32": 459e12},
+    "TPU v5": {"bfloat16": 197e12, "float32": 197e12},  # v5e ("TPU v5 lite").
+    "TPU v4": {"bfloat16": 275e12, "float32": 275e12},
+}
+
+
+def peak_flops_per_device(device: jax.Device | None = None,
+                          dtype: str = "bfloat16") -> float | None:
+  """Peak dense FLOP/s of one device, or None when unknown (e.g. CPUs)."""
+  device = device or jax.devices()[0]
+  kind = getattr(device, "device_kind", "")
+  for key, table in PEAK_FLOPS.items():
+    if key in kind:
+      return table.get(dtype, table["bfloat16"])
+  return None
+
+
+def _matmul_params(params: Any, prefix: str | None = None) -> int:
+  """Weights of dense layers (kernels), optionally under one top-level name."""
+  flat = traverse_util.flatten_dict(params)
+  return sum(int(v.size) for k, v in flat.items()
+             if k[-1] == "kernel" and "logits" not in k
+             and (prefix is None or prefix in k))
+
+
+def flops_per_example(cfg: TransformerConfig, params: Any,
+                      encoder_length: int, decoder_length: int = 0) -> float:
+  """Training FLOPs for one example (row) of the given lengths."""
+  attn_width = cfg.num_heads * cfg.head_dim
+  head = 6 * cfg.vocab_size * cfg.d_model
+  if cfg.family == "encoder_decoder":
+    s, t = encoder_length, decoder_length
+    enc = 6 * _matmul_params(params, "encoder") * s + 12 * cfg.num_layers * attn_width * s * s
+    dec = (6 * _matmul_params(params, "decoder") * t
+           + 12 * cfg.decoder_layers * attn_width * t * (t + s))
+    return float(enc + dec + head * t)
+  t = encoder_length
+  body = 6 * _matmul_params(params) * t + 12 * cfg.num_layers * attn_width * t * t
+  return float(body + head * t)

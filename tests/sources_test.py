@@ -1,0 +1,220 @@
+"""Tests for jaxtl.data.sources: synthetic error cases and the real files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+import datadir
+from jaxtl.data import sources
+
+
+def _write_jsonl(path, rows, gz=False):
+  text = "".join(json.dumps(r) + "\n" for r in rows)
+  if gz:
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+      f.write(text)
+  else:
+    path.write_text(text, encoding="utf-8")
+  return path
+
+
+# --- read_text ---------------------------------------------------------------
+
+
+def test_read_text_lines_and_paragraphs(tmp_path):
+  path = tmp_path / "wiki.txt"
+  path.write_text(" \n = Title = \n\n Body line one . \r\n \n Two\n",
+                  encoding="utf-8")
+  assert sources.read_text(path) == [" = Title = ", " Body line one . ",
+                                     " Two"]
+  whole = sources.read_text(path, paragraphs=True)
+  assert whole == [path.read_text(encoding="utf-8")]
+  empty = tmp_path / "empty.txt"
+  empty.write_text("\n \n", encoding="utf-8")
+  assert sources.read_text(empty) == []
+  assert sources.read_text(empty, paragraphs=True) == []
+
+
+def test_read_text_wrong_encoding_names_line(tmp_path):
+  path = tmp_path / "latin.txt"
+  path.write_bytes("ok\nsister\xf0city\n".encode("latin-1"))
+  with pytest.raises(ValueError, match=r"latin\.txt:2.*latin-1"):
+    sources.read_text(path)
+  assert sources.read_text(path, encoding="latin-1")[1] == "sister\xf0city"
+
+
+# --- read_jsonl --------------------------------------------------------------
+
+
+def test_read_jsonl_gz_round_trip_and_filter(tmp_path):
+  rows = [{"text": "good film", "label": 1}, {"text": "bad", "label": 0},
+          {"text": "caf\u00e9 <br />", "label": 1}]
+  for gz in (False, True):
+    path = _write_jsonl(tmp_path / ("r.jsonl.gz" if gz else "r.jsonl"), rows,
+                        gz=gz)
+    assert sources.read_jsonl(path) == [r["text"] for r in rows]
+    assert sources.read_jsonl(path, filter={"label": 1}) == [
+        "good film", "caf\u00e9 <br />"]
+
+
+def test_read_jsonl_malformed_line(tmp_path):
+  path = tmp_path / "bad.jsonl"
+  path.write_text('{"text": "a"}\n\n{"text": "b"\n', encoding="utf-8")
+  with pytest.raises(ValueError, match=r"bad\.jsonl:3.*malformed"):
+    sources.read_jsonl(path)
+
+
+def test_read_jsonl_missing_field(tmp_path):
+  path = _write_jsonl(tmp_path / "f.jsonl", [{"text": "a"}, {"body": "b"}])
+  with pytest.raises(ValueError, match=r"f\.jsonl:2.*'text'"):
+    sources.read_jsonl(path)
+  with pytest.raises(ValueError, match=r"f\.jsonl:1.*'label'"):
+    sources.read_jsonl(path, filter={"label": 1})
+
+
+def test_read_jsonl_empty_text(tmp_path):
+  path = _write_jsonl(tmp_path / "e.jsonl.gz", [{"text": "a"}, {"text": " "}],
+                      gz=True)
+  with pytest.raises(ValueError, match=r"e\.jsonl\.gz:2.*empty"):
+    sources.read_jsonl(path)
+
+
+# --- read_tsv_column ---------------------------------------------------------
+
+
+def test_read_tsv_bom_header_and_quotes(tmp_path):
+  path = tmp_path / "mrpc.tsv"
+  path.write_bytes(
+      "\ufeffQuality\t#1 String\t#2 String\n"
+      '1\tHe said " hi\t" Odd quote\n\n0\tx\ty\n'.encode("utf-8"))
+  assert sources.read_tsv_column(path, "#1 String") == ['He said " hi', "x"]
+  assert sources.read_tsv_column(path, 0) == ["1", "0"]
+  assert sources.read_tsv_column(path, 2, header=False)[0] == "#2 String"
+  with pytest.raises(ValueError, match="Quality"):
+    sources.read_tsv_column(path, "#3 String")
+  with pytest.raises(ValueError, match="header=False"):
+    sources.read_tsv_column(path, "Quality", header=False)
+
+
+def test_read_tsv_too_few_columns(tmp_path):
+  path = tmp_path / "short.tsv"
+  path.write_text("a\tb\tc\n1\t2\t3\n4\t5\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=r"short\.tsv:3.*2 columns"):
+    sources.read_tsv_column(path, "c")
+
+
+# --- missing files and load_texts --------------------------------------------
+
+
+def test_missing_files(tmp_path):
+  for reader in (sources.read_text, sources.read_jsonl,
+                 lambda p: sources.read_tsv_column(p, 0)):
+    with pytest.raises(FileNotFoundError, match="absent.txt"):
+      reader(tmp_path / "absent.txt")
+
+
+def test_load_texts_dispatch(tmp_path, monkeypatch):
+  monkeypatch.setenv("JAXTL_DATA_DIR", str(tmp_path))
+  _write_jsonl(tmp_path / "a.jsonl", [{"body": "one"}, {"body": "two"}])
+  _write_jsonl(tmp_path / "b.jsonl.gz", [{"body": "three"}], gz=True)
+  (tmp_path / "v.txt").write_text("x\n\ny\n", encoding="utf-8")
+  (tmp_path / "t.tsv").write_text("s\tl\nhi\t1\n", encoding="utf-8")
+  jsonl = {"kind": "jsonl", "field": "body",
+           "files": {"train": ["{data_dir}/a.jsonl", "{data_dir}/b.jsonl.gz"],
+                     "validation": "{data_dir}/a.jsonl"}}
+  assert sources.load_texts(jsonl, "train") == ["one", "two", "three"]
+  assert sources.load_texts(jsonl, "validation") == ["one", "two"]
+  text = {"kind": "text", "files": {"validation": [str(tmp_path / "v.txt")]}}
+  assert sources.load_texts(text, "validation") == ["x", "y"]
+  tsv = {"kind": "tsv", "column": "s", "files": {"train": "{data_dir}/t.tsv"}}
+  assert sources.load_texts(tsv, "train") == ["hi"]
+  with pytest.raises(ValueError, match=r"'test'.*'train', 'validation'"):
+    sources.load_texts(jsonl, "test")
+  with pytest.raises(ValueError, match="jsonl, tsv, tfds"):
+    sources.load_texts({"kind": "csv"}, "train")
+
+
+def test_data_dir_resolution(monkeypatch):
+  monkeypatch.delenv("JAXTL_DATA_DIR", raising=False)
+  assert sources.resolve_data_dir() is None
+  assert sources.resolve_data_dir("/flag") == "/flag"
+  with pytest.raises(ValueError, match="JAXTL_DATA_DIR"):
+    sources.require_data_dir()
+  with pytest.raises(ValueError, match="JAXTL_DATA_DIR"):
+    sources.load_texts({"kind": "text", "files": {"train": "{data_dir}/x"}},
+                       "train")
+  monkeypatch.setenv("JAXTL_DATA_DIR", "/env")
+  assert sources.resolve_data_dir() == "/env"
+  assert sources.resolve_data_dir("/flag") == "/flag"
+  assert sources.require_data_dir() == "/env"
+
+
+def test_import_does_not_load_tensorflow():
+  code = ("import sys, jaxtl.data.sources, jaxtl.data.tokenizers; "
+          "assert 'tensorflow' not in sys.modules")
+  subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- real data ---------------------------------------------------------------
+
+
+def test_imdb_unsup():
+  path = datadir.require_data("imdb", "unsup.jsonl.gz")
+  start = time.perf_counter()
+  texts = sources.read_jsonl(path)
+  assert len(texts) == 50_000
+  assert time.perf_counter() - start < 10
+  assert sum("<br />" in t for t in texts) > 10_000
+
+
+def test_imdb_label_filter():
+  path = datadir.require_data("imdb", "test.jsonl.gz")
+  assert len(sources.read_jsonl(path, filter={"label": 1})) == 12_500
+
+
+def test_wikitext2_valid():
+  path = datadir.require_data("wikitext2", "valid.txt")
+  lines = sources.read_text(path)
+  assert len(lines) == 2461
+  assert lines[0] == " = Homarus gammarus = "
+  assert all(line.strip() for line in lines)
+
+
+def test_glue_mrpc_bom_header():
+  path = datadir.require_data("glue", "MRPC", "dev.tsv")
+  first = sources.read_tsv_column(path, "#1 String")
+  second = sources.read_tsv_column(path, "#2 String")
+  labels = sources.read_tsv_column(path, "Quality")
+  assert len(first) == len(second) == len(labels) == 408
+  assert set(labels) == {"0", "1"}
+
+
+def test_glue_cola_no_header():
+  path = datadir.require_data("glue", "CoLA", "dev.tsv")
+  sentences = sources.read_tsv_column(path, 3, header=False)
+  assert len(sentences) == 1043
+
+
+def test_trec_is_latin1():
+  path = datadir.require_data("trec", "train_5500.label")
+  with pytest.raises(ValueError, match=r"train_5500\.label:66"):
+    sources.read_text(path)
+  rows = sources.read_text(path, encoding="latin-1")
+  assert len(rows) == 5452
+  assert "\xf0" in rows[65]
+
+
+def test_tfds_tiny_shakespeare(tmp_path):
+  pytest.importorskip("tensorflow_datasets")
+  manual = datadir.require_data("tiny_shakespeare")
+  source = {"kind": "tfds", "name": "tiny_shakespeare",
+            "data_dir": str(tmp_path), "manual_dir": str(manual)}
+  texts = sources.load_texts(source, "validation")
+  assert len(texts) == 1 and len(texts[0]) == 55_770
+  assert isinstance(texts[0], str)

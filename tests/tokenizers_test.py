@@ -1,0 +1,195 @@
+"""Tests for jaxtl.data.tokenizers: trained and real SentencePiece models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import datadir
+from jaxtl.data import tokenizers
+
+T5_MODEL = ("tokenizers", "t5_c4_32k_100extra.spm.model")
+
+
+@pytest.fixture(scope="module")
+def shakespeare_lines() -> list[str]:
+  path = datadir.require_data("tiny_shakespeare", "input.txt")
+  lines = [l.strip() for l in path.read_text("utf-8").splitlines()]
+  return [l for l in lines if l][:600]
+
+
+@pytest.fixture(scope="module", params=["unigram", "bpe"])
+def trained(request, shakespeare_lines, tmp_path_factory):
+  prefix = tmp_path_factory.mktemp(request.param) / "spm"
+  tok = tokenizers.train_sentencepiece(
+      shakespeare_lines, prefix, vocab_size=400, model_type=request.param,
+      num_sentinels=100)
+  return tok, prefix
+
+
+def test_trained_files_and_exact_vocab_size(trained):
+  tok, prefix = trained
+  assert prefix.with_suffix(".model").is_file()
+  vocab = prefix.with_suffix(".vocab").read_text("utf-8").splitlines()
+  assert len(vocab) == 400
+  assert tok.vocab_size == 400
+  assert tok.processor.get_piece_size() == 400
+  assert not list(prefix.parent.glob("*.tmp*"))
+
+
+def test_trained_special_ids(trained):
+  tok, _ = trained
+  assert (tok.pad_id, tok.eos_id, tok.unk_id, tok.bos_id) == (0, 1, 2, 3)
+  named = [tok.mask_id, tok.cls_id, tok.sep_id]
+  assert None not in named
+  assert [tok.processor.id_to_piece(i) for i in named] == [
+      "[MASK]", "[CLS]", "[SEP]"]
+  ids = [tok.pad_id, tok.eos_id, tok.unk_id, tok.bos_id] + named
+  assert len(set(ids)) == len(ids)
+
+
+def test_trained_sentinels(trained):
+  tok, _ = trained
+  assert tok.num_sentinels == 100
+  sentinels = [tok.sentinel_id(i) for i in range(100)]
+  assert len(set(sentinels)) == 100
+  assert all(0 <= s < tok.vocab_size for s in sentinels)
+  assert tok.processor.id_to_piece(sentinels[7]) == "<extra_id_7>"
+  with pytest.raises(ValueError, match="extra_id_100"):
+    tok.sentinel_id(100)
+  special = tok.special_ids
+  assert special.dtype == np.int32
+  assert np.all(np.diff(special) > 0)
+  expected = set(sentinels) | {tok.pad_id, tok.eos_id, tok.unk_id,
+                               tok.bos_id, tok.mask_id, tok.cls_id,
+                               tok.sep_id}
+  assert expected <= set(special.tolist())
+
+
+def test_trained_round_trip(trained, shakespeare_lines):
+  tok, _ = trained
+  texts = ["First Citizen: Before we proceed any further, hear me speak.",
+           shakespeare_lines[-1]]
+  for text in texts:
+    ids = tok.encode(text)
+    assert ids and tok.eos_id not in ids and tok.bos_id not in ids
+    assert tok.decode(ids) == text
+    assert tok.decode(ids + [tok.pad_id] * 3) == text
+  assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+  no_specials = set(tok.encode(" ".join(shakespeare_lines[:50])))
+  assert not no_specials & set(tok.special_ids.tolist()) - {tok.unk_id}
+
+
+def test_training_is_deterministic(shakespeare_lines, tmp_path):
+  a = tokenizers.train_sentencepiece(shakespeare_lines, tmp_path / "a", 300)
+  b = tokenizers.train_sentencepiece(shakespeare_lines, tmp_path / "b", 300)
+  assert (tmp_path / "a.model").read_bytes() == (
+      tmp_path / "b.model").read_bytes()
+  assert a.encode(shakespeare_lines[3]) == b.encode(shakespeare_lines[3])
+
+
+def test_long_texts_are_split(shakespeare_lines, tmp_path):
+  # One line far above SentencePiece's 4192-byte sentence limit.
+  text = " ".join(shakespeare_lines)
+  assert len(text.encode("utf-8")) > 3 * 4192
+  chunks = list(tokenizers._training_sentences([text], 4192))
+  assert len(chunks) > 3
+  assert all(len(c.encode("utf-8")) <= 4192 for c in chunks)
+  assert " ".join(chunks).split() == text.split()
+  word = "x" + "\u00e9" * 5000  # Odd byte alignment of 2-byte chars.
+  giant = list(tokenizers._training_sentences(["a " + word], 4192))
+  assert all(len(c.encode("utf-8")) <= 4192 for c in giant)
+  assert giant[0] == "a" and "".join(giant[1:]) == word
+  tok = tokenizers.train_sentencepiece(
+      [text], tmp_path / "long", vocab_size=300, num_sentinels=3)
+  assert tok.vocab_size == 300 and tok.num_sentinels == 3
+  assert tok.decode(tok.encode(shakespeare_lines[0])) == shakespeare_lines[0]
+
+
+def test_bad_model_type(tmp_path):
+  with pytest.raises(ValueError, match="wordpiece"):
+    tokenizers.train_sentencepiece(["a b c"], tmp_path / "m", 100,
+                                   model_type="wordpiece")
+
+
+def test_vocab_too_large_is_a_clear_error(tmp_path):
+  with pytest.raises(ValueError, match="Vocabulary size too high"):
+    tokenizers.train_sentencepiece(["the cat sat on the mat"] * 20,
+                                   tmp_path / "m", 5000)
+  assert not (tmp_path / "m.model").exists()
+
+
+def test_vocab_smaller_than_specials(tmp_path):
+  with pytest.raises(ValueError, match="reserved"):
+    tokenizers.train_sentencepiece(["a b"], tmp_path / "m", 50)
+
+
+def test_empty_corpus(tmp_path):
+  with pytest.raises(ValueError, match="no non-empty text"):
+    tokenizers.train_sentencepiece(["", "  \n "], tmp_path / "m", 200)
+
+
+def test_missing_model_file(tmp_path):
+  path = tmp_path / "nope.model"
+  with pytest.raises(FileNotFoundError, match="nope.model"):
+    tokenizers.SentencePieceTokenizer(path)
+
+
+def test_get_tokenizer_dispatch(tmp_path):
+  with pytest.raises(ValueError, match=r"vocab\.json.*\.model"):
+    tokenizers.get_tokenizer(str(tmp_path / "vocab.json"))
+
+
+@pytest.fixture(scope="module")
+def t5() -> tokenizers.Tokenizer:
+  return tokenizers.get_tokenizer(str(datadir.require_data(*T5_MODEL)))
+
+
+def test_t5_ids(t5):
+  assert isinstance(t5, tokenizers.SentencePieceTokenizer)
+  assert t5.vocab_size == 32101
+  assert (t5.pad_id, t5.eos_id, t5.bos_id, t5.unk_id) == (0, 1, 2, 3)
+  assert t5.mask_id is None and t5.cls_id is None and t5.sep_id is None
+  assert t5.num_sentinels == 100
+  assert t5.sentinel_id(0) == 32100
+  assert t5.sentinel_id(99) == 32001
+  with pytest.raises(ValueError, match="extra_id_100"):
+    t5.sentinel_id(100)
+  special = t5.special_ids.tolist()
+  assert special[:4] == [0, 1, 2, 3]
+  assert len(special) == 104 and special[-1] == 32100
+
+
+def test_t5_round_trip(t5):
+  text = "The quick brown fox jumps over the lazy dog, twice in 2024."
+  ids = t5.encode(text)
+  assert ids and max(ids) < 32000 and t5.eos_id not in ids
+  assert t5.decode(ids) == text
+  assert t5.decode([t5.pad_id] + ids + [t5.eos_id, t5.pad_id]) == text
+  assert t5.encode_batch([text, "hello"]) == [ids, t5.encode("hello")]
+  assert t5.decode([t5.sentinel_id(0)]).strip() == "<extra_id_0>"
+
+
+def test_classic_t5_virtual_sentinels(tmp_path):
+  """A 32000-piece model without sentinel pieces follows the T5 convention."""
+  pb = pytest.importorskip("sentencepiece.sentencepiece_model_pb2")
+  proto = pb.ModelProto()
+  proto.ParseFromString(datadir.require_data(*T5_MODEL).read_bytes())
+  del proto.pieces[32000:]  # Drops the sentinel pieces (and one more).
+  path = tmp_path / "classic.model"
+  path.write_bytes(proto.SerializeToString())
+  tok = tokenizers.SentencePieceTokenizer(path)
+  assert tok.vocab_size == 32100 and tok.num_sentinels == 100
+  assert tok.sentinel_id(0) == 32099 and tok.sentinel_id(99) == 32000
+  assert 32099 in tok.special_ids
+  ids = tok.encode("hello world")
+  assert tok.decode(ids + [32099] + ids) == (
+      "hello world <extra_id_0> hello world")
+
+
+def test_model_without_sentinels(shakespeare_lines, tmp_path):
+  tok = tokenizers.train_sentencepiece(
+      shakespeare_lines, tmp_path / "small", vocab_size=100, num_sentinels=0)
+  assert tok.num_sentinels == 0 and tok.vocab_size == 100
+  with pytest.raises(ValueError, match="extra_id_0"):
+    tok.sentinel_id(0)
