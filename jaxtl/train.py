@@ -107,7 +107,7 @@ def train_step(state: TrainState, batch: Mapping[str, Array], rng: Array, *,
   normalizer = objectives.loss_weight_total(batch, family)
   (loss, sums), grads = _accumulate_grads(loss_fn, state.params, batch,
                                           step_rng, normalizer, accum_steps)
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
 

@@ -1,0 +1,193 @@
+"""Property tests for the Transformer stacks: causality, padding, packing, scan."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from jaxtl.models import TransformerConfig, build_model
+from jaxtl.models import layers
+
+TINY = dict(vocab_size=97, d_model=32, num_heads=4, head_dim=8, mlp_dim=64,
+            num_layers=2, max_len=32, dropout_rate=0.0)
+FAMILIES = {
+    "bert": dict(family="encoder", pre_norm=False, embed_norm=True,
+                 type_vocab_size=2, lm_head_transform=True, lm_head_bias=True),
+    "gpt2": dict(family="decoder", activation="gelu_new"),
+    "t5": dict(family="encoder_decoder", position="relative", norm="rmsnorm",
+               use_bias=False, scale_attention=False, gated_mlp=True,
+               scale_tied_logits=True, relative_buckets=8,
+               relative_max_distance=16),
+}
+
+
+def make(name, **kw):
+  cfg = TransformerConfig(**{**TINY, **FAMILIES[name], **kw})
+  return cfg, build_model(cfg)
+
+
+def tokens(shape, seed=0):
+  return jax.random.randint(jax.random.key(seed), shape, 4, TINY["vocab_size"])
+
+
+def run(model, params, toks, dec=None, **kw):
+  if model.config.family == "encoder_decoder":
+    return model.apply({"params": params}, toks, toks if dec is None else dec, **kw)
+  return model.apply({"params": params}, toks, **kw)
+
+
+def init(model, toks):
+  args = (toks, toks) if model.config.family == "encoder_decoder" else (toks,)
+  return nn.unbox(model.init(jax.random.key(1), *args)["params"])
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+def test_future_tokens_do_not_change_past_outputs(name):
+  _, model = make(name)
+  x = tokens((2, 12))
+  params = init(model, x)
+  y = x.at[:, 7:].set(5)
+  if name == "t5":  # The decoder is causal; the encoder sees everything.
+    a = run(model, params, x, dec=x)["logits"]
+    b = run(model, params, x, dec=y)["logits"]
+  else:
+    a, b = run(model, params, x)["logits"], run(model, params, y)["logits"]
+  np.testing.assert_allclose(a[:, :7], b[:, :7], atol=1e-6)
+  assert not np.allclose(a[:, 7:], b[:, 7:])
+
+
+def test_causal_gradient_is_zero_for_future_positions():
+  """d logits[t] / d position_embedding[s] vanishes exactly for s > t."""
+  _, model = make("gpt2")
+  x = tokens((1, 10))
+  params = init(model, x)
+  t = 4
+
+  def out_at_t(pos_table):
+    p = jax.tree.map(lambda a: a, params)
+    p["stack"]["embedder"]["position_embedding"] = pos_table
+    return run(model, p, x)["logits"][0, t].sum()
+
+  grad = jax.grad(out_at_t)(params["stack"]["embedder"]["position_embedding"])
+  norms = np.abs(np.asarray(grad)).sum(-1)
+  assert np.all(norms[t + 1:] == 0.0)
+  assert np.all(norms[:t + 1] > 0.0)
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
+def test_padding_does_not_change_unpadded_outputs(name):
+  _, model = make(name)
+  x = tokens((2, 9))
+  params = init(model, x)
+  padded = jnp.concatenate([x, jnp.zeros((2, 5), x.dtype)], axis=1)
+  seg = jnp.concatenate([jnp.ones((2, 9), jnp.int32), jnp.zeros((2, 5), jnp.int32)], 1)
+  if name == "t5":
+    a = model.apply({"params": params}, x, x)["logits"]
+    b = model.apply({"params": params}, padded, padded, seg, seg)["logits"]
+  else:
+    a = run(model, params, x)["logits"]
+    b = run(model, params, padded, segment_ids_BT=seg)["logits"]
+  np.testing.assert_allclose(a, b[:, :9], atol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_packed_segments_match_separate_sequences(name):
+  _, model = make(name)
+  a, b = tokens((1, 6), 1), tokens((1, 5), 2)
+  params = init(model, a)
+  packed = jnp.concatenate([a, b], axis=1)
+  seg = jnp.array([[1] * 6 + [2] * 5])
+  pos = jnp.array([list(range(6)) + list(range(5))])
+  out = run(model, params, packed, segment_ids_BT=seg, positions_BT=pos)["logits"]
+  np.testing.assert_allclose(out[:, :6], run(model, params, a)["logits"], atol=2e-5)
+  np.testing.assert_allclose(out[:, 6:], run(model, params, b)["logits"], atol=2e-5)
+
+
+def _stack_layers(params, n):
+  """Per-layer params (layer_0, layer_1, ...) -> the nn.scan layout (layers, stacked)."""
+  flat = traverse_util.flatten_dict(params)
+  out = {}
+  for path, value in flat.items():
+    idx = next((i for i, p in enumerate(path) if p.startswith("layer_")), None)
+    if idx is None:
+      out[path] = value
+    elif path[idx] == "layer_0":
+      key = path[:idx] + ("layers",) + path[idx + 1:]
+      out[key] = jnp.stack([flat[path[:idx] + (f"layer_{i}",) + path[idx + 1:]]
+                            for i in range(n)])
+  return traverse_util.unflatten_dict(out)
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
+def test_scan_and_remat_match_the_loop(name):
+  _, model = make(name)
+  _, scanned = make(name, scan_layers=True, remat="full")
+  x = tokens((2, 8))
+  params = init(model, x)
+  s_params = _stack_layers(params, TINY["num_layers"])
+  assert jax.tree.structure(s_params) == jax.tree.structure(init(scanned, x))
+  a = run(model, params, x, return_hidden=True)
+  b = run(scanned, s_params, x, return_hidden=True)
+  np.testing.assert_allclose(a["logits"], b["logits"], atol=1e-5)
+  for ha, hb in zip(a["hidden_states"], b["hidden_states"]):
+    np.testing.assert_allclose(ha, hb, atol=1e-5)
+  loss = lambda m, p: run(m, p, x)["logits"].mean()
+  ga = _stack_layers(jax.grad(lambda p: loss(model, p))(params), TINY["num_layers"])
+  gb = jax.grad(lambda p: loss(scanned, p))(s_params)
+  for u, v in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+    np.testing.assert_allclose(u, v, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
+def test_hidden_states_attentions_and_jit(name):
+  cfg, model = make(name)
+  x = tokens((2, 8))
+  params = init(model, x)
+  out = run(model, params, x, return_hidden=True, return_attention=True)
+  prefix = "encoder_" if name == "t5" else ""
+  assert len(out["hidden_states"]) == cfg.num_layers + 1
+  assert len(out[prefix + "hidden_states"]) == cfg.num_layers + 1
+  assert out["attentions"][0].shape == (2, cfg.num_heads, 8, 8)
+  np.testing.assert_allclose(out["attentions"][0].sum(-1), 1.0, atol=1e-5)
+  np.testing.assert_allclose(out["hidden_states"][-1], out["last_hidden"])
+  # The explicit-weights path and the fused kernel agree; so do jit and eager.
+  fused = run(model, params, x)["logits"]
+  np.testing.assert_allclose(out["logits"], fused, atol=1e-5)
+  jitted = jax.jit(lambda p, t: run(model, p, t)["logits"])(params, x)
+  np.testing.assert_allclose(jitted, fused, atol=1e-5)
+  if name == "gpt2":  # causal weights are zero above the diagonal.
+    w = np.asarray(out["attentions"][1])
+    assert np.all(np.triu(w[0, 0], k=1) == 0)
+
+
+def test_dropout_is_random_in_training_and_off_in_eval():
+  _, model = make("gpt2", dropout_rate=0.3, attention_dropout_rate=0.3)
+  x = tokens((2, 8))
+  params = init(model, x)
+  f = lambda seed: run(model, params, x, deterministic=False,
+                       rngs={"dropout": jax.random.key(seed)})["logits"]
+  assert not np.allclose(f(0), f(1))
+  np.testing.assert_allclose(f(0), f(0))
+  np.testing.assert_allclose(run(model, params, x)["logits"],
+                             run(model, params, x)["logits"])
+
+
+def test_relative_position_buckets():
+  rel = jnp.arange(-200, 201)
+  bi = layers.relative_position_buckets(rel, True, 32, 128)
+  uni = layers.relative_position_buckets(rel, False, 32, 128)
+  assert int(bi[200]) == 0 and int(uni[200]) == 0  # distance 0
+  assert bi.max() < 32 and uni.max() < 32 and bi.min() >= 0
+  assert np.all(np.asarray(uni[201:]) == 0)  # future keys share bucket 0
+  assert len(set(np.asarray(bi[195:206]).tolist())) == 11  # small: exact
+  past = np.asarray(uni[:200])[::-1]  # distances 1..200
+  assert np.all(np.diff(past) >= 0)  # monotone in distance
+
+
+def test_bad_config_values_name_the_field():
+  with pytest.raises(ValueError, match="norm"):
+    TransformerConfig(norm="batchnorm")
+  with pytest.raises(ValueError, match="unknown model config keys.*hidden"):
+    TransformerConfig.from_mapping({"hidden": 3})
