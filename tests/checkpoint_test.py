@@ -1,0 +1,162 @@
+"""Checkpoints: exact resume after a kill, SIGTERM saves, corrupted-latest fallback."""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxtl import checkpoint, train
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+STEPS = 150
+
+
+def _corpus(path: pathlib.Path) -> None:
+  """A small synthetic corpus with learnable structure."""
+  rng = np.random.default_rng(0)
+  subjects = ["the cat", "a dog", "my friend", "the king", "our teacher"]
+  verbs = ["sees", "likes", "finds", "calls", "follows"]
+  objects = ["the moon", "a river", "the house", "an old song", "the market"]
+  lines = [" ".join([rng.choice(subjects), rng.choice(verbs), rng.choice(objects)])
+           + "." for _ in range(3000)]
+  path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("ckpt")
+  _corpus(tmp / "train.txt")
+  _corpus(tmp / "valid.txt")
+  cfg = tmp / "tiny_clm.py"
+  cfg.write_text(textwrap.dedent(f"""
+      from configs import pretrain_clm
+
+      def get_config(arg=None):
+        c = pretrain_clm.get_config()
+        with c.unlocked():
+          c.data.source.kind = "text"
+          c.data.source.files = dict(train=["{tmp}/train.txt"],
+                                     validation=["{tmp}/valid.txt"])
+        c.data.tokenizer.update(vocab_size=200, model_type="bpe")
+        c.data.update(seq_len=16, batch_size=8)
+        c.model.update(num_layers=1, d_model=32, num_heads=2, head_dim=16,
+                       mlp_dim=64, dropout_rate=0.1)
+        c.optim.warmup_steps = 5
+        c.train.update(steps={STEPS}, log_every=1, eval_every=50, eval_batches=2,
+                       checkpoint_every=5, keep_checkpoints=2)
+        return c
+  """))
+  return str(cfg)
+
+
+def _start(config_file, workdir):
+  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  return subprocess.Popen(
+      [sys.executable, "-m", "jaxtl.main", f"--config={config_file}",
+       f"--workdir={workdir}"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE, text=True)
+
+
+def _run(config_file, workdir):
+  proc = _start(config_file, workdir)
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err[-3000:]
+  return err
+
+
+def _interrupt(config_file, workdir, sig):
+  """Starts a run and sends ``sig`` once a checkpoint beyond step 5 exists."""
+  proc = _start(config_file, workdir)
+  ckpts = pathlib.Path(workdir) / "checkpoints"
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if ckpts.is_dir() and any(p.name.isdigit() and int(p.name) >= 10
+                              for p in ckpts.iterdir()):
+      proc.send_signal(sig)
+      break
+    time.sleep(0.02)
+  _, err = proc.communicate(timeout=240)
+  return proc.returncode, err
+
+
+def _train_losses(workdir):
+  """Last logged train loss per step (a resumed run re-logs some steps)."""
+  losses = {}
+  for line in open(os.path.join(workdir, "metrics.jsonl")):
+    record = json.loads(line)
+    if record["split"] in ("train", "eval"):
+      losses[(record["split"], record["step"])] = record["loss"]
+  return losses
+
+
+def test_killed_and_resumed_run_matches_uninterrupted(config_file, tmp_path):
+  ref_dir, dir_ = str(tmp_path / "ref"), str(tmp_path / "killed")
+  _run(config_file, ref_dir)
+  code, _ = _interrupt(config_file, dir_, signal.SIGKILL)
+  assert code == -signal.SIGKILL, "the run finished before it could be killed"
+  killed_at = max(s for (split, s) in _train_losses(dir_) if split == "train")
+  assert killed_at < STEPS
+  err = _run(config_file, dir_)
+  assert "resumed from checkpoint step" in err
+  ref, resumed = _train_losses(ref_dir), _train_losses(dir_)
+  assert ref.keys() == resumed.keys()
+  np.testing.assert_allclose([resumed[k] for k in sorted(ref)],
+                             [ref[k] for k in sorted(ref)], rtol=1e-6)
+
+
+def test_sigterm_saves_a_checkpoint_at_the_stop_step(config_file, tmp_path):
+  workdir = str(tmp_path / "term")
+  code, err = _interrupt(config_file, workdir, signal.SIGTERM)
+  assert code == 0, err[-3000:]
+  assert "SIGTERM" in err
+  last_logged = max(s for (split, s) in _train_losses(workdir) if split == "train")
+  steps = sorted(int(p.name) for p in (pathlib.Path(workdir) / "checkpoints").iterdir()
+                 if p.name.isdigit())
+  assert steps[-1] == last_logged < STEPS
+
+
+def _tiny_state(value):
+  return train.TrainState(step=jnp.array(value, jnp.int32),
+                          params={"w": jnp.full((4, 3), float(value))},
+                          opt_state=(), bad_steps=jnp.array(0, jnp.int32),
+                          skipped_steps=jnp.array(0, jnp.int32))
+
+
+def test_unreadable_latest_falls_back_to_previous(tmp_path, caplog):
+  ckpt = checkpoint.Checkpointer(tmp_path, save_every=1, keep=3, async_save=False)
+  for step in (1, 2):
+    ckpt.save(step, _tiny_state(step), {"data": {"epoch": 0, "index": step}})
+  ckpt.close()
+  # Corrupt step 2's array data; leave a half-written step 3 lying around.
+  for f in (tmp_path / "2" / "state").rglob("*"):
+    if f.is_file() and "metadata" not in f.name:
+      f.write_bytes(b"garbage")
+  (tmp_path / "3.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
+  ckpt = checkpoint.Checkpointer(tmp_path, save_every=1, keep=3, async_save=False)
+  assert ckpt.all_steps() == [1, 2]
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          _tiny_state(0))
+  with caplog.at_level("WARNING"):
+    state, extra, step = ckpt.restore_latest(abstract)
+  assert step == 1 and extra["data"]["index"] == 1
+  np.testing.assert_array_equal(state.params["w"], np.ones((4, 3)))
+  assert "step 2" in caplog.text and "falling back" in caplog.text
+
+
+def test_refuses_to_save_non_finite_params(tmp_path):
+  ckpt = checkpoint.Checkpointer(tmp_path, save_every=1, keep=3, async_save=False)
+  bad = _tiny_state(1).replace(params={"w": jnp.full((2,), jnp.nan)})
+  with pytest.raises(FloatingPointError, match="NaN"):
+    ckpt.save(1, bad, {})
+  assert ckpt.all_steps() == []
+  shutil.rmtree(tmp_path)
