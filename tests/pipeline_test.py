@@ -1,0 +1,127 @@
+"""Host pipeline: determinism, resumable position, process sharding, objectives."""
+
+import numpy as np
+import pytest
+
+from jaxtl.data import pipeline
+
+import datadir
+
+
+def _rows(n=40, length=12):
+  tokens = (np.arange(n * length, dtype=np.int32).reshape(n, length) % 90) + 10
+  return {"tokens": tokens, "segment_ids": np.ones_like(tokens),
+          "positions": np.broadcast_to(np.arange(length, dtype=np.int32),
+                                       tokens.shape).copy()}
+
+
+def _noisy(row, rng):
+  """An example whose content depends on the per-example rng (like masking)."""
+  return {"x": row["tokens"], "noise": rng.integers(0, 1000, 3)}
+
+
+def _take(it, n):
+  return [next(it) for _ in range(n)]
+
+
+def test_same_seed_same_batches_and_epochs_reshuffle():
+  a = _take(pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=3), 10)
+  b = _take(pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=3), 10)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x["x"], y["x"])
+    np.testing.assert_array_equal(x["noise"], y["noise"])
+  # 40 rows / 8 = 5 batches per epoch: epoch 1 visits the same rows in another
+  # order, with fresh per-example noise (dynamic masking).
+  first = np.concatenate([b["x"][:, 0] for b in a[:5]])
+  second = np.concatenate([b["x"][:, 0] for b in a[5:]])
+  assert sorted(first) == sorted(second) and not np.array_equal(first, second)
+  noise0 = {int(r): n.tolist() for b in a[:5] for r, n in zip(b["x"][:, 0], b["noise"])}
+  noise1 = {int(r): n.tolist() for b in a[5:] for r, n in zip(b["x"][:, 0], b["noise"])}
+  assert all(noise0[r] != noise1[r] for r in noise0)
+
+
+def test_state_restores_the_exact_position():
+  it = pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=0)
+  _take(it, 7)
+  state = it.get_state()
+  expected = _take(it, 4)
+  fresh = pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=0)
+  fresh.set_state(state)
+  for x, y in zip(expected, _take(fresh, 4)):
+    np.testing.assert_array_equal(x["noise"], y["noise"])
+
+
+def test_processes_split_the_global_batch():
+  whole = _take(pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=1), 6)
+  parts = [_take(pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=1,
+                                        process_index=p, process_count=2), 6)
+           for p in range(2)]
+  for i, batch in enumerate(whole):
+    for key in batch:
+      np.testing.assert_array_equal(
+          batch[key], np.concatenate([parts[0][i][key], parts[1][i][key]]))
+
+
+def test_prefetcher_reports_the_consumers_position():
+  it = pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=0)
+  pre = pipeline.Prefetcher(it, size=3)
+  _take(pre, 3)
+  state = pre.get_state()
+  assert state == {"epoch": 0, "index": 3}
+  nxt = next(pre)
+  fresh = pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=0)
+  fresh.set_state(state)
+  np.testing.assert_array_equal(next(fresh)["noise"], nxt["noise"])
+  pre.close()
+
+
+def test_eval_iteration_is_finite_and_in_order():
+  it = pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=0,
+                              shuffle=False, repeat=False)
+  batches = list(it)
+  assert len(batches) == 5
+  assert batches[0]["x"][0, 0] == _rows()["tokens"][0, 0]
+
+
+def test_clm_example_respects_segment_boundaries_and_padding():
+  row = {"tokens": np.array([5, 6, 7, 8, 9, 0], np.int32),
+         "segment_ids": np.array([1, 1, 1, 2, 2, 0], np.int32),
+         "positions": np.array([0, 1, 2, 0, 1, 0], np.int32)}
+  ex = pipeline.clm_example(row)
+  np.testing.assert_array_equal(ex["decoder_input_tokens"], [5, 6, 7, 8, 9])
+  np.testing.assert_array_equal(ex["decoder_target_tokens"], [6, 7, 8, 9, 0])
+  # 7 -> 8 crosses into segment 2 and 9 -> pad is padding: no loss there.
+  np.testing.assert_array_equal(ex["decoder_loss_weights"], [1, 1, 0, 1, 0])
+
+
+def test_frame_rows_adds_cls_and_sep():
+  rows = pipeline.frame_rows(_rows(4, 5), 101, 102)
+  assert rows["tokens"].shape == (4, 7)
+  assert (rows["tokens"][:, 0] == 101).all() and (rows["tokens"][:, -1] == 102).all()
+  np.testing.assert_array_equal(rows["positions"][0], np.arange(7))
+
+
+def test_span_example_shapes_and_shift_with_the_t5_vocabulary():
+  from jaxtl.data import corruption
+  from jaxtl.data.tokenizers import get_tokenizer
+  tok = get_tokenizer(datadir.require_data("tokenizers", "t5_c4_32k_100extra.spm.model"))
+  raw, targets_len = corruption.span_corruption_lengths(64)
+  row = {"tokens": np.arange(100, 100 + raw, dtype=np.int32)}
+  sentinels = np.array([tok.sentinel_id(i) for i in range(100)], np.int32)
+  ex = pipeline.span_example(row, np.random.default_rng(0), tok,
+                             {"noise_density": 0.15, "mean_noise_span_length": 3.0},
+                             sentinels, 64, targets_len)
+  assert ex["encoder_input_tokens"].shape == (64,)
+  assert (ex["encoder_segment_ids"] == 1).all()  # full rows: no padding
+  assert ex["decoder_target_tokens"].shape == (targets_len,)
+  np.testing.assert_array_equal(ex["decoder_input_tokens"][1:],
+                                ex["decoder_target_tokens"][:-1])
+  assert ex["decoder_input_tokens"][0] == tok.pad_id
+  assert ex["decoder_target_tokens"][0] == tok.sentinel_id(0)
+  n = int(ex["decoder_loss_weights"].sum())
+  assert ex["decoder_target_tokens"][n - 1] == tok.eos_id
+
+
+def test_too_small_split_is_a_clear_error():
+  with pytest.raises(ValueError, match="fewer than one batch"):
+    pipeline.BatchIterator(_rows(4), _noisy, batch_size=8, seed=0)
