@@ -27,8 +27,8 @@ def get_config(arg: str | None = None):
   c.data.seq_len = 128
   c.data.batch_size = 32
   c.optim.update(lr=1e-3, warmup_steps=100)
-  c.train.update(steps=1200, log_every=50, eval_every=300, eval_batches=0,
-                 checkpoint_every=300)
+  c.train.update(steps=400, log_every=50, eval_every=100, eval_batches=0,
+                 checkpoint_every=100)
   c.model.dropout_rate = 0.1
   c.lock()
   return c

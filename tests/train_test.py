@@ -168,3 +168,12 @@ def test_mesh_and_rule_errors_name_the_problem():
     sharding.make_mesh((4, 4, 1))
   with pytest.raises(ValueError, match="not a mesh axis"):
     sharding.make_rules({"embed": "model"})
+
+
+def test_bfloat16_compute_keeps_float32_params():
+  data = batches("decoder", 1) * 3
+  losses, state, _ = run_steps(tiny(dtype="bfloat16"), (1, 1, 1), data)
+  ref, _, _ = run_steps(tiny(), (1, 1, 1), data)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
+  assert np.isfinite(losses).all() and losses[-1] < losses[0]
+  np.testing.assert_allclose(losses, ref, rtol=2e-2)

@@ -108,7 +108,7 @@ def tokenized_rows(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
                      f"row of {row_length} tokens")
   if path:
     os.makedirs(cache_dir, exist_ok=True)
-    tmp = path + ".tmp.npz"
+    tmp = f"{path}.{os.getpid()}.tmp.npz"  # processes may share the workdir
     np.savez(tmp, **rows)
     os.replace(tmp, path)
   return rows
@@ -313,8 +313,14 @@ class DataSetup:
     self.batch_size, self.seed = data.batch_size, config.seed
     self.process_index, self.process_count = process_index, process_count
     self._texts: dict[str, list[str]] = {}
-    self.tokenizer = build_tokenizer(data, workdir,
-                                     lambda: self._split_texts(data, data.train_split))
+    train_texts = lambda: self._split_texts(data, data.train_split)
+    if process_index == 0:  # Others load what process 0 trained and cached.
+      self.tokenizer = build_tokenizer(data, workdir, train_texts)
+    if process_count > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices("jaxtl_tokenizer")
+    if process_index != 0:
+      self.tokenizer = build_tokenizer(data, workdir, train_texts)
     tok = self.tokenizer
     cache = os.path.join(workdir, "data_cache") if workdir and data.cache else None
     L = data.seq_len
