@@ -15,178 +15,178 @@ import numpy as np
 
 
 def chunk_stream(
-    docs: Sequence[np.ndarray],
-    length: int,
-    *,
-    eos_id: int | None,
-    drop_remainder: bool = True,
-    pad_id: int = 0,
+  docs: Sequence[np.ndarray],
+  length: int,
+  *,
+  eos_id: int | None,
+  drop_remainder: bool = True,
+  pad_id: int = 0,
 ) -> np.ndarray:
-    """Concatenate documents and cut the stream into rows of `length`.
+  """Concatenate documents and cut the stream into rows of `length`.
 
-    This is the GPT/BERT-style "no padding at all" layout: documents are
-    separated only by `eos_id` (appended after each one when given) and may
-    straddle rows.
+  This is the GPT/BERT-style "no padding at all" layout: documents are
+  separated only by `eos_id` (appended after each one when given) and may
+  straddle rows.
 
-    Args:
-        docs: 1-D integer token arrays, in stream order.
-        length: row length.
-        eos_id: appended after every document, or None for no separator.
-        drop_remainder: drop a final partial row; otherwise pad it with
-            `pad_id`.
-        pad_id: id used to fill the final row when `drop_remainder` is False.
+  Args:
+    docs: 1-D integer token arrays, in stream order.
+    length: row length.
+    eos_id: appended after every document, or None for no separator.
+    drop_remainder: drop a final partial row; otherwise pad it with
+      `pad_id`.
+    pad_id: id used to fill the final row when `drop_remainder` is False.
 
-    Returns:
-        int32 [N, length].
-    """
-    if length < 1:
-        raise ValueError(f'length must be >= 1, got {length!r}.')
-    pieces = []
-    for doc in docs:
-        pieces.append(np.asarray(doc, dtype=np.int32).ravel())
-        if eos_id is not None:
-            pieces.append(np.array([eos_id], dtype=np.int32))
-    stream = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
-    num_full, remainder = divmod(stream.size, length)
-    if remainder and not drop_remainder:
-        stream = np.concatenate(
-            [stream, np.full(length - remainder, pad_id, dtype=np.int32)])
-        num_full += 1
-    return stream[:num_full * length].reshape(num_full, length)
+  Returns:
+    int32 [N, length].
+  """
+  if length < 1:
+    raise ValueError(f'length must be >= 1, got {length!r}.')
+  pieces = []
+  for doc in docs:
+    pieces.append(np.asarray(doc, dtype=np.int32).ravel())
+    if eos_id is not None:
+      pieces.append(np.array([eos_id], dtype=np.int32))
+  stream = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+  num_full, remainder = divmod(stream.size, length)
+  if remainder and not drop_remainder:
+    stream = np.concatenate(
+      [stream, np.full(length - remainder, pad_id, dtype=np.int32)])
+    num_full += 1
+  return stream[:num_full * length].reshape(num_full, length)
 
 
 def pad_to(seq: np.ndarray, length: int, pad_id: int = 0) -> np.ndarray:
-    """Right-pads (or truncates) a 1-D sequence to exactly `length` (int32)."""
-    seq = np.asarray(seq, dtype=np.int32).ravel()[:length]
-    out = np.full(length, pad_id, dtype=np.int32)
-    out[:seq.size] = seq
-    return out
+  """Right-pads (or truncates) a 1-D sequence to exactly `length` (int32)."""
+  seq = np.asarray(seq, dtype=np.int32).ravel()[:length]
+  out = np.full(length, pad_id, dtype=np.int32)
+  out[:seq.size] = seq
+  return out
 
 
 def _feature_lengths(
-    examples: Sequence[Mapping[str, np.ndarray]], lengths: Mapping[str, int]
+  examples: Sequence[Mapping[str, np.ndarray]], lengths: Mapping[str, int]
 ) -> dict[str, np.ndarray]:
-    """Per feature, the length of every example after truncation to its row."""
-    out = {}
-    for name, max_len in lengths.items():
-        if max_len < 1:
-            raise ValueError(
-                f'lengths[{name!r}] must be >= 1, got {max_len!r}.')
-        sizes = []
-        for i, ex in enumerate(examples):
-            if name not in ex:
-                raise ValueError(f'Example {i} has no feature {name!r}.')
-            sizes.append(np.asarray(ex[name]).size)
-        out[name] = np.minimum(np.asarray(sizes, dtype=np.int64), max_len)
-    return out
+  """Per feature, the length of every example after truncation to its row."""
+  out = {}
+  for name, max_len in lengths.items():
+    if max_len < 1:
+      raise ValueError(
+        f'lengths[{name!r}] must be >= 1, got {max_len!r}.')
+    sizes = []
+    for i, ex in enumerate(examples):
+      if name not in ex:
+        raise ValueError(f'Example {i} has no feature {name!r}.')
+      sizes.append(np.asarray(ex[name]).size)
+    out[name] = np.minimum(np.asarray(sizes, dtype=np.int64), max_len)
+  return out
 
 
 def _build(
-    examples: Sequence[Mapping[str, np.ndarray]],
-    lengths: Mapping[str, int],
-    sizes: dict[str, np.ndarray],
-    rows: np.ndarray,
-    segments: np.ndarray,
-    offsets: dict[str, np.ndarray],
-    num_rows: int,
-    pad_id: int,
+  examples: Sequence[Mapping[str, np.ndarray]],
+  lengths: Mapping[str, int],
+  sizes: dict[str, np.ndarray],
+  rows: np.ndarray,
+  segments: np.ndarray,
+  offsets: dict[str, np.ndarray],
+  num_rows: int,
+  pad_id: int,
 ) -> dict[str, np.ndarray]:
-    """Scatters examples into rows given each one's row, segment and offsets."""
-    out = {}
-    for name, row_len in lengths.items():
-        size = sizes[name]
-        tokens = np.full((num_rows, row_len), pad_id, dtype=np.int32)
-        seg_ids = np.zeros((num_rows, row_len), dtype=np.int32)
-        positions = np.zeros((num_rows, row_len), dtype=np.int32)
-        total = int(size.sum())
-        if total:
-            flat = np.concatenate([
-                np.asarray(ex[name], dtype=np.int32).ravel()[:n]
-                for ex, n in zip(examples, size)
-            ])
-            # Flat index of token j of example i:
-            # rows[i] * row_len + offsets[i] + j.
-            starts = np.cumsum(size) - size
-            pos = np.arange(total) - np.repeat(starts, size)
-            dest = np.repeat(rows * row_len + offsets[name], size) + pos
-            tokens.ravel()[dest] = flat
-            seg_ids.ravel()[dest] = np.repeat(segments, size)
-            positions.ravel()[dest] = pos
-        out[name] = tokens
-        out[f'{name}_segment_ids'] = seg_ids
-        out[f'{name}_positions'] = positions
-    return out
+  """Scatters examples into rows given each one's row, segment and offsets."""
+  out = {}
+  for name, row_len in lengths.items():
+    size = sizes[name]
+    tokens = np.full((num_rows, row_len), pad_id, dtype=np.int32)
+    seg_ids = np.zeros((num_rows, row_len), dtype=np.int32)
+    positions = np.zeros((num_rows, row_len), dtype=np.int32)
+    total = int(size.sum())
+    if total:
+      flat = np.concatenate([
+        np.asarray(ex[name], dtype=np.int32).ravel()[:n]
+        for ex, n in zip(examples, size)
+      ])
+      # Flat index of token j of example i:
+      # rows[i] * row_len + offsets[i] + j.
+      starts = np.cumsum(size) - size
+      pos = np.arange(total) - np.repeat(starts, size)
+      dest = np.repeat(rows * row_len + offsets[name], size) + pos
+      tokens.ravel()[dest] = flat
+      seg_ids.ravel()[dest] = np.repeat(segments, size)
+      positions.ravel()[dest] = pos
+    out[name] = tokens
+    out[f'{name}_segment_ids'] = seg_ids
+    out[f'{name}_positions'] = positions
+  return out
 
 
 def pack_sequences(
-    examples: Sequence[Mapping[str, np.ndarray]],
-    lengths: Mapping[str, int],
-    *,
-    pad_id: int = 0,
+  examples: Sequence[Mapping[str, np.ndarray]],
+  lengths: Mapping[str, int],
+  *,
+  pad_id: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Packs variable-length examples into rows, sequentially.
+  """Packs variable-length examples into rows, sequentially.
 
-    Examples are placed in order; a new row is opened whenever the next example
-    does not fit in the current row for some feature. Compared with first-fit
-    over all open rows this wastes slightly more space, but it is deterministic,
-    keeps examples in stream order and needs only one open row, so it works on
-    an unbounded stream. All features of one example share a row and segment id.
+  Examples are placed in order; a new row is opened whenever the next example
+  does not fit in the current row for some feature. Compared with first-fit
+  over all open rows this wastes slightly more space, but it is deterministic,
+  keeps examples in stream order and needs only one open row, so it works on
+  an unbounded stream. All features of one example share a row and segment id.
 
-    Every example must have every feature in `lengths` (other keys are ignored).
-    Features longer than their row length are truncated to it (the caller counts
-    and reports truncation). Examples whose features are all empty are skipped.
+  Every example must have every feature in `lengths` (other keys are ignored).
+  Features longer than their row length are truncated to it (the caller counts
+  and reports truncation). Examples whose features are all empty are skipped.
 
-    Args:
-        examples: each maps feature name -> 1-D int array.
-        lengths: row length per feature to pack.
-        pad_id: id for padding positions.
+  Args:
+    examples: each maps feature name -> 1-D int array.
+    lengths: row length per feature to pack.
+    pad_id: id for padding positions.
 
-    Returns:
-        For every feature f: f, f + '_segment_ids', f + '_positions', each int32
-        [R, lengths[f]].
-    """
-    sizes = _feature_lengths(examples, lengths)
-    names = list(lengths)
-    keep = np.zeros(len(examples), dtype=bool)
+  Returns:
+    For every feature f: f, f + '_segment_ids', f + '_positions', each int32
+    [R, lengths[f]].
+  """
+  sizes = _feature_lengths(examples, lengths)
+  names = list(lengths)
+  keep = np.zeros(len(examples), dtype=bool)
+  for name in names:
+    keep |= sizes[name] > 0
+  kept = [ex for ex, k in zip(examples, keep) if k]
+  sizes = {name: s[keep] for name, s in sizes.items()}
+
+  n = len(kept)
+  rows = np.zeros(n, dtype=np.int64)
+  segments = np.zeros(n, dtype=np.int64)
+  offsets = {name: np.zeros(n, dtype=np.int64) for name in names}
+  fill = {name: 0 for name in names}
+  row, segment = -1, 0
+  for i in range(n):
+    if row < 0 or any(fill[f] + sizes[f][i] > lengths[f] for f in names):
+      row, segment = row + 1, 0
+      fill = {name: 0 for name in names}
+    segment += 1
+    rows[i], segments[i] = row, segment
     for name in names:
-        keep |= sizes[name] > 0
-    kept = [ex for ex, k in zip(examples, keep) if k]
-    sizes = {name: s[keep] for name, s in sizes.items()}
-
-    n = len(kept)
-    rows = np.zeros(n, dtype=np.int64)
-    segments = np.zeros(n, dtype=np.int64)
-    offsets = {name: np.zeros(n, dtype=np.int64) for name in names}
-    fill = {name: 0 for name in names}
-    row, segment = -1, 0
-    for i in range(n):
-        if row < 0 or any(fill[f] + sizes[f][i] > lengths[f] for f in names):
-            row, segment = row + 1, 0
-            fill = {name: 0 for name in names}
-        segment += 1
-        rows[i], segments[i] = row, segment
-        for name in names:
-            offsets[name][i] = fill[name]
-            fill[name] += int(sizes[name][i])
-    return _build(kept, lengths, sizes, rows, segments, offsets, row + 1,
+      offsets[name][i] = fill[name]
+      fill[name] += int(sizes[name][i])
+  return _build(kept, lengths, sizes, rows, segments, offsets, row + 1,
                   pad_id)
 
 
 def pad_batch(
-    examples: Sequence[Mapping[str, np.ndarray]],
-    lengths: Mapping[str, int],
-    pad_id: int = 0,
+  examples: Sequence[Mapping[str, np.ndarray]],
+  lengths: Mapping[str, int],
+  pad_id: int = 0,
 ) -> dict[str, np.ndarray]:
-    """One example per row, padded/truncated: the unpacked counterpart.
+  """One example per row, padded/truncated: the unpacked counterpart.
 
-    Returns the same features as `pack_sequences` (segment id 1 on real tokens,
-    positions 0..n-1), so models and losses need a single code path. Every
-    example gets a row, even an empty one (all padding), so the batch size is
-    len(examples).
-    """
-    sizes = _feature_lengths(examples, lengths)
-    n = len(examples)
-    zeros = np.zeros(n, dtype=np.int64)
-    offsets = {name: zeros for name in lengths}
-    return _build(examples, lengths, sizes, np.arange(n), np.ones(n, np.int64),
+  Returns the same features as `pack_sequences` (segment id 1 on real tokens,
+  positions 0..n-1), so models and losses need a single code path. Every
+  example gets a row, even an empty one (all padding), so the batch size is
+  len(examples).
+  """
+  sizes = _feature_lengths(examples, lengths)
+  n = len(examples)
+  zeros = np.zeros(n, dtype=np.int64)
+  offsets = {name: zeros for name in lengths}
+  return _build(examples, lengths, sizes, np.arange(n), np.ones(n, np.int64),
                   offsets, n, pad_id)
