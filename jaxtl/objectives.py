@@ -87,22 +87,33 @@ def loss_weight_total(batch: Batch, family: str) -> Array:
   return jnp.sum(batch[f"{target_prefix(family)}_loss_weights"].astype(jnp.float32))
 
 
-def make_loss_fn(model: nn.Module) -> LossFn:
+def make_loss_fn(model: nn.Module, max_predictions: int | None = None) -> LossFn:
   """``loss_fn(params, batch, rng, normalizer=None) -> (loss, sums)``.
 
   ``loss`` is the summed token loss divided by ``normalizer`` (default: this
   batch's weight total); passing the full batch's total when the batch is a
   micro-batch makes accumulated gradients equal the full-batch gradient.
   ``rng`` None means deterministic (no dropout).
+
+  ``max_predictions`` (encoder models): at most this many positions per row
+  carry loss weight (MLM's masked tokens), so logits are computed only at
+  the ``max_predictions`` highest-weighted positions of each row.
   """
   family = model.config.family
   p = target_prefix(family)
 
   def loss_fn(params: Any, batch: Batch, rng: Array | None,
               normalizer: Array | None = None):
-    out = forward(model, params, batch, deterministic=rng is None, rng=rng)
-    sums = token_cross_entropy(out["logits"], batch[f"{p}_target_tokens"],
-                               batch[f"{p}_loss_weights"])
+    targets, weights = batch[f"{p}_target_tokens"], batch[f"{p}_loss_weights"]
+    extra = {}
+    if max_predictions and family == "encoder":
+      _, idx_BK = jax.lax.top_k(weights, max_predictions)
+      extra["logits_at_BK"] = idx_BK
+      targets = jnp.take_along_axis(targets, idx_BK, axis=1)
+      weights = jnp.take_along_axis(weights, idx_BK, axis=1)
+    out = forward(model, params, batch, deterministic=rng is None, rng=rng,
+                  **extra)
+    sums = token_cross_entropy(out["logits"], targets, weights)
     if normalizer is None:
       normalizer = sums["weight_sum"]
     return sums["loss_sum"] / jnp.maximum(normalizer, 1.0), sums

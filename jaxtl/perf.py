@@ -50,8 +50,12 @@ def _matmul_params(params: Any, prefix: str | None = None) -> int:
 
 
 def flops_per_example(cfg: TransformerConfig, params: Any,
-                      encoder_length: int, decoder_length: int = 0) -> float:
-  """Training FLOPs for one example (row) of the given lengths."""
+                      encoder_length: int, decoder_length: int = 0,
+                      head_positions: int | None = None) -> float:
+  """Training FLOPs for one example (row) of the given lengths.
+
+  ``head_positions``: the LM head runs only at this many positions (MLM).
+  """
   attn_width = cfg.num_heads * cfg.head_dim
   head = 6 * cfg.vocab_size * cfg.d_model
   if cfg.family == "encoder_decoder":
@@ -62,4 +66,4 @@ def flops_per_example(cfg: TransformerConfig, params: Any,
     return float(enc + dec + head * t)
   t = encoder_length
   body = 6 * _matmul_params(params) * t + 12 * cfg.num_layers * attn_width * t * t
-  return float(body + head * t)
+  return float(body + head * (head_positions or t))

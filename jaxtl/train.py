@@ -203,7 +203,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   rules = sharding.make_rules(config.mesh.get("rules"))
   total_steps = config.train.steps
   tx, schedule = optim.make_optimizer(config.optim, total_steps)
-  loss_fn = objectives.make_loss_fn(model)
+  loss_fn = objectives.make_loss_fn(model, data.max_predictions)
 
   train_iter = data.train_iterator()
   rng = jax.random.key(config.seed)
@@ -235,7 +235,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
 
   writer = MetricsWriter(workdir, enabled=jax.process_index() == 0)
   n_params = optim.count_params(state.params)
-  flops = perf.flops_per_example(model_cfg, state.params, *data.lengths.values())
+  flops = perf.flops_per_example(model_cfg, state.params, *data.lengths.values(),
+                                 head_positions=data.max_predictions)
   peak = config.train.get("peak_flops") or perf.peak_flops_per_device(
       dtype=model_cfg.dtype)
   logging.info("model: %s, %d parameters; %s rows train / %s eval; unigram "

@@ -125,3 +125,24 @@ def test_span_example_shapes_and_shift_with_the_t5_vocabulary():
 def test_too_small_split_is_a_clear_error():
   with pytest.raises(ValueError, match="fewer than one batch"):
     pipeline.BatchIterator(_rows(4), _noisy, batch_size=8, seed=0)
+
+
+def test_pack_mode_keeps_documents_apart():
+  from jaxtl.data.tokenizers import get_tokenizer
+  tok = get_tokenizer(datadir.require_data("tokenizers", "t5_c4_32k_100extra.spm.model"))
+  texts = ["A short one.", "Another document, a bit longer than the first.",
+           "Third."] * 4
+  data = {"source": {}, "max_docs": 0, "packing": "pack"}
+  rows = pipeline.tokenized_rows(data, "train", tok, 32, eos=True,
+                                 cache_dir=None, texts=texts)
+  docs = [tok.encode(t) + [tok.eos_id] for t in texts]
+  got = []
+  for toks, seg in zip(rows["tokens"], rows["segment_ids"]):
+    for s in range(1, seg.max() + 1):
+      got.append(toks[seg == s].tolist())
+  assert got == docs
+  assert (rows["positions"][rows["segment_ids"] > 0] < 32).all()
+  chunked = pipeline.tokenized_rows({**data, "packing": "chunk"}, "train", tok,
+                                    32, eos=True, cache_dir=None, texts=texts)
+  assert (chunked["segment_ids"] == 1).all()
+  assert chunked["tokens"].ravel().tolist() == sum(docs, [])[:chunked["tokens"].size]

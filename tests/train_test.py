@@ -3,6 +3,7 @@ gradient accumulation, and skipping non-finite updates."""
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -60,7 +61,6 @@ def run_steps(cfg, mesh_shape, data, *, accum=1, loss_fn=None, optim_cfg=OPTIM):
       in_shardings=(shardings, sharding.batch_sharding(mesh), None),
       out_shardings=(shardings, None), donate_argnums=0)
   losses, metrics = [], []
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     for b in data:
       state, m = step(state, sharding.shard_batch(b, mesh), jax.random.key(1))
@@ -177,3 +177,20 @@ def test_bfloat16_compute_keeps_float32_params():
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
   assert np.isfinite(losses).all() and losses[-1] < losses[0]
   np.testing.assert_allclose(losses, ref, rtol=2e-2)
+
+
+def test_mlm_logits_only_at_masked_positions_give_the_same_loss():
+  cfg = tiny("encoder", lm_head_transform=True, lm_head_bias=True)
+  model = build_model(cfg)
+  b = batches("encoder", 1)[0]
+  rng = np.random.default_rng(0)
+  w = np.zeros_like(b["encoder_loss_weights"])
+  for row in w:
+    row[rng.choice(16, 3, replace=False)] = 1.0
+  b["encoder_loss_weights"] = w
+  params = nn.unbox(model.init(jax.random.key(0), b["encoder_input_tokens"]))["params"]
+  full = objectives.make_loss_fn(model)(params, b, None)
+  sparse = objectives.make_loss_fn(model, max_predictions=4)(params, b, None)
+  np.testing.assert_allclose(sparse[0], full[0], rtol=1e-6)
+  for k in full[1]:
+    np.testing.assert_allclose(sparse[1][k], full[1][k], rtol=1e-6)

@@ -324,6 +324,7 @@ class DataSetup:
     tok = self.tokenizer
     cache = os.path.join(workdir, "data_cache") if workdir and data.cache else None
     L = data.seq_len
+    self.max_predictions = None  # MLM: a bound on loss positions per row.
     if self.objective == "clm":
       row_length, eos = L + 1, True
       self.make_example = lambda row, rng: clm_example(row)
@@ -338,6 +339,8 @@ class DataSetup:
       self.make_example = lambda row, rng: mlm_example(row, rng, tok, objective,
                                                        specials)
       self.lengths = {"encoder": L}
+      # mlm_mask chooses round(rate * maskable) <= ceil(rate * L) positions.
+      self.max_predictions = int(np.ceil(objective.mask_rate * L))
     elif self.objective == "span":
       row_length, targets_len = corruption.span_corruption_lengths(
           L, objective.noise_density, objective.mean_noise_span_length)

@@ -173,8 +173,14 @@ class EncoderOrDecoder(nn.Module):
                positions_BT: Array | None = None,
                token_types_BT: Array | None = None, *,
                deterministic: bool = True, return_hidden: bool = False,
-               return_attention: bool = False, lm_head: bool = True
-               ) -> dict[str, Any]:
+               return_attention: bool = False, lm_head: bool = True,
+               logits_at_BK: Array | None = None) -> dict[str, Any]:
+    """Runs the stack and LM head.
+
+    ``logits_at_BK`` (indices into the length axis) computes logits only at
+    those positions: MLM predicts ~15% of tokens, and the vocabulary
+    projection is most of a small model's FLOPs.
+    """
     cfg = self.config
     embed = layers.token_embedding(cfg)
     hidden_BTD, extras = Stack(
@@ -184,6 +190,8 @@ class EncoderOrDecoder(nn.Module):
                       return_attention=return_attention)
     out = {"last_hidden": hidden_BTD, **extras}
     if lm_head:
+      if logits_at_BK is not None:
+        hidden_BTD = jnp.take_along_axis(hidden_BTD, logits_at_BK[..., None], axis=1)
       out["logits"] = layers.LMHead(cfg, embed, name="lm_head")(hidden_BTD)
     return out
 
