@@ -39,9 +39,9 @@ PRESETS: dict[str, dict] = {
     "gpt2_tiny": {**_GPT2, **_size(4, 256, 4, 1024, max_len=512)},
     "gpt2_small": {**_GPT2, **_size(12, 768, 12, 3072)},
     # t5_tiny is a v1.1-style (gated GELU) miniature; t5_small is T5 v1.0 small.
-    "t5_tiny": {**_T5, **_size(4, 256, 4, 1024, head_dim=64),
+    "t5_tiny": {**_T5, **_size(2, 256, 4, 512, head_dim=64),
                 "activation": "gelu_new", "gated_mlp": True,
-                "num_decoder_layers": 4},
+                "num_decoder_layers": 2},
     "t5_small": {**_T5, **_size(6, 512, 8, 2048, head_dim=64)},
 }
 

@@ -7,7 +7,10 @@ Command:
 
 Data: only WikiText-2's valid and test splits exist offline, so this recipe
 trains on test.txt (245k words) and validates on valid.txt (217k words).
-Tokenizer: T5's own C4 sentencepiece model (32k pieces + 100 sentinels).
+Tokenizer: a 4k unigram sentencepiece model with 100 sentinels, trained on
+the train split and cached in the workdir (T5's own 32k C4 vocabulary works
+too, ``--config.data.tokenizer.path={data_dir}/tokenizers/t5_c4_32k_100extra.spm.model``,
+but its vocabulary projection makes a tiny model's step ~2x slower).
 Corruption: noise density 0.15, mean span 3; 128 input tokens come from 142
 raw tokens, targets are at most 34 tokens.
 
@@ -27,11 +30,11 @@ def get_config(arg: str | None = None):
   c.data.source.update(kind="text")
   c.data.source.files = dict(train=[wiki("test.txt")],
                              validation=[wiki("valid.txt")])
-  c.data.tokenizer.path = "{data_dir}/tokenizers/t5_c4_32k_100extra.spm.model"
+  c.data.tokenizer.update(vocab_size=4000, model_type="unigram")
   c.data.seq_len = 128
   c.data.batch_size = 32
-  c.optim.update(lr=1e-3, warmup_steps=100)
-  c.train.update(steps=1200, log_every=50, eval_every=300, eval_batches=0,
-                 checkpoint_every=300)
+  c.optim.update(lr=2e-3, warmup_steps=100)
+  c.train.update(steps=800, log_every=50, eval_every=200, eval_batches=0,
+                 checkpoint_every=200)
   c.lock()
   return c

@@ -256,9 +256,10 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
     return metrics
 
   start = int(state.step)
+  rng_data = np.asarray(jax.random.key_data(step_rng)).tolist()
   metrics = {}
   prefetch = pipeline.Prefetcher(train_iter, config.data.prefetch)
-  pending, window = [], []
+  prev_bad, window = None, []
   t_last, step = time.perf_counter(), start
   with _Preempted() as preempted, jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     bar = tqdm.tqdm(total=total_steps, initial=start, disable=not writer.enabled,
@@ -267,9 +268,9 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
       batch = sharding.shard_batch(next(prefetch), mesh)
       state, m = p_train_step(state, batch, step_rng)
       window.append(m)
-      if pending:  # Check the previous step: keeps dispatch asynchronous.
-        _check_bad_steps(pending.pop(), config.train.max_bad_steps, step - 1)
-      pending.append(m["bad_steps"])
+      if prev_bad is not None:  # The previous step's: keeps dispatch async.
+        _check_bad_steps(prev_bad, config.train.max_bad_steps, step - 1)
+      prev_bad = m["bad_steps"]
       bar.update(1)
       if step % config.train.log_every == 0 or step == total_steps:
         now = time.perf_counter()
@@ -279,24 +280,23 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
         writer.write(step, "train", summary)
         bar.set_postfix(loss=f"{summary['loss']:.3f}")
         window, t_last = [], time.perf_counter()
-      extra = lambda: {"data": prefetch.get_state(),
-                       "rng": np.asarray(jax.random.key_data(step_rng)).tolist()}
       if step % config.train.eval_every == 0 or step == total_steps:
         metrics = run_eval(step)
         t_last = time.perf_counter()
       last = step == total_steps or preempted.flag
-      ckpt.save(step, state, extra(), force=last)
+      ckpt.save(step, state, {"data": prefetch.get_state(), "rng": rng_data},
+                force=last)
       if preempted.flag:
         logging.warning("stopped at step %d after SIGTERM; checkpoint saved", step)
         break
     bar.close()
-  if pending:
-    _check_bad_steps(pending.pop(), config.train.max_bad_steps, step)
+  if prev_bad is not None:
+    _check_bad_steps(prev_bad, config.train.max_bad_steps, step)
+  if not metrics and start >= total_steps:  # Already trained: just evaluate.
+    metrics = run_eval(total_steps)
   prefetch.close()
   ckpt.close()
   writer.close()
-  if not metrics and start >= total_steps:
-    metrics = run_eval(total_steps)
   return metrics
 
 

@@ -308,50 +308,16 @@ class DataSetup:
 
   def __init__(self, config: Any, workdir: str | None, *, process_index: int = 0,
                process_count: int = 1):
-    data, objective = config.data, config.objective
-    self.objective = objective.name
+    data = config.data
+    self.objective = config.objective.name
     self.batch_size, self.seed = data.batch_size, config.seed
     self.process_index, self.process_count = process_index, process_count
+    self.train_split, self.eval_split = data.train_split, data.eval_split
     self._texts: dict[str, list[str]] = {}
-    train_texts = lambda: self._split_texts(data, data.train_split)
-    if process_index == 0:  # Others load what process 0 trained and cached.
-      self.tokenizer = build_tokenizer(data, workdir, train_texts)
-    if process_count > 1:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      multihost_utils.sync_global_devices("jaxtl_tokenizer")
-    if process_index != 0:
-      self.tokenizer = build_tokenizer(data, workdir, train_texts)
-    tok = self.tokenizer
+    self.tokenizer = self._load_tokenizer(data, workdir)
+    row_length, eos = self._setup_objective(config.objective, data)
     cache = os.path.join(workdir, "data_cache") if workdir and data.cache else None
-    L = data.seq_len
-    self.max_predictions = None  # MLM: a bound on loss positions per row.
-    if self.objective == "clm":
-      row_length, eos = L + 1, True
-      self.make_example = lambda row, rng: clm_example(row)
-      self.lengths = {"decoder": L}
-    elif self.objective == "mlm":
-      if tok.mask_id is None:
-        raise ValueError("the mlm objective needs a [MASK] token; the tokenizer "
-                         f"{data.tokenizer.path or 'trained'} has none")
-      framed = data.packing == "chunk"
-      row_length, eos = (L - 2 if framed else L), not framed
-      specials = tok.special_ids
-      self.make_example = lambda row, rng: mlm_example(row, rng, tok, objective,
-                                                       specials)
-      self.lengths = {"encoder": L}
-      # mlm_mask chooses round(rate * maskable) <= ceil(rate * L) positions.
-      self.max_predictions = int(np.ceil(objective.mask_rate * L))
-    elif self.objective == "span":
-      row_length, targets_len = corruption.span_corruption_lengths(
-          L, objective.noise_density, objective.mean_noise_span_length)
-      eos = False
-      sentinels = np.array([tok.sentinel_id(i) for i in range(tok.num_sentinels)],
-                           np.int32)
-      self.make_example = lambda row, rng: span_example(
-          row, rng, tok, objective, sentinels, L, targets_len)
-      self.lengths = {"encoder": L, "decoder": targets_len}
-    else:
-      raise ValueError(f"unknown objective {self.objective!r}")
+    tok = self.tokenizer
     self._rows = {}
     for split in (data.train_split, data.eval_split):
       rows = tokenized_rows(data, split, tok, row_length, eos=eos,
@@ -362,9 +328,50 @@ class DataSetup:
         rows = frame_rows(rows, first, last)
       self._rows[split] = rows
     self._texts.clear()
-    self.train_split, self.eval_split = data.train_split, data.eval_split
     self.unigram_entropy = unigram_entropy(self._rows[data.train_split],
                                            tok.vocab_size)
+
+  def _load_tokenizer(self, data: Any, workdir: str | None) -> Tokenizer:
+    """Process 0 trains (and caches) a tokenizer; the others then load it."""
+    train_texts = lambda: self._split_texts(data, data.train_split)
+    tokenizer = None
+    if self.process_index == 0:
+      tokenizer = build_tokenizer(data, workdir, train_texts)
+    if self.process_count > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices("jaxtl_tokenizer")
+    return tokenizer or build_tokenizer(data, workdir, train_texts)
+
+  def _setup_objective(self, objective: Any, data: Any) -> tuple[int, bool]:
+    """Sets make_example, lengths, max_predictions; returns (row length, eos)."""
+    tok, L = self.tokenizer, data.seq_len
+    self.max_predictions = None  # MLM: a bound on loss positions per row.
+    if self.objective == "clm":
+      self.make_example = lambda row, rng: clm_example(row)
+      self.lengths = {"decoder": L}
+      return L + 1, True
+    if self.objective == "mlm":
+      if tok.mask_id is None:
+        raise ValueError("the mlm objective needs a [MASK] token; the tokenizer "
+                         f"{data.tokenizer.path or 'trained'} has none")
+      specials = tok.special_ids
+      self.make_example = lambda row, rng: mlm_example(row, rng, tok, objective,
+                                                       specials)
+      self.lengths = {"encoder": L}
+      # mlm_mask chooses round(rate * maskable) <= ceil(rate * L) positions.
+      self.max_predictions = int(np.ceil(objective.mask_rate * L))
+      framed = data.packing == "chunk"  # room for [CLS] ... [SEP]
+      return (L - 2 if framed else L), not framed
+    if self.objective == "span":
+      raw_length, targets_len = corruption.span_corruption_lengths(
+          L, objective.noise_density, objective.mean_noise_span_length)
+      sentinels = np.array([tok.sentinel_id(i) for i in range(tok.num_sentinels)],
+                           np.int32)
+      self.make_example = lambda row, rng: span_example(
+          row, rng, tok, objective, sentinels, L, targets_len)
+      self.lengths = {"encoder": L, "decoder": targets_len}
+      return raw_length, False
+    raise ValueError(f"unknown objective {self.objective!r}")
 
   def _split_texts(self, data: Any, split: str) -> list[str]:
     if split not in self._texts:
