@@ -243,7 +243,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
                "entropy of training tokens %.3f nats", model_cfg.family,
                n_params, data.num_rows(data.train_split),
                data.num_rows(data.eval_split), data.unigram_entropy)
-  if int(state.step) == 0:
+  fresh = int(state.step) == 0
+  if fresh:
     writer.write(0, "info", {"params": n_params, "flops_per_example": flops,
                              "unigram_entropy": data.unigram_entropy})
 
@@ -255,6 +256,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
     writer.write(step, "eval", metrics)
     return metrics
 
+  if fresh:  # The starting point every later eval is compared with.
+    run_eval(0)
   start = int(state.step)
   rng_data = np.asarray(jax.random.key_data(step_rng)).tolist()
   metrics = {}

@@ -1,0 +1,95 @@
+"""The container task readers return, and their shared bad-row policy.
+
+Kept apart from the readers (`tasks.py`, `squad.py`) so both can share the
+`on_error` handling without importing each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+from collections.abc import Iterator
+from typing import Any
+
+ON_ERROR = ("raise", "skip")
+
+
+@dataclasses.dataclass
+class Examples:
+  """One split of a classification, regression or tagging task.
+
+  Attributes:
+    texts: The (first) input text of each example. For tagging, the words
+      joined by single spaces, for display; models should use `words`.
+    labels: Class ids (int), scores (float, regression), or for tagging one
+      tag id per word.
+    label_names: Class names indexed by class id; None for regression.
+    text_pairs: The second text of sentence-pair tasks, else None.
+    words: For tagging, each sentence's words, else None.
+    path: The file read, for messages.
+    skipped_rows: "file:line: reason" for each row dropped with
+      on_error="skip".
+  """
+  texts: list[str]
+  labels: list[Any]
+  label_names: tuple[str, ...] | None = None
+  text_pairs: list[str] | None = None
+  words: list[list[str]] | None = None
+  path: str = ""
+  skipped_rows: list[str] = dataclasses.field(default_factory=list)
+
+  def __post_init__(self):
+    for name in ("labels", "text_pairs", "words"):
+      value = getattr(self, name)
+      if value is not None and len(value) != len(self.texts):
+        raise ValueError(f"{len(self.texts)} texts but {len(value)} {name}")
+
+  def __len__(self) -> int:
+    return len(self.texts)
+
+  @property
+  def skipped(self) -> int:
+    """How many rows were dropped as bad."""
+    return len(self.skipped_rows)
+
+
+class BadRows:
+  """Applies a reader's on_error policy: raise at once, or record and go on.
+
+  Raising is the default because a silently shortened training set is
+  worse than a crash; "skip" is for messy custom files, and the recorded
+  messages let the caller say how many rows it lost and where.
+  """
+
+  def __init__(self, on_error: str):
+    if on_error not in ON_ERROR:
+      raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    self.raise_errors = on_error == "raise"
+    self.skipped: list[str] = []
+
+  def bad(self, where: str, reason: str) -> None:
+    message = f"{where}: {reason}"
+    if self.raise_errors:
+      raise ValueError(message)
+    self.skipped.append(message)
+
+
+def iter_lines(path: str, encoding: str,
+               rows: BadRows) -> Iterator[tuple[int, str]]:
+  """Yields (1-based line number, text without line break) of non-blank lines.
+
+  Decoding line by line lets an undecodable line be named (or skipped).
+  """
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rb") as f:
+    for lineno, raw in enumerate(f, start=1):
+      try:
+        line = raw.decode(encoding)
+      except UnicodeDecodeError as e:
+        rows.bad(f"{path}:{lineno}", f"not valid {encoding} ({e.reason})")
+        continue
+      if lineno == 1:
+        line = line.removeprefix("\ufeff")  # MRPC's header starts with a BOM.
+      line = line.rstrip("\r\n")
+      if line.strip():
+        yield lineno, line
