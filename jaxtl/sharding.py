@@ -43,6 +43,7 @@ DEFAULT_RULES: Rules = (
     ("positions", None),
     ("type_vocab", None),
     ("relpos_buckets", None),
+    ("labels", None),  # task-head outputs
 )
 
 

@@ -33,15 +33,18 @@ def constrain(x: Array, axes: tuple[str | None, ...]) -> Array:
   return nn.with_logical_constraint(x, axes)
 
 
-def _init(std: float, axes: tuple[str, ...]) -> Callable[..., Any]:
+def normal_init(std: float, axes: tuple[str, ...]) -> Callable[..., Any]:
+  """N(0, std) initialiser whose parameter carries logical axis names."""
   return nn.with_logical_partitioning(nn.initializers.normal(stddev=std), axes)
 
 
-def _zeros(axes: tuple[str, ...]) -> Callable[..., Any]:
+def zeros_init(axes: tuple[str, ...]) -> Callable[..., Any]:
+  """Zeros (biases), with logical axis names."""
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
-def _ones(axes: tuple[str, ...]) -> Callable[..., Any]:
+def ones_init(axes: tuple[str, ...]) -> Callable[..., Any]:
+  """Ones (norm scales), with logical axis names."""
   return nn.with_logical_partitioning(nn.initializers.ones_init(), axes)
 
 
@@ -121,7 +124,7 @@ class RelativePositionBias(nn.Module):
   def __call__(self, q_positions_BT: Array, kv_positions_BS: Array) -> Array:
     cfg = self.config
     table_NH = self.param(
-        "rel_embedding", _init(cfg.init_std, ("relpos_buckets", "heads")),
+        "rel_embedding", normal_init(cfg.init_std, ("relpos_buckets", "heads")),
         (cfg.relative_buckets, cfg.num_heads), cfg.jnp_param_dtype)
     rel_BTS = kv_positions_BS[:, None, :] - q_positions_BT[:, :, None]
     buckets_BTS = relative_position_buckets(
@@ -140,12 +143,12 @@ def make_norm(cfg: TransformerConfig, name: str) -> nn.Module:
   if cfg.norm == "rmsnorm":
     return nn.RMSNorm(epsilon=cfg.norm_eps, dtype=cfg.jnp_dtype,
                       param_dtype=cfg.jnp_param_dtype,
-                      scale_init=_ones(("embed",)), name=name)
+                      scale_init=ones_init(("embed",)), name=name)
   if cfg.norm == "layernorm":
     return nn.LayerNorm(epsilon=cfg.norm_eps, dtype=cfg.jnp_dtype,
                         param_dtype=cfg.jnp_param_dtype,
-                        scale_init=_ones(("embed",)),
-                        bias_init=_zeros(("embed",)), name=name)
+                        scale_init=ones_init(("embed",)),
+                        bias_init=zeros_init(("embed",)), name=name)
   raise ValueError(f"unknown norm {cfg.norm!r}; known: layernorm, rmsnorm")
 
 
@@ -165,11 +168,11 @@ class MultiHeadAttention(nn.Module):
                bias_axes: tuple[str, ...]) -> Array:
     """A multi-dimensional dense layer as one einsum (kernel keeps its axes)."""
     cfg = self.config
-    kernel = self.param(f"{name}_kernel", _init(cfg.init_std, axes), shape,
+    kernel = self.param(f"{name}_kernel", normal_init(cfg.init_std, axes), shape,
                         cfg.jnp_param_dtype)
     y = jnp.einsum(equation, x, jnp.asarray(kernel, cfg.jnp_dtype))
     if cfg.use_bias:
-      bias = self.param(f"{name}_bias", _zeros(bias_axes), bias_shape,
+      bias = self.param(f"{name}_bias", zeros_init(bias_axes), bias_shape,
                         cfg.jnp_param_dtype)
       y += jnp.asarray(bias, cfg.jnp_dtype)
     return y
@@ -222,8 +225,8 @@ class Mlp(nn.Module):
     cfg = self.config
     dense = lambda features, axes, name: nn.Dense(
         features, use_bias=cfg.use_bias, dtype=cfg.jnp_dtype,
-        param_dtype=cfg.jnp_param_dtype, kernel_init=_init(cfg.init_std, axes),
-        bias_init=_zeros(axes[1:]), name=name)
+        param_dtype=cfg.jnp_param_dtype, kernel_init=normal_init(cfg.init_std, axes),
+        bias_init=zeros_init(axes[1:]), name=name)
     act = activation_fn(cfg.activation)
     if cfg.gated_mlp:
       h_BTF = (act(dense(cfg.mlp_dim, ("embed", "mlp"), "wi_0")(x_BTD))
@@ -252,14 +255,14 @@ class Embedder(nn.Module):
     x_BTD = self.token_embed(tokens_BT)
     if cfg.position == "learned":
       table_PD = self.param("position_embedding",
-                            _init(cfg.init_std, ("positions", "embed")),
+                            normal_init(cfg.init_std, ("positions", "embed")),
                             (cfg.max_len, cfg.d_model), cfg.jnp_param_dtype)
       x_BTD += jnp.asarray(table_PD, cfg.jnp_dtype)[positions_BT]
     if cfg.type_vocab_size:
       if token_types_BT is None:
         token_types_BT = jnp.zeros_like(tokens_BT)
       table_YD = self.param("token_type_embedding",
-                            _init(cfg.init_std, ("type_vocab", "embed")),
+                            normal_init(cfg.init_std, ("type_vocab", "embed")),
                             (cfg.type_vocab_size, cfg.d_model),
                             cfg.jnp_param_dtype)
       x_BTD += jnp.asarray(table_YD, cfg.jnp_dtype)[token_types_BT]
@@ -272,7 +275,7 @@ class Embedder(nn.Module):
 def token_embedding(cfg: TransformerConfig, name: str = "token_embed") -> nn.Embed:
   return nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.jnp_dtype,
                   param_dtype=cfg.jnp_param_dtype,
-                  embedding_init=_init(cfg.init_std, ("vocab", "embed")),
+                  embedding_init=normal_init(cfg.init_std, ("vocab", "embed")),
                   name=name)
 
 
@@ -291,8 +294,8 @@ class LMHead(nn.Module):
     if cfg.lm_head_transform:
       x_BTD = nn.Dense(cfg.d_model, dtype=cfg.jnp_dtype,
                        param_dtype=cfg.jnp_param_dtype,
-                       kernel_init=_init(cfg.init_std, ("embed", "mlp")),
-                       bias_init=_zeros(("mlp",)), name="transform")(x_BTD)
+                       kernel_init=normal_init(cfg.init_std, ("embed", "mlp")),
+                       bias_init=zeros_init(("mlp",)), name="transform")(x_BTD)
       x_BTD = make_norm(cfg, "transform_norm")(activation_fn(cfg.activation)(x_BTD))
     if cfg.tie_embeddings:
       if cfg.scale_tied_logits:
@@ -301,10 +304,10 @@ class LMHead(nn.Module):
     else:
       logits_BTV = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.jnp_dtype,
                             param_dtype=cfg.jnp_param_dtype,
-                            kernel_init=_init(cfg.init_std, ("embed", "vocab")),
+                            kernel_init=normal_init(cfg.init_std, ("embed", "vocab")),
                             name="logits")(x_BTD)
     if cfg.lm_head_bias:
-      logits_BTV += self.param("bias", _zeros(("vocab",)), (cfg.vocab_size,),
+      logits_BTV += self.param("bias", zeros_init(("vocab",)), (cfg.vocab_size,),
                                cfg.jnp_param_dtype)
     return constrain(logits_BTV, ("activation_batch", "activation_length",
                                   "activation_vocab"))

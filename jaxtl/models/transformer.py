@@ -250,8 +250,8 @@ class EncoderDecoder(nn.Module):
     return out
 
 
-def build_model(config: TransformerConfig) -> nn.Module:
-  """The Linen module for ``config.family``."""
+def build_model(config: TransformerConfig, **kwargs: Any) -> nn.Module:
+  """The Linen module for ``config.family`` (kwargs: e.g. ``name``)."""
   if config.family == "encoder_decoder":
-    return EncoderDecoder(config)
-  return EncoderOrDecoder(config)
+    return EncoderDecoder(config, **kwargs)
+  return EncoderOrDecoder(config, **kwargs)

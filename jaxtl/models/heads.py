@@ -1,0 +1,144 @@
+"""Task heads on top of a pretrained backbone, and the ELMo scalar mix.
+
+A :class:`TaskModel` wraps the *same* module class that pretraining used,
+under the name ``backbone``, so a pretraining checkpoint's parameters map
+one-to-one into ``params["backbone"]`` (the LM head is simply never built);
+the task head lives under ``params["head"]``.
+
+Shape letters as in :mod:`jaxtl.models.layers`; C is the number of labels,
+L the number of hidden-state layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxtl.models import layers
+from jaxtl.models.config import TransformerConfig
+from jaxtl.models.transformer import build_model
+
+Array = jax.Array
+
+POOLINGS = ("first", "last", "mean")
+TASK_KINDS = ("classification", "regression", "token_classification", "span_qa")
+
+
+def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
+  """One vector per sequence from its non-padding tokens.
+
+  ``first``: the first token ([CLS], BERT); ``last``: the last non-padding
+  token (causal models, where only it has seen the whole text); ``mean``:
+  the average over non-padding tokens.
+  """
+  mask_BT = segment_ids_BT > 0
+  if method == "first":
+    return hidden_BTD[:, 0]
+  if method == "last":
+    last_B = jnp.maximum(mask_BT.sum(-1) - 1, 0)
+    return jnp.take_along_axis(hidden_BTD, last_B[:, None, None], axis=1)[:, 0]
+  if method == "mean":
+    w_BT = mask_BT.astype(hidden_BTD.dtype)
+    return (hidden_BTD * w_BT[..., None]).sum(1) / jnp.maximum(w_BT.sum(1), 1)[:, None]
+  raise ValueError(f"unknown pooling {method!r}; expected one of {POOLINGS}")
+
+
+class ScalarMix(nn.Module):
+  """ELMo's learned softmax-weighted sum of all layers, times a scale gamma."""
+
+  @nn.compact
+  def __call__(self, hidden_states: Sequence[Array]) -> Array:
+    stacked_LBTD = jnp.stack(hidden_states)
+    logits_L = self.param("weights", nn.initializers.zeros_init(),
+                          (len(hidden_states),))
+    gamma = self.param("gamma", nn.initializers.ones_init(), ())
+    w_L = jax.nn.softmax(logits_L).astype(stacked_LBTD.dtype)
+    return gamma * jnp.einsum("l,lbtd->btd", w_L, stacked_LBTD)
+
+
+def best_spans(start_BT: Array, end_BT: Array, context_BT: Array,
+               max_answer_length: int) -> tuple[Array, Array]:
+  """Highest-scoring (start, end) with start <= end < start + max length,
+  both inside the context (``context_BT`` True on context tokens)."""
+  t = start_BT.shape[1]
+  neg = jnp.finfo(start_BT.dtype).min
+  s_BT = jnp.where(context_BT, start_BT, neg)
+  e_BT = jnp.where(context_BT, end_BT, neg)
+  offset = jnp.arange(t)[None, :] - jnp.arange(t)[:, None]  # end - start
+  valid_TT = (offset >= 0) & (offset < max_answer_length)
+  scores_BTT = s_BT[:, :, None] + e_BT[:, None, :]
+  scores_BTT = jnp.where(valid_TT[None], scores_BTT, neg)
+  flat_B = jnp.argmax(scores_BTT.reshape(scores_BTT.shape[0], -1), axis=-1)
+  return flat_B // t, flat_B % t
+
+
+class TaskModel(nn.Module):
+  """Backbone (any family) + a task head.
+
+  kind: classification (``num_labels`` classes), regression (one score),
+  token_classification (one label per token), span_qa (start/end logits).
+  For encoder-decoder backbones the encoder's states feed the head (T5
+  classification through the encoder). ``scalar_mix`` replaces the last
+  hidden state with an ELMo mix of all layers.
+  """
+  config: TransformerConfig
+  kind: str = "classification"
+  num_labels: int = 2
+  pooling: str = "first"
+  dropout_rate: float = 0.1
+  scalar_mix: bool = False
+
+  @nn.compact
+  def __call__(self, tokens_BT: Array, segment_ids_BT: Array | None = None,
+               positions_BT: Array | None = None,
+               token_types_BT: Array | None = None, *,
+               deterministic: bool = True) -> Array:
+    if self.kind not in TASK_KINDS:
+      raise ValueError(f"unknown task kind {self.kind!r}; expected one of {TASK_KINDS}")
+    if segment_ids_BT is None:
+      segment_ids_BT = jnp.ones_like(tokens_BT)
+    backbone = build_model(self.config, name="backbone")
+    flags = dict(deterministic=deterministic, return_hidden=self.scalar_mix)
+    if self.config.family == "encoder_decoder":
+      hidden_BTD, extras = backbone.encode(tokens_BT, segment_ids_BT,
+                                           positions_BT, **flags)
+      states = extras.get("hidden_states")
+    else:
+      out = backbone(tokens_BT, segment_ids_BT, positions_BT, token_types_BT,
+                     lm_head=False, **flags)
+      hidden_BTD, states = out["last_hidden"], out.get("hidden_states")
+    if self.scalar_mix:
+      hidden_BTD = ScalarMix(name="scalar_mix")(states)
+    return ClassifierHead(self.config, self.kind, self.num_labels, self.pooling,
+                          self.dropout_rate, name="head")(
+                              hidden_BTD, segment_ids_BT,
+                              deterministic=deterministic)
+
+
+class ClassifierHead(nn.Module):
+  """Dropout + a linear layer over pooled or per-token states."""
+  config: TransformerConfig
+  kind: str
+  num_labels: int
+  pooling: str = "first"
+  dropout_rate: float = 0.1
+
+  @nn.compact
+  def __call__(self, hidden_BTD: Array, segment_ids_BT: Array, *,
+               deterministic: bool = True) -> Array:
+    cfg = self.config
+    outputs = {"classification": self.num_labels, "regression": 1,
+               "token_classification": self.num_labels, "span_qa": 2}[self.kind]
+    x = hidden_BTD
+    if self.kind in ("classification", "regression"):
+      x = pool(x, segment_ids_BT, self.pooling)
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    logits = nn.Dense(outputs, dtype=jnp.float32, param_dtype=cfg.jnp_param_dtype,
+                      kernel_init=layers.normal_init(cfg.init_std, ("embed", "labels")),
+                      bias_init=layers.zeros_init(("labels",)), name="out")(x)
+    if self.kind == "regression":
+      return logits[..., 0]
+    return logits  # [B, C], [B, T, C], or [B, T, 2] (start, end) for span_qa

@@ -1,0 +1,84 @@
+"""Task heads: pooling, every kind on every family, scalar mix, span decoding."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxtl.models import TransformerConfig, build_model
+from jaxtl.models import heads
+
+BASE = dict(vocab_size=64, d_model=16, num_heads=2, head_dim=8, mlp_dim=32,
+            num_layers=2, max_len=16, dropout_rate=0.0)
+FAMILIES = {
+    "encoder": dict(family="encoder", type_vocab_size=2, pre_norm=False,
+                    embed_norm=True),
+    "decoder": dict(family="decoder"),
+    "encoder_decoder": dict(family="encoder_decoder", position="relative",
+                            norm="rmsnorm", use_bias=False),
+}
+
+
+def test_pooling():
+  h = jnp.arange(2 * 4 * 1, dtype=jnp.float32).reshape(2, 4, 1)
+  seg = jnp.array([[1, 1, 1, 0], [1, 1, 1, 1]])
+  np.testing.assert_allclose(heads.pool(h, seg, "first")[:, 0], [0, 4])
+  np.testing.assert_allclose(heads.pool(h, seg, "last")[:, 0], [2, 7])
+  np.testing.assert_allclose(heads.pool(h, seg, "mean")[:, 0], [1, 5.5])
+  with pytest.raises(ValueError, match="pooling"):
+    heads.pool(h, seg, "max")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("kind,shape", [("classification", (2, 3)),
+                                        ("regression", (2,)),
+                                        ("token_classification", (2, 6, 3)),
+                                        ("span_qa", (2, 6, 2))])
+def test_every_head_on_every_family(family, kind, shape):
+  cfg = TransformerConfig(**BASE, **FAMILIES[family])
+  model = heads.TaskModel(cfg, kind=kind, num_labels=3,
+                          pooling="last" if family == "decoder" else "first")
+  toks = jnp.ones((2, 6), jnp.int32)
+  params = nn.unbox(model.init(jax.random.key(0), toks))["params"]
+  assert model.apply({"params": params}, toks).shape == shape
+  # The backbone's parameters are exactly the pretraining model's, minus
+  # the LM head: a pretraining checkpoint maps straight in.
+  lm = build_model(cfg)
+  lm_args = (toks, toks) if family == "encoder_decoder" else (toks,)
+  lm_params = nn.unbox(lm.init(jax.random.key(0), *lm_args))["params"]
+  backbone = jax.tree_util.tree_flatten_with_path(params["backbone"])[0]
+  pretrained = dict(jax.tree_util.tree_flatten_with_path(lm_params)[0])
+  for path, leaf in backbone:
+    assert pretrained[path].shape == leaf.shape
+  if family == "encoder_decoder":  # only the encoder (and shared table) is used
+    assert "decoder" not in params["backbone"]
+
+
+def test_scalar_mix_starts_uniform_and_learns():
+  cfg = TransformerConfig(**BASE, **FAMILIES["encoder"])
+  model = heads.TaskModel(cfg, kind="classification", num_labels=2,
+                          scalar_mix=True)
+  toks = jax.random.randint(jax.random.key(1), (4, 6), 1, 64)
+  params = nn.unbox(model.init(jax.random.key(0), toks))["params"]
+  np.testing.assert_allclose(params["scalar_mix"]["weights"], 0.0)
+  labels = jnp.array([0, 1, 0, 1])
+
+  def loss(p):
+    logits = model.apply({"params": p}, toks)
+    return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(4), labels])
+
+  grads = jax.grad(loss)(params)
+  assert np.abs(np.asarray(grads["scalar_mix"]["weights"])).sum() > 0
+  assert np.abs(np.asarray(grads["scalar_mix"]["gamma"])) > 0
+
+
+def test_best_spans_respects_order_length_and_context():
+  start = jnp.array([[0.0, 5.0, 1.0, 9.0, 0.0]])
+  end = jnp.array([[8.0, 0.0, 4.0, 0.0, 2.0]])
+  context = jnp.array([[False, True, True, True, True]])
+  # Best unconstrained pair (0, 0) is outside the context; (3, 0) is reversed.
+  s, e = heads.best_spans(start, end, context, max_answer_length=3)
+  assert (int(s[0]), int(e[0])) == (3, 4)  # 9 + 2 = 11 > 5 + 4 = 9
+  s, e = heads.best_spans(start, end, context, max_answer_length=1)
+  assert (int(s[0]), int(e[0])) == (3, 3)  # 9 + 0 beats 1 + 4 and 5 + 0
