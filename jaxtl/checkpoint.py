@@ -92,3 +92,69 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+# ----------------------------------------------------------------------------
+# Transfer: pretrained parameters into a fine-tuning model.
+
+
+def find_checkpoint(path: str | os.PathLike) -> str:
+  """A checkpoint step directory from a workdir, a checkpoints dir or a step dir.
+
+  A workdir or checkpoints directory resolves to its newest step.
+  """
+  path = os.path.abspath(os.fspath(path))
+  if os.path.isdir(os.path.join(path, "state")):
+    return path
+  for root in (os.path.join(path, "checkpoints"), path):
+    if os.path.isdir(root):
+      steps = [int(n) for n in os.listdir(root) if n.isdigit()
+               and os.path.isdir(os.path.join(root, n, "state"))]
+      if steps:
+        return os.path.join(root, str(max(steps)))
+  raise FileNotFoundError(f"no jaxtl checkpoint found at {path} (expected a "
+                          "workdir, its checkpoints/ directory, or a step directory)")
+
+
+def load_params(path: str | os.PathLike) -> dict[str, Any]:
+  """The model parameters (host numpy arrays) of a jaxtl checkpoint."""
+  step_dir = find_checkpoint(path)
+  restored = ocp.StandardCheckpointer().restore(os.path.join(step_dir, "state"))
+  return jax.tree.map(np.asarray, restored["params"])
+
+
+def merge_pretrained(target: Any, pretrained: Any, *, prefix: tuple[str, ...] = (),
+                     skip: Any = ()) -> tuple[Any, dict[str, list[str]]]:
+  """Copies every pretrained parameter that ``target`` has (under ``prefix``).
+
+  Returns the merged tree and a report: ``loaded``, ``discarded`` (in the
+  checkpoint but not in the model, e.g. the LM head) and ``new`` (in the
+  model only, e.g. the classifier: they keep their fresh initialisation).
+  Names matching a regex in ``skip`` are not loaded. A parameter present in
+  both with different shapes is an error listing every such parameter.
+  """
+  import re  # pylint: disable=g-import-not-at-top
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+
+  flat_target = traverse_util.flatten_dict(target, sep="/")
+  flat_pre = {"/".join((*prefix, k)): v for k, v in
+              traverse_util.flatten_dict(pretrained, sep="/").items()}
+  skipped = lambda name: any(re.search(p, name) for p in skip)
+  mismatched = [f"{name}: model expects {tuple(flat_target[name].shape)}, "
+                f"checkpoint has {tuple(value.shape)}"
+                for name, value in flat_pre.items()
+                if name in flat_target and not skipped(name)
+                and tuple(flat_target[name].shape) != tuple(value.shape)]
+  if mismatched:
+    raise ValueError("pretrained parameters do not fit the model:\n  "
+                     + "\n  ".join(mismatched))
+  report = {"loaded": [], "discarded": [], "new": []}
+  merged = dict(flat_target)
+  for name, value in flat_pre.items():
+    if name in flat_target and not skipped(name):
+      merged[name] = jax.numpy.asarray(value, flat_target[name].dtype)
+      report["loaded"].append(name)
+    else:
+      report["discarded"].append(name)
+  report["new"] = sorted(set(flat_target) - set(report["loaded"]))
+  return traverse_util.unflatten_dict(merged, sep="/"), report

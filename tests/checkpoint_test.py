@@ -160,3 +160,29 @@ def test_refuses_to_save_non_finite_params(tmp_path):
     ckpt.save(1, bad, {})
   assert ckpt.all_steps() == []
   shutil.rmtree(tmp_path)
+
+
+def test_transfer_loads_matching_params_and_reports_the_rest(tmp_path):
+  ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", save_every=1, keep=2,
+                                 async_save=False)
+  pre = {"stack": {"w": jnp.full((2, 3), 7.0)}, "lm_head": {"bias": jnp.ones(5)}}
+  ckpt.save(4, _tiny_state(1).replace(params=pre), {})
+  ckpt.close()
+  params = checkpoint.load_params(tmp_path)  # a workdir resolves to step 4
+  target = {"backbone": {"stack": {"w": jnp.zeros((2, 3))}},
+            "head": {"out": {"kernel": jnp.zeros((3, 2))}}}
+  merged, report = checkpoint.merge_pretrained(target, params, prefix=("backbone",))
+  np.testing.assert_array_equal(merged["backbone"]["stack"]["w"], 7.0)
+  np.testing.assert_array_equal(merged["head"]["out"]["kernel"], 0.0)
+  assert report == {"loaded": ["backbone/stack/w"],
+                    "discarded": ["backbone/lm_head/bias"],
+                    "new": ["head/out/kernel"]}
+  _, report = checkpoint.merge_pretrained(target, params, prefix=("backbone",),
+                                          skip=[r"stack/w"])
+  assert report["loaded"] == [] and "backbone/stack/w" in report["new"]
+  bad = {"backbone": {"stack": {"w": jnp.zeros((4, 3))}}}
+  with pytest.raises(ValueError, match=r"backbone/stack/w: model expects \(4, 3\), "
+                     r"checkpoint has \(2, 3\)"):
+    checkpoint.merge_pretrained(bad, params, prefix=("backbone",))
+  with pytest.raises(FileNotFoundError, match="no jaxtl checkpoint"):
+    checkpoint.find_checkpoint(tmp_path / "nothing")
