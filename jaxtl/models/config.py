@@ -55,6 +55,12 @@ class TransformerConfig:
   scan_layers: bool = False
   remat: str = "none"
   attention_impl: str | None = None  # None (auto) | "xla" | "cudnn"
+  # Parameter-efficient adaptation (0 = off).
+  adapter_dim: int = 0  # Houlsby bottleneck after attention and MLP.
+  lora_rank: int = 0
+  lora_alpha: float = 16.0  # LoRA update scale is alpha / rank.
+  lora_dropout: float = 0.0
+  lora_targets: tuple[str, ...] = ("query", "value")  # of query/key/value/out
 
   def __post_init__(self):
     checks = {
@@ -67,6 +73,10 @@ class TransformerConfig:
     for name, (value, allowed) in checks.items():
       if value not in allowed:
         raise ValueError(f"TransformerConfig.{name}={value!r}; expected one of {allowed}")
+    bad_targets = set(self.lora_targets) - {"query", "key", "value", "out"}
+    if bad_targets:
+      raise ValueError(f"TransformerConfig.lora_targets has {sorted(bad_targets)}; "
+                       "LoRA applies to query, key, value, out")
     for name in ("vocab_size", "d_model", "num_heads", "head_dim", "mlp_dim",
                  "num_layers", "max_len"):
       if getattr(self, name) <= 0:

@@ -171,11 +171,35 @@ class MultiHeadAttention(nn.Module):
     kernel = self.param(f"{name}_kernel", normal_init(cfg.init_std, axes), shape,
                         cfg.jnp_param_dtype)
     y = jnp.einsum(equation, x, jnp.asarray(kernel, cfg.jnp_dtype))
+    if cfg.lora_rank and name in cfg.lora_targets:
+      y += self._lora(name, x, equation, shape, axes)
     if cfg.use_bias:
       bias = self.param(f"{name}_bias", zeros_init(bias_axes), bias_shape,
                         cfg.jnp_param_dtype)
       y += jnp.asarray(bias, cfg.jnp_dtype)
     return y
+
+  def _lora(self, name: str, x: Array, equation: str, shape: tuple[int, ...],
+            axes: tuple[str, ...]) -> Array:
+    """LoRA: a rank-r update (alpha / r) * x A B beside a frozen kernel.
+
+    B starts at zero, so the model starts exactly at the pretrained one.
+    """
+    cfg = self.config
+    ins, out_spec = equation.split("->")
+    x_spec, k_spec = ins.split(",")
+    n_in = sum(c in x_spec for c in k_spec)  # kernel dims contracted with x
+    keep = "".join(c for c in x_spec if c not in k_spec)
+    a = self.param(f"{name}_lora_a", normal_init(1.0 / cfg.lora_rank, axes[:n_in] + (None,)),
+                   shape[:n_in] + (cfg.lora_rank,), cfg.jnp_param_dtype)
+    b = self.param(f"{name}_lora_b", zeros_init((None,) + axes[n_in:]),
+                   (cfg.lora_rank,) + shape[n_in:], cfg.jnp_param_dtype)
+    x = nn.Dropout(cfg.lora_dropout)(x, deterministic=self.deterministic)
+    h = jnp.einsum(f"{x_spec},{k_spec[:n_in]}r->{keep}r", x,
+                   jnp.asarray(a, cfg.jnp_dtype))
+    y = jnp.einsum(f"{keep}r,r{k_spec[n_in:]}->{out_spec}", h,
+                   jnp.asarray(b, cfg.jnp_dtype))
+    return y * (cfg.lora_alpha / cfg.lora_rank)
 
   @nn.compact
   def __call__(self, x_BTD: Array, kv_BSD: Array, mask_B1TS: Array | None,
@@ -214,6 +238,53 @@ class MultiHeadAttention(nn.Module):
                             (*hk, cfg.d_model), ("heads", "kv", "embed"),
                             (cfg.d_model,), ("embed",))
     return out_BTD, weights_BHTS
+
+
+class Adapter(nn.Module):
+  """Houlsby adapter: x + up(act(down(x))), a bottleneck of ``adapter_dim``.
+
+  ``up`` starts at zero, so inserting adapters leaves a pretrained model's
+  outputs unchanged until they train.
+  """
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x_BTD: Array) -> Array:
+    cfg = self.config
+    h = nn.Dense(cfg.adapter_dim, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
+                 kernel_init=normal_init(cfg.init_std, ("embed", "mlp")),
+                 bias_init=zeros_init(("mlp",)), name="down")(x_BTD)
+    h = activation_fn(cfg.activation)(h)
+    return x_BTD + nn.Dense(cfg.d_model, dtype=cfg.jnp_dtype,
+                            param_dtype=cfg.jnp_param_dtype,
+                            kernel_init=zeros_init(("mlp", "embed")),
+                            bias_init=zeros_init(("embed",)), name="up")(h)
+
+
+def merge_lora(params: Any, config: TransformerConfig) -> Any:
+  """Folds every LoRA update into its kernel (for inference).
+
+  The result has no ``*_lora_*`` parameters and runs on a model built with
+  ``lora_rank=0``, computing the same function with no extra cost.
+  """
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+  flat = traverse_util.flatten_dict(params, sep="/")
+  out = {k: v for k, v in flat.items() if "_lora_" not in k}
+  scale = config.lora_alpha / max(config.lora_rank, 1)
+  for key, a in flat.items():
+    if not key.endswith("_lora_a"):
+      continue
+    base = key[:-len("_lora_a")]
+    b = flat[base + "_lora_b"]
+    kernel = out[base + "_kernel"]
+    # Scanned layers carry a leading layer axis on a, b and the kernel.
+    stacked = kernel.ndim == a.ndim + b.ndim - 3
+    rank = a.shape[-1]
+    a3 = a.reshape(a.shape[0] if stacked else 1, -1, rank)  # [L, in, r]
+    b3 = b.reshape(a3.shape[0], rank, -1)  # [L, r, out]
+    delta = scale * jnp.einsum("lir,lro->lio", a3, b3)
+    out[base + "_kernel"] = kernel + delta.reshape(kernel.shape).astype(kernel.dtype)
+  return traverse_util.unflatten_dict(out, sep="/")
 
 
 class Mlp(nn.Module):

@@ -42,10 +42,13 @@ class TransformerBlock(nn.Module):
   def _sublayer(self, x_BTD: Array, name: str, fn) -> tuple[Array, Any]:
     cfg = self.config
     drop = nn.Dropout(cfg.dropout_rate, name=f"{name}_dropout")
+    adapt = (layers.Adapter(cfg, name=f"{name}_adapter") if cfg.adapter_dim
+             and name != "cross_attention" else (lambda y: y))
     if cfg.pre_norm:
       y_BTD, aux = fn(layers.make_norm(cfg, f"{name}_norm")(x_BTD))
-      return x_BTD + drop(y_BTD, deterministic=self.deterministic), aux
+      return x_BTD + drop(adapt(y_BTD), deterministic=self.deterministic), aux
     y_BTD, aux = fn(x_BTD)
+    y_BTD = adapt(y_BTD)
     x_BTD = x_BTD + drop(y_BTD, deterministic=self.deterministic)
     return layers.make_norm(cfg, f"{name}_norm")(x_BTD), aux
 
