@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 from flax import traverse_util
@@ -59,3 +61,100 @@ def make_optimizer(optim: ml_collections.ConfigDict, total_steps: int
 
 def count_params(params: Any) -> int:
   return sum(int(x.size) for x in jax.tree.leaves(params))
+
+
+# ----------------------------------------------------------------------------
+# Fine-tuning: frozen parameters, discriminative learning rates (ULMFiT),
+# gradual unfreezing.
+
+
+def _path_name(path: tuple[Any, ...]) -> str:
+  return "/".join(str(getattr(k, "key", k)) for k in path)
+
+
+def layer_depth(name: str, num_layers: int) -> int:
+  """Depth of a parameter: 0 for embeddings, i + 1 for layer i, num_layers + 1 above.
+
+  Everything outside ``layer_{i}`` and the embeddings (final norm, pooler,
+  task head, scalar mix) counts as the top of the network.
+  """
+  parts = name.split("/")
+  if "layers" in parts:
+    raise ValueError(f"{name}: per-layer learning rates and unfreezing need "
+                     "unscanned layers (model.scan_layers=False)")
+  match = re.search(r"(?:^|/)layer_(\d+)(?:/|$)", name)
+  if match:
+    return int(match.group(1)) + 1
+  if {"token_embed", "embedder", "relative_bias"} & set(parts):
+    return 0
+  return num_layers + 1
+
+
+def frozen_mask(params: Any, freeze: Sequence[str]) -> Any:
+  """True for parameters whose name (``a/b/c``) matches a ``freeze`` regex."""
+  return jax.tree_util.tree_map_with_path(
+      lambda p, _: any(re.search(r, _path_name(p)) for r in freeze), params)
+
+
+def _gradual_unfreeze(depths: Any, top: int, every: int) -> optax.GradientTransformation:
+  """Zeroes updates of depths not yet unfrozen: the top first, one more every ``every`` steps."""
+
+  def init(params):
+    del params
+    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+  def update(updates, state, params=None):
+    del params
+    lowest = top - state.count // every  # depths >= lowest are trainable
+    updates = jax.tree.map(lambda u, d: jnp.where(d >= lowest, u, jnp.zeros_like(u)),
+                           updates, depths)
+    return updates, optax.ScaleByScheduleState(count=state.count + 1)
+
+  return optax.GradientTransformation(init, update)
+
+
+def make_finetune_optimizer(optim: ml_collections.ConfigDict, total_steps: int,
+                            params: Any, num_layers: int, *,
+                            freeze: Sequence[str] = (), layer_decay: float = 1.0,
+                            unfreeze_every: int = 0
+                            ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """AdamW for adaptation, with three ULMFiT/feature-extraction switches.
+
+  - ``freeze``: regexes of parameters that never train; they get no
+    optimizer state at all (``optax.set_to_zero`` keeps none).
+  - ``layer_decay``: discriminative learning rates, lr * decay**(top - depth)
+    (the head trains at lr, each layer below at ``decay`` times the one above).
+  - ``unfreeze_every``: gradual unfreezing, the top group first and one more
+    layer every N steps (gradients and updates of still-frozen layers are zero).
+  """
+  schedule = make_schedule(optim, total_steps)
+  top = num_layers + 1
+  depths = jax.tree_util.tree_map_with_path(
+      lambda p, _: layer_depth(_path_name(p), num_layers), params)
+  frozen = frozen_mask(params, freeze)
+  labels = jax.tree.map(lambda d, f: "frozen" if f else f"depth_{d}", depths, frozen)
+  transforms = {"frozen": optax.set_to_zero()}
+  for d in set(jax.tree.leaves(depths)):
+    scale = layer_decay ** (top - d)
+    adamw = optax.adamw(lambda step, s=scale: schedule(step) * s, b1=optim.b1,
+                        b2=optim.b2, eps=optim.eps, weight_decay=optim.weight_decay,
+                        mask=decay_mask)
+    transforms[f"depth_{d}"] = adamw
+  parts = []
+  if optim.clip_norm and optim.clip_norm > 0:
+    parts.append(optax.clip_by_global_norm(optim.clip_norm))
+  if unfreeze_every:
+    parts.append(_gradual_unfreeze(depths, top, unfreeze_every))
+  parts.append(optax.multi_transform(transforms, labels))
+  if unfreeze_every:  # again after Adam: weight decay must not move them either
+    parts.append(_gradual_unfreeze(depths, top, unfreeze_every))
+  return optax.chain(*parts), schedule
+
+
+def count_trainable(params: Any, freeze: Sequence[str] = ()) -> tuple[int, int]:
+  """(trainable, total) parameter counts."""
+  frozen = frozen_mask(params, freeze)
+  total = count_params(params)
+  trainable = sum(int(x.size) for x, f in zip(jax.tree.leaves(params),
+                                              jax.tree.leaves(frozen)) if not f)
+  return trainable, total

@@ -1,0 +1,82 @@
+"""Fine-tuning optimizers: freezing, discriminative learning rates, unfreezing."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from jaxtl import optim
+
+OPTIM = ml_collections.ConfigDict(dict(
+    lr=1e-2, warmup_steps=0, schedule="constant", end_lr_ratio=1.0,
+    weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, clip_norm=0.0, accum_steps=1))
+PARAMS = {
+    "backbone": {"token_embed": {"embedding": jnp.ones((4, 2))},
+                 "stack": {"layer_0": {"mlp": {"kernel": jnp.ones((2, 2))}},
+                           "layer_1": {"mlp": {"kernel": jnp.ones((2, 2))}},
+                           "final_norm": {"scale": jnp.ones(2)}}},
+    "head": {"out": {"kernel": jnp.ones((2, 3))}},
+}
+GRADS = jax.tree.map(jnp.ones_like, PARAMS)
+
+
+def run(steps, **kw):
+  tx, _ = optim.make_finetune_optimizer(OPTIM, 10, PARAMS, num_layers=2, **kw)
+  state, params, history = tx.init(PARAMS), PARAMS, []
+  for _ in range(steps):
+    updates, state = tx.update(GRADS, state, params)
+    params = optax.apply_updates(params, updates)
+    history.append(params)
+  return state, history
+
+
+def moved(before, after):
+  return jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
+                      before, after)
+
+
+def test_layer_depths():
+  depth = lambda n: optim.layer_depth(n, 2)
+  assert depth("backbone/token_embed/embedding") == 0
+  assert depth("backbone/stack/layer_0/mlp/kernel") == 1
+  assert depth("backbone/stack/layer_1/mlp/kernel") == 2
+  assert depth("head/out/kernel") == 3 and depth("backbone/stack/final_norm/scale") == 3
+  with pytest.raises(ValueError, match="scan_layers"):
+    depth("backbone/stack/layers/mlp/kernel")
+
+
+def test_frozen_params_stay_bit_identical_and_have_no_state():
+  state, history = run(3, freeze=[r"^backbone/"])
+  m = moved(PARAMS, history[-1])
+  assert not any(jax.tree.leaves(m["backbone"])) and all(jax.tree.leaves(m["head"]))
+  # Adam moments exist only for the head: 6 numbers, not the backbone's 18 too.
+  sizes = sum(x.size for x in jax.tree.leaves(state) if hasattr(x, "size") and x.ndim)
+  assert sizes == 2 * 6
+  assert optim.count_trainable(PARAMS, [r"^backbone/"]) == (6, 24)
+
+
+def test_discriminative_learning_rates_decay_with_depth():
+  _, history = run(1, layer_decay=0.5)
+  head = 1 - float(history[0]["head"]["out"]["kernel"][0, 0])
+  l1 = 1 - float(history[0]["backbone"]["stack"]["layer_1"]["mlp"]["kernel"][0, 0])
+  l0 = 1 - float(history[0]["backbone"]["stack"]["layer_0"]["mlp"]["kernel"][0, 0])
+  emb = 1 - float(history[0]["backbone"]["token_embed"]["embedding"][0, 0])
+  np.testing.assert_allclose([l1 / head, l0 / head, emb / head], [0.5, 0.25, 0.125],
+                             rtol=1e-4)
+
+
+def test_gradual_unfreezing_goes_top_down():
+  _, history = run(6, unfreeze_every=2)
+  def trained(i):
+    m = moved(PARAMS, history[i])
+    return (m["head"]["out"]["kernel"],
+            m["backbone"]["stack"]["layer_1"]["mlp"]["kernel"],
+            m["backbone"]["stack"]["layer_0"]["mlp"]["kernel"],
+            m["backbone"]["token_embed"]["embedding"])
+  assert trained(0) == (True, False, False, False)   # steps 0-1: head only
+  assert trained(2) == (True, True, False, False)    # steps 2-3: + layer 1
+  assert trained(4) == (True, True, True, False)     # steps 4-5: + layer 0
+  _, longer = run(7, unfreeze_every=2)
+  assert moved(PARAMS, longer[6])["backbone"]["token_embed"]["embedding"]
