@@ -9,6 +9,7 @@ to fit on one device.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -43,16 +44,20 @@ class TrainState:
 
 
 def init_state(model: nn.Module, tx: optax.GradientTransformation,
-               example_batch: Mapping[str, np.ndarray], rng: Array) -> TrainState:
-  """Fresh (logically boxed) state; call under ``jax.eval_shape`` or jit."""
-  params = model.init(rng, **_init_inputs(model, example_batch))["params"]
+               init_inputs: Mapping[str, Any], rng: Array) -> TrainState:
+  """Fresh (logically boxed) state; call under ``jax.eval_shape`` or jit.
+
+  ``init_inputs``: keyword arguments of ``model.init`` (example inputs).
+  """
+  params = model.init(rng, **init_inputs)["params"]
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=tx.init(params),
                     bad_steps=jnp.zeros((), jnp.int32),
                     skipped_steps=jnp.zeros((), jnp.int32))
 
 
-def _init_inputs(model: nn.Module, batch: Mapping[str, Any]) -> dict[str, Any]:
+def lm_init_inputs(model: nn.Module, batch: Mapping[str, Any]) -> dict[str, Any]:
+  """Example inputs for initialising a pretraining model from a batch."""
   if model.config.family == "encoder_decoder":
     return {"encoder_tokens_BS": batch["encoder_input_tokens"][:1],
             "decoder_tokens_BT": batch["decoder_input_tokens"][:1]}
@@ -99,12 +104,16 @@ def _accumulate_grads(loss_fn: Callable, params: Any, batch: Mapping[str, Array]
 
 
 def train_step(state: TrainState, batch: Mapping[str, Array], rng: Array, *,
-               loss_fn: Callable, tx: optax.GradientTransformation,
-               schedule: optax.Schedule, family: str, accum_steps: int = 1
-               ) -> tuple[TrainState, dict[str, Array]]:
-  """One optimizer update. A non-finite loss or gradient skips the update."""
+               loss_fn: Callable, weight_fn: Callable,
+               tx: optax.GradientTransformation, schedule: optax.Schedule,
+               accum_steps: int = 1) -> tuple[TrainState, dict[str, Array]]:
+  """One optimizer update. A non-finite loss or gradient skips the update.
+
+  ``weight_fn(batch)`` is the batch's total loss weight, the normaliser that
+  makes accumulated micro-batch gradients equal the full-batch gradient.
+  """
   step_rng = jax.random.fold_in(rng, state.step)
-  normalizer = objectives.loss_weight_total(batch, family)
+  normalizer = weight_fn(batch)
   (loss, sums), grads = _accumulate_grads(loss_fn, state.params, batch,
                                           step_rng, normalizer, accum_steps)
   grad_norm = optax.tree.norm(grads)
@@ -174,6 +183,26 @@ class _Preempted:
       signal.signal(signal.SIGTERM, self._previous)
 
 
+MODEL_CONFIG_FILE = "model_config.json"
+
+
+def save_model_config(cfg: TransformerConfig, workdir: str) -> None:
+  with open(os.path.join(workdir, MODEL_CONFIG_FILE), "w") as f:
+    json.dump(dataclasses.asdict(cfg), f, indent=1)
+
+
+def load_model_config(workdir: str) -> TransformerConfig:
+  """The architecture a pretraining workdir was trained with."""
+  path = os.path.join(workdir, MODEL_CONFIG_FILE)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found: init_from must be a jaxtl "
+                            "pretraining workdir")
+  with open(path) as f:
+    values = json.load(f)
+  values["lora_targets"] = tuple(values.get("lora_targets", ()))
+  return TransformerConfig.from_mapping(values)
+
+
 def _model_config(config: Any, vocab_size: int) -> TransformerConfig:
   """config.model -> TransformerConfig; vocab_size 0 means "the tokenizer's"."""
   values = dict(config.model)
@@ -198,6 +227,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   data = pipeline.DataSetup(config, workdir, process_index=jax.process_index(),
                             process_count=jax.process_count())
   model_cfg = _model_config(config, data.tokenizer.vocab_size)
+  if jax.process_index() == 0:  # Fine-tuning rebuilds the model from this.
+    save_model_config(model_cfg, workdir)
   model = build_model(model_cfg)
   mesh = sharding.make_mesh(config.mesh.shape)
   rules = sharding.make_rules(config.mesh.get("rules"))
@@ -209,7 +240,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   rng = jax.random.key(config.seed)
   init_rng, step_rng = jax.random.split(rng)
   state, state_shardings = create_sharded_state(
-      model, tx, next(data.train_iterator()), init_rng, mesh, rules)
+      model, tx, lm_init_inputs(model, next(data.train_iterator())), init_rng,
+      mesh, rules)
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                  save_every=config.train.checkpoint_every,
                                  keep=config.train.keep_checkpoints)
@@ -226,7 +258,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   batch_sharding = sharding.batch_sharding(mesh)
   p_train_step = jax.jit(
       functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
-                        family=model_cfg.family,
+                        weight_fn=functools.partial(objectives.loss_weight_total,
+                                                    family=model_cfg.family),
                         accum_steps=config.optim.accum_steps),
       in_shardings=(state_shardings, batch_sharding, sharding.replicated(mesh)),
       out_shardings=(state_shardings, None), donate_argnums=0)

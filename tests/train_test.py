@@ -53,11 +53,12 @@ def run_steps(cfg, mesh_shape, data, *, accum=1, loss_fn=None, optim_cfg=OPTIM):
   mesh = sharding.make_mesh(mesh_shape, devices)
   rules = sharding.make_rules()
   tx, schedule = optim.make_optimizer(optim_cfg, total_steps=10)
-  state, shardings = train.create_sharded_state(model, tx, data[0],
-                                                jax.random.key(0), mesh, rules)
+  state, shardings = train.create_sharded_state(
+      model, tx, train.lm_init_inputs(model, data[0]), jax.random.key(0), mesh, rules)
   step = jax.jit(functools.partial(
       train.train_step, loss_fn=loss_fn or objectives.make_loss_fn(model), tx=tx,
-      schedule=schedule, family=cfg.family, accum_steps=accum),
+      schedule=schedule, accum_steps=accum,
+      weight_fn=functools.partial(objectives.loss_weight_total, family=cfg.family)),
       in_shardings=(shardings, sharding.batch_sharding(mesh), None),
       out_shardings=(shardings, None), donate_argnums=0)
   losses, metrics = [], []

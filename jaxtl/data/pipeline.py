@@ -212,7 +212,7 @@ class BatchIterator:
       raise ValueError(f"global batch size {batch_size} is not divisible by "
                        f"the {process_count} processes")
     self.rows = rows
-    self.num_rows = len(rows["tokens"])
+    self.num_rows = len(next(iter(rows.values())))
     if self.num_rows < batch_size:
       raise ValueError(f"only {self.num_rows} rows, fewer than one batch of "
                        f"{batch_size}")

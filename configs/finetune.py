@@ -1,0 +1,67 @@
+r"""Fine-tune a pretrained jaxtl model (or a random one) on a labeled task.
+
+Command (after ``configs/pretrain_mlm.py`` wrote /tmp/mlm):
+
+  JAXTL_DATA_DIR=../shared/data python -m jaxtl.main --mode=finetune \
+    --config=configs/finetune.py:task=trec,scheme=full \
+    --config.init_from=/tmp/mlm --workdir=/tmp/trec_full
+
+Tasks: trec, sst2, cola, mrpc, rte, stsb (regression), imdb, pos (UD EWT
+UPOS tagging). Schemes: full, features (frozen backbone + linear probe),
+scalar_mix (probe on an ELMo mix of all layers), adapters, lora; ULMFiT
+switches: ``--config.adapt.layer_decay=0.8`` (discriminative learning rates)
+and ``--config.adapt.unfreeze_epochs=1`` (gradual unfreezing, top first).
+Without ``init_from`` the backbone is randomly initialised from
+``config.model`` (``:model=bert_tiny``) and needs ``config.tokenizer_path``.
+Writes results.json (dev history, best dev, test metrics) in the workdir.
+"""
+
+import ml_collections
+
+from configs import common, models
+
+# task -> (head kind, pooling for encoders, max length, epochs)
+TASKS = {
+    "trec": ("classification", 64, 3),
+    "sst2": ("classification", 64, 2),
+    "cola": ("classification", 64, 3),
+    "mrpc": ("classification", 128, 3),
+    "rte": ("classification", 128, 3),
+    "stsb": ("regression", 128, 3),
+    "imdb": ("classification", 256, 2),
+    "pos": ("token_classification", 128, 3),
+}
+
+
+def get_config(arg: str | None = None):
+  args = common.parse_arg(arg, task="trec", scheme="full", model="bert_tiny")
+  if args.task not in TASKS:
+    raise ValueError(f"unknown task {args.task!r}; known: {sorted(TASKS)}")
+  kind, max_len, epochs = TASKS[args.task]
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.init_from = ""  # a pretraining workdir
+  c.tokenizer_path = ""  # default: the one in init_from/tokenizer/
+  c.model = models.get_model_config(args.model)  # only used without init_from
+  c.vocab_multiple = 128
+  c.task = ml_collections.ConfigDict(dict(
+      name=args.task, kind=kind, metrics=args.task, max_len=max_len,
+      pooling="first",  # first ([CLS]) | last (causal models) | mean
+      dev_fraction=0.1,  # held out of train when the task has no dev split
+      num_train_examples=0,  # 0: all; else a fixed random subset
+      on_error="raise", head_dropout=0.1))
+  c.adapt = ml_collections.ConfigDict(dict(
+      scheme=args.scheme, freeze=(), layer_decay=1.0, unfreeze_epochs=0,
+      adapter_dim=16, lora_rank=8, lora_alpha=16.0, lora_dropout=0.0,
+      lora_targets=("query", "value"), dropout_rate=0.1,
+      attention_dropout_rate=0.0))
+  c.optim = ml_collections.ConfigDict(dict(
+      lr=1e-3 if args.scheme != "full" else 2e-4, warmup_steps=50,
+      schedule="linear", end_lr_ratio=0.0, weight_decay=0.01, b1=0.9, b2=0.999,
+      eps=1e-8, clip_norm=1.0, accum_steps=1))
+  c.train = ml_collections.ConfigDict(dict(epochs=epochs, batch_size=32))
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.shape = (-1, 1, 1)
+  c.mesh.rules = ml_collections.ConfigDict()
+  c.lock()
+  return c

@@ -1,0 +1,266 @@
+"""Fine-tuning: adapt a pretrained (or random) backbone to a labeled task.
+
+Transfer is configuration: ``config.init_from`` names a pretraining workdir
+(its ``model_config.json``, tokenizer and newest checkpoint are used), the
+task head is new, and ``config.adapt`` picks the scheme (full fine-tuning,
+frozen features + probe, scalar mix, adapters, LoRA, ULMFiT schedules).
+Evaluates every epoch on the dev split, keeps the best parameters by the
+task's first metric, scores them on the test split, and writes
+``results.json`` in the workdir.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import logging
+import os
+from typing import Any, Callable, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxtl import checkpoint, evaluate, optim, sharding, train
+from jaxtl.data import pipeline, task_features, tasks
+from jaxtl.data.tokenizers import Tokenizer, get_tokenizer
+from jaxtl.models import TransformerConfig
+from jaxtl.models.heads import TaskModel
+
+Array = jax.Array
+
+# Parameters that each scheme trains; everything else is frozen.
+SCHEMES: dict[str, tuple[str, ...]] = {
+    "full": (),
+    "features": (r"^backbone/",),  # linear probe on frozen features
+    "scalar_mix": (r"^backbone/",),  # probe on a learned mix of all layers
+    "adapters": (r"^backbone/(?!.*(adapter|norm))",),  # adapters + norms + head
+    "lora": (r"^backbone/(?!.*_lora_)",),  # LoRA matrices + head
+}
+
+
+def input_side(family: str) -> str:
+  return "decoder" if family == "decoder" else "encoder"
+
+
+def make_task_loss_fn(model: TaskModel) -> Callable:
+  """``loss_fn(params, batch, rng, normalizer=None) -> (loss, sums)`` for a head."""
+  side = input_side(model.config.family)
+
+  def loss_fn(params, batch, rng, normalizer=None):
+    logits = model.apply(
+        {"params": params}, batch[f"{side}_input_tokens"],
+        batch[f"{side}_segment_ids"], batch[f"{side}_positions"],
+        batch.get(f"{side}_token_type_ids"), deterministic=rng is None,
+        rngs=None if rng is None else {"dropout": rng})
+    labels, w = batch["labels"], batch["label_weights"]
+    if model.kind == "regression":
+      per_example = jnp.square(logits - labels)
+      correct = jnp.zeros_like(per_example)
+    else:
+      log_p = jax.nn.log_softmax(logits.astype(jnp.float32))
+      per_example = -jnp.take_along_axis(log_p, labels[..., None], -1)[..., 0]
+      correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+    sums = {"loss_sum": jnp.sum(per_example * w), "weight_sum": jnp.sum(w),
+            "correct_sum": jnp.sum(correct * w)}
+    if normalizer is None:
+      normalizer = sums["weight_sum"]
+    return sums["loss_sum"] / jnp.maximum(normalizer, 1.0), sums
+
+  return loss_fn
+
+
+def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
+  """train / dev / test Examples.
+
+  Without a dev split (TREC, IMDB) ``task.dev_fraction`` of train is held
+  out deterministically for model selection; without public test labels
+  (GLUE) the dev split is also what is reported.
+  """
+  names = tasks.TASK_SPLITS[task.name]
+  load = lambda split: tasks.load_task(task.name, split, on_error=task.on_error)
+  train_ex = load("train")
+  if "dev" in names:
+    dev_ex = load("dev")
+  else:
+    train_ex, dev_ex = _hold_out(train_ex, task.dev_fraction, seed)
+  test_ex = load("test") if "test" in names else dev_ex
+  for name, ex in (("train", train_ex), ("dev", dev_ex), ("test", test_ex)):
+    if ex.skipped:
+      logging.warning("%s %s: skipped %d bad rows", task.name, name, ex.skipped)
+  if task.num_train_examples:
+    order = np.random.default_rng(seed).permutation(len(train_ex))
+    train_ex = _subset(train_ex, np.sort(order[:task.num_train_examples]))
+  return {"train": train_ex, "dev": dev_ex, "test": test_ex}
+
+
+def _subset(ex: Any, idx: np.ndarray) -> Any:
+  pick = lambda xs: None if xs is None else [xs[i] for i in idx]
+  return type(ex)(texts=pick(ex.texts), labels=pick(ex.labels),
+                  label_names=ex.label_names, text_pairs=pick(ex.text_pairs),
+                  words=pick(ex.words), path=ex.path)
+
+
+def _hold_out(ex: Any, fraction: float, seed: int) -> tuple[Any, Any]:
+  order = np.random.default_rng(seed + 12345).permutation(len(ex))
+  n_dev = max(1, int(round(len(ex) * fraction)))
+  return _subset(ex, np.sort(order[n_dev:])), _subset(ex, np.sort(order[:n_dev]))
+
+
+def _features(ex: Any, tok: Tokenizer, task: Any, family: str) -> task_features.Features:
+  encode = (task_features.encode_tagging if task.kind == "token_classification"
+            else task_features.encode_sequences)
+  return encode(ex, tok, task.max_len, family)
+
+
+def _pad_rows(arrays: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
+  """Pads to a whole number of batches with zero-weight rows (eval sees all)."""
+  n = len(arrays["labels"])
+  extra = -n % multiple
+  return {k: np.concatenate([v, np.zeros((extra, *v.shape[1:]), v.dtype)])
+          for k, v in arrays.items()}
+
+
+def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
+            batch_size: int, mesh) -> np.ndarray:
+  """Model outputs (class ids, scores, or tag ids) for every row, in order."""
+  n = len(arrays["labels"])
+  padded = _pad_rows(arrays, batch_size)
+  outs = []
+  for i in range(0, len(padded["labels"]), batch_size):
+    batch = {k: v[i:i + batch_size] for k, v in padded.items()}
+    outs.append(np.asarray(eval_fn(params, sharding.shard_batch(batch, mesh))))
+  return np.concatenate(outs)[:n]
+
+
+def score(task: Any, preds: np.ndarray, feats: task_features.Features) -> dict[str, float]:
+  """Task metrics; tagging compares only labelled (first sub-word) positions."""
+  labels = feats.arrays["labels"]
+  if task.kind == "token_classification":
+    keep = feats.arrays["label_weights"] > 0
+    preds = [p[k] for p, k in zip(preds, keep)]
+    labels = [l[k] for l, k in zip(labels, keep)]
+  return evaluate.compute_metrics(task.metrics, preds, labels)
+
+
+def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:
+  """(model config, tokenizer, pretrained params or None) per config.init_from."""
+  adapt = config.adapt
+  if config.init_from:
+    cfg = train.load_model_config(config.init_from)
+    tok_path = config.tokenizer_path or next(
+        iter(sorted(glob.glob(os.path.join(config.init_from, "tokenizer", "*.model")))), "")
+    if not tok_path:
+      raise FileNotFoundError(f"no tokenizer in {config.init_from}/tokenizer; set "
+                              "config.tokenizer_path")
+    tok = get_tokenizer(tok_path)
+    params = checkpoint.load_params(config.init_from)
+  else:
+    if not config.tokenizer_path:
+      raise ValueError("random init needs config.tokenizer_path (or set init_from)")
+    tok = get_tokenizer(pipeline.sources.expand_path(config.tokenizer_path))
+    cfg, params = train._model_config(config, tok.vocab_size), None
+  cfg = cfg.replace(dropout_rate=adapt.dropout_rate,
+                    attention_dropout_rate=adapt.attention_dropout_rate,
+                    adapter_dim=adapt.adapter_dim if adapt.scheme == "adapters" else 0,
+                    lora_rank=adapt.lora_rank if adapt.scheme == "lora" else 0,
+                    lora_alpha=adapt.lora_alpha, lora_dropout=adapt.lora_dropout,
+                    lora_targets=tuple(adapt.lora_targets))
+  return cfg, tok, params
+
+
+def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
+  """Fine-tunes per config; returns (and writes) the results dict."""
+  os.makedirs(workdir, exist_ok=True)
+  task, adapt = config.task, config.adapt
+  if adapt.scheme not in SCHEMES:
+    raise ValueError(f"config.adapt.scheme={adapt.scheme!r}; known: {sorted(SCHEMES)}")
+  splits = load_task_splits(task, config.seed)
+  cfg, tok, pretrained = _backbone(config)
+  feats = {k: _features(v, tok, task, cfg.family) for k, v in splits.items()}
+  for name, f in feats.items():
+    if f.truncated:
+      logging.info("%s: %d of %d examples truncated to %d tokens", name,
+                   f.truncated, len(f), task.max_len)
+  names = splits["train"].label_names
+  model = TaskModel(cfg, kind=task.kind, num_labels=len(names) if names else 1,
+                    pooling=task.pooling, dropout_rate=task.head_dropout,
+                    scalar_mix=adapt.scheme == "scalar_mix")
+  side = input_side(cfg.family)
+  bs = config.train.batch_size
+  steps_per_epoch = len(feats["train"]) // bs
+  total = config.train.epochs * steps_per_epoch
+  init_inputs = {"tokens_BT": feats["train"].arrays[f"{side}_input_tokens"][:1]}
+  rng = jax.random.key(config.seed)
+  abstract = nn.unbox(jax.eval_shape(model.init, rng, **init_inputs))["params"]
+  freeze = SCHEMES[adapt.scheme] + tuple(adapt.freeze)
+  tx, schedule = optim.make_finetune_optimizer(
+      config.optim, total, abstract, cfg.num_layers, freeze=freeze,
+      layer_decay=adapt.layer_decay,
+      unfreeze_every=adapt.unfreeze_epochs * steps_per_epoch)
+  mesh = sharding.make_mesh(config.mesh.shape)
+  rules = sharding.make_rules(config.mesh.get("rules"))
+  state, shardings = train.create_sharded_state(model, tx, init_inputs, rng, mesh, rules)
+  report = {}
+  if pretrained is not None:
+    merged, report = checkpoint.merge_pretrained(jax.device_get(state.params),
+                                                 pretrained, prefix=("backbone",))
+    state = state.replace(params=jax.device_put(merged, shardings.params))
+    logging.info("from %s: loaded %d tensors; discarded %s; new %s",
+                 config.init_from, len(report["loaded"]), report["discarded"],
+                 report["new"])
+  trainable, n_params = optim.count_trainable(abstract, freeze)
+  logging.info("trainable parameters: %d of %d (%.2f%%)", trainable, n_params,
+               100 * trainable / n_params)
+
+  step_fn = jax.jit(functools.partial(
+      train.train_step, loss_fn=make_task_loss_fn(model), tx=tx, schedule=schedule,
+      weight_fn=lambda b: jnp.sum(b["label_weights"])),
+      in_shardings=(shardings, sharding.batch_sharding(mesh), None),
+      out_shardings=(shardings, None), donate_argnums=0)
+  outputs = lambda p, b: model.apply(
+      {"params": p}, b[f"{side}_input_tokens"], b[f"{side}_segment_ids"],
+      b[f"{side}_positions"], b.get(f"{side}_token_type_ids"))
+  eval_fn = jax.jit(lambda p, b: outputs(p, b) if task.kind == "regression"
+                    else jnp.argmax(outputs(p, b), -1))
+  writer = train.MetricsWriter(workdir, enabled=jax.process_index() == 0)
+  batches = pipeline.BatchIterator(feats["train"].arrays, lambda row, rng: row,
+                                   batch_size=bs, seed=config.seed)
+  # Saved only when dev improves, keeping one: the best checkpoint by the metric.
+  best_ckpt = checkpoint.Checkpointer(os.path.join(workdir, "best"), save_every=1,
+                                      keep=1, async_save=False)
+  best, history = None, []
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    for epoch in range(1, config.train.epochs + 1):
+      sums = []
+      for _ in range(steps_per_epoch):
+        state, m = step_fn(state, sharding.shard_batch(next(batches), mesh), rng)
+        sums.append(m)
+      train_metrics = train.objectives.summarize(jax.device_get(
+          jax.tree.map(lambda *x: sum(x), *sums)))
+      dev = score(task, predict(eval_fn, state.params, feats["dev"].arrays, bs, mesh),
+                  feats["dev"])
+      writer.write(int(state.step), "train", train_metrics)
+      writer.write(int(state.step), "dev", dev)
+      history.append({"epoch": epoch, "train_loss": train_metrics["loss"], **dev})
+      key = next(iter(dev.values()))
+      if best is None or key > best:
+        best = key
+        best_ckpt.save(epoch, state, {"epoch": epoch, "dev": dev}, force=True)
+    best_ckpt.close()
+    best_params = jax.device_put(checkpoint.load_params(best_ckpt.directory),
+                                 shardings.params)
+    test = score(task, predict(eval_fn, best_params, feats["test"].arrays, bs, mesh),
+                 feats["test"])
+  writer.write(int(state.step), "test", test)
+  writer.close()
+  results = {"task": task.name, "scheme": adapt.scheme, "init_from": config.init_from,
+             "train_examples": len(feats["train"]), "epochs": config.train.epochs,
+             "trainable_params": trainable, "total_params": n_params,
+             "best_dev": best, "test": test, "history": history,
+             "discarded": report.get("discarded", []), "new": report.get("new", [])}
+  with open(os.path.join(workdir, "results.json"), "w") as f:
+    json.dump(results, f, indent=1)
+  return results
