@@ -362,9 +362,9 @@ def _summarize_train(window: list[dict[str, Any]], seconds: float,
   steps_per_s = len(window) / max(seconds, 1e-9)
   out["steps_per_s"] = steps_per_s
   out["tokens_per_s"] = steps_per_s * batch_size * tokens_per_example
-  out["mfu"] = (steps_per_s * batch_size * flops_per_example
-                / (peak_per_device * jax.device_count())
-                if peak_per_device else float("nan"))
+  if peak_per_device:  # unknown on CPUs: then no MFU rather than a NaN
+    out["mfu"] = (steps_per_s * batch_size * flops_per_example
+                  / (peak_per_device * jax.device_count()))
   return out
 
 

@@ -9,3 +9,9 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# Readers take the data folder from $JAXTL_DATA_DIR; default it to the shared
+# copy beside the repository when there is one (tests skip without it).
+_shared = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+if "JAXTL_DATA_DIR" not in os.environ and os.path.isdir(_shared):
+  os.environ["JAXTL_DATA_DIR"] = os.path.abspath(_shared)

@@ -1,0 +1,86 @@
+"""Fine-tuning end to end: transfer report, every scheme runs, freezing freezes."""
+
+import importlib
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from jaxtl import checkpoint, finetune, train
+
+import datadir
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+  """A tiny MLM pretraining workdir (a few steps on tiny Shakespeare)."""
+  datadir.require_data("tiny_shakespeare", "input.txt")
+  workdir = str(tmp_path_factory.mktemp("pre"))
+  config = importlib.import_module("configs.pretrain_mlm").get_config()
+  data = datadir.data_dir()
+  with config.unlocked():
+    config.data.source.kind = "text"
+    config.data.source.paragraphs = False
+    config.data.source.files = dict(
+        train=[str(data / "tiny_shakespeare" / "input.txt")],
+        validation=[str(data / "tiny_shakespeare" / "input.txt")])
+  config.data.tokenizer.update(vocab_size=800)
+  config.data.update(seq_len=32, batch_size=8, max_docs=4000)
+  config.model.update(num_layers=2, d_model=32, num_heads=2, head_dim=16, mlp_dim=64)
+  config.train.update(steps=3, log_every=1, eval_every=3, eval_batches=1,
+                      checkpoint_every=3)
+  train.train_and_evaluate(config, workdir)
+  return workdir
+
+
+def _config(pretrained, scheme, **task):
+  config = importlib.import_module("configs.finetune").get_config(
+      f"task={task.pop('name', 'trec')},scheme={scheme}")
+  config.init_from = pretrained
+  config.task.update(**{"num_train_examples": 64, "max_len": 24, **task})
+  config.train.update(epochs=2, batch_size=16)
+  return config
+
+
+@pytest.mark.parametrize("scheme", ["full", "features", "scalar_mix", "adapters", "lora"])
+def test_every_scheme_runs_and_reports_the_transfer(pretrained, scheme, tmp_path):
+  results = finetune.finetune_and_evaluate(_config(pretrained, scheme), str(tmp_path))
+  assert set(results["test"]) == {"accuracy", "macro_f1"}
+  assert len(results["history"]) == 2
+  assert any("lm_head" in name for name in results["discarded"])
+  assert any(name.startswith("head/") for name in results["new"])
+  assert json.load(open(tmp_path / "results.json"))["scheme"] == scheme
+  tuned = checkpoint.load_params(tmp_path / "best")
+  pre = checkpoint.load_params(pretrained)
+  embed = lambda p: np.asarray(p["stack"]["embedder"]["position_embedding"])
+  frozen = scheme != "full"
+  assert np.array_equal(embed(tuned["backbone"]), embed(pre)) == frozen
+  if scheme == "full":
+    assert results["trainable_params"] == results["total_params"]
+  else:
+    assert results["trainable_params"] < results["total_params"] / 2
+
+
+def test_ulmfit_schedules_and_a_regression_and_a_tagging_task(pretrained, tmp_path):
+  config = _config(pretrained, "full", name="stsb", max_len=32)
+  config.adapt.update(layer_decay=0.5, unfreeze_epochs=1)
+  results = finetune.finetune_and_evaluate(config, str(tmp_path / "stsb"))
+  assert set(results["test"]) == {"pearson", "spearman"}
+  results = finetune.finetune_and_evaluate(_config(pretrained, "full", name="pos"),
+                                           str(tmp_path / "pos"))
+  assert 0.0 <= results["test"]["token_accuracy"] <= 1.0
+
+
+def test_shape_mismatch_names_the_parameter(pretrained, tmp_path):
+  config = _config(pretrained, "full")
+  bad = tmp_path / "bad"
+  bad.mkdir()
+  cfg = train.load_model_config(pretrained).replace(mlp_dim=48)
+  train.save_model_config(cfg, str(bad))
+  import shutil
+  shutil.copytree(f"{pretrained}/checkpoints", bad / "checkpoints")
+  shutil.copytree(f"{pretrained}/tokenizer", bad / "tokenizer")
+  config.init_from = str(bad)
+  with pytest.raises(ValueError, match=r"mlp/wi/kernel: model expects \(32, 48\)"):
+    finetune.finetune_and_evaluate(config, str(tmp_path / "out"))
