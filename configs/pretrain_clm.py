@@ -5,10 +5,10 @@ $JAXTL_DATA_DIR/tiny_shakespeare; unset: TFDS downloads it):
 
   python -m jaxtl.main --config=configs/pretrain_clm.py --workdir=/tmp/clm
 
-Hardware / time: 2-core CPU, about TIME_CLM with gpt2_tiny (see README).
-Expected: validation loss falls from ~7.6 (ln of the 2k BPE vocabulary) to
-well below the unigram entropy of the training tokens (~5.6 nats); numbers in
-the README's results table.
+Hardware / time: 2-core CPU, about 7 minutes (419 s at 1.1 steps/s, with the
+test suite sharing the cores), measured 2026-11-21.
+Expected: validation loss 7.70 -> 4.54 nats (accuracy 16.0%) after 400
+steps, against a unigram entropy of 6.31 nats for the training tokens.
 
 Variants: ``--config=configs/pretrain_clm.py:model=gpt2_small`` (GPU),
 ``--config.data.packing=pack`` (documents kept apart with segment ids).
