@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtl import checkpoint, evaluate, optim, sharding, train
-from jaxtl.data import pipeline, task_features, tasks
+from jaxtl import checkpoint, evaluate, objectives, optim, sharding, train
+from jaxtl.data import pipeline, sources, task_features, tasks
 from jaxtl.data.tokenizers import Tokenizer, get_tokenizer
 from jaxtl.models import TransformerConfig
 from jaxtl.models.heads import TaskModel
@@ -160,8 +160,8 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:
   else:
     if not config.tokenizer_path:
       raise ValueError("random init needs config.tokenizer_path (or set init_from)")
-    tok = get_tokenizer(pipeline.sources.expand_path(config.tokenizer_path))
-    cfg, params = train._model_config(config, tok.vocab_size), None
+    tok = get_tokenizer(sources.expand_path(config.tokenizer_path))
+    cfg, params = train.model_config_from(config, tok.vocab_size), None
   cfg = cfg.replace(dropout_rate=adapt.dropout_rate,
                     attention_dropout_rate=adapt.attention_dropout_rate,
                     adapter_dim=adapt.adapter_dim if adapt.scheme == "adapters" else 0,
@@ -238,7 +238,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
       for _ in range(steps_per_epoch):
         state, m = step_fn(state, sharding.shard_batch(next(batches), mesh), rng)
         sums.append(m)
-      train_metrics = train.objectives.summarize(jax.device_get(
+      train_metrics = objectives.summarize(jax.device_get(
           jax.tree.map(lambda *x: sum(x), *sums)))
       dev = score(task, predict(eval_fn, state.params, feats["dev"].arrays, bs, mesh),
                   feats["dev"])

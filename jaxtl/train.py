@@ -203,7 +203,7 @@ def load_model_config(workdir: str) -> TransformerConfig:
   return TransformerConfig.from_mapping(values)
 
 
-def _model_config(config: Any, vocab_size: int) -> TransformerConfig:
+def model_config_from(config: Any, vocab_size: int) -> TransformerConfig:
   """config.model -> TransformerConfig; vocab_size 0 means "the tokenizer's"."""
   values = dict(config.model)
   if not values.get("vocab_size"):
@@ -226,7 +226,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   objectives.check_objective(config.objective.name, config.model.family)
   data = pipeline.DataSetup(config, workdir, process_index=jax.process_index(),
                             process_count=jax.process_count())
-  model_cfg = _model_config(config, data.tokenizer.vocab_size)
+  model_cfg = model_config_from(config, data.tokenizer.vocab_size)
   if jax.process_index() == 0:  # Fine-tuning rebuilds the model from this.
     save_model_config(model_cfg, workdir)
   model = build_model(model_cfg)

@@ -30,7 +30,7 @@ def test_every_recipe_and_preset_builds(recipe, preset):
     with pytest.raises(ValueError, match="needs a"):
       train.objectives.check_objective(config.objective.name, config.model.family)
     return
-  model_cfg = train._model_config(config, vocab_size=1000)
+  model_cfg = train.model_config_from(config, vocab_size=1000)
   assert model_cfg.vocab_size == 1024  # padded to a multiple of 128
   model = build_model(model_cfg)
   toks = jnp.ones((1, 8), jnp.int32)
