@@ -84,3 +84,24 @@ def test_shape_mismatch_names_the_parameter(pretrained, tmp_path):
   config.init_from = str(bad)
   with pytest.raises(ValueError, match=r"mlp/wi/kernel: model expects \(32, 48\)"):
     finetune.finetune_and_evaluate(config, str(tmp_path / "out"))
+
+
+def test_layer_probe_and_attention_maps(pretrained, tmp_path):
+  pytest.importorskip("matplotlib")
+  from jaxtl import analysis
+  accs = analysis.probe_layers(pretrained, "trec", max_len=24, max_examples=200)
+  assert len(accs) == 3 and all(0.0 <= a <= 1.0 for a in accs)  # embeddings + 2 layers
+  analysis.write_probe_report(accs, "trec", str(tmp_path))
+  assert "layer 2" in (tmp_path / "probe.md").read_text()
+  assert (tmp_path / "probe.png").stat().st_size > 0
+  paths = analysis.attention_maps(pretrained, "To be, or not to be", str(tmp_path))
+  assert [p.rsplit("/", 1)[1] for p in paths] == ["attention_layer1.png",
+                                                  "attention_layer2.png"]
+
+
+def test_probe_on_separable_features_is_accurate():
+  from jaxtl import analysis
+  rng = np.random.default_rng(0)
+  y = rng.integers(0, 3, 300)
+  x = rng.normal(size=(300, 8)) + 4.0 * np.eye(3, 8)[y]
+  assert analysis.train_probe(x[:200], y[:200], x[200:], y[200:], 3) > 0.95
