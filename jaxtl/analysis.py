@@ -11,7 +11,6 @@ writes one PNG per layer with a heatmap per head.
 
 from __future__ import annotations
 
-import glob
 import os
 from typing import Any, Sequence
 
@@ -21,8 +20,8 @@ import numpy as np
 import optax
 
 from jaxtl import checkpoint, train
-from jaxtl.data import task_features, tasks
-from jaxtl.data.tokenizers import Tokenizer, get_tokenizer
+from jaxtl.data import pipeline, task_features, tasks
+from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import build_model
 from jaxtl.models.heads import pool
 
@@ -30,10 +29,8 @@ from jaxtl.models.heads import pool
 def load_pretrained(workdir: str) -> tuple[Any, Any, Tokenizer]:
   """(model, params, tokenizer) of a jaxtl pretraining workdir."""
   cfg = train.load_model_config(workdir).replace(dropout_rate=0.0)
-  tok_files = sorted(glob.glob(os.path.join(workdir, "tokenizer", "*.model")))
-  if not tok_files:
-    raise FileNotFoundError(f"no tokenizer in {workdir}/tokenizer")
-  return build_model(cfg), checkpoint.load_params(workdir), get_tokenizer(tok_files[0])
+  return (build_model(cfg), checkpoint.load_params(workdir),
+          pipeline.workdir_tokenizer(workdir))
 
 
 def hidden_states(model: Any, params: Any, tokens: np.ndarray, segment_ids: np.ndarray,
@@ -99,15 +96,12 @@ def probe_layers(workdir: str, task: str, max_len: int = 64,
   tagging = task == "pos"
   test_split = "dev" if tagging else tasks.EVAL_SPLITS[task]
   family = model.config.family
-  side = "decoder" if family == "decoder" else "encoder"
+  side = task_features.input_side(family)
   encode = task_features.encode_tagging if tagging else task_features.encode_sequences
   data, num_classes = {}, 0
   for split in ("train", test_split):
     ex = tasks.load_task(task, split)
-    idx = np.random.default_rng(0).permutation(len(ex))[:max_examples]
-    ex = type(ex)(texts=[ex.texts[i] for i in idx], labels=[ex.labels[i] for i in idx],
-                  label_names=ex.label_names,
-                  words=None if ex.words is None else [ex.words[i] for i in idx])
+    ex = ex.subset(np.random.default_rng(0).permutation(len(ex))[:max_examples])
     num_classes = num_classes or len(ex.label_names)
     f = encode(ex, tok, max_len, family)
     seg = f.arrays[f"{side}_segment_ids"]

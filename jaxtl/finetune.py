@@ -12,7 +12,6 @@ task's first metric, scores them on the test split, and writes
 from __future__ import annotations
 
 import functools
-import glob
 import json
 import logging
 import os
@@ -41,13 +40,9 @@ SCHEMES: dict[str, tuple[str, ...]] = {
 }
 
 
-def input_side(family: str) -> str:
-  return "decoder" if family == "decoder" else "encoder"
-
-
 def make_task_loss_fn(model: TaskModel) -> Callable:
   """``loss_fn(params, batch, rng, normalizer=None) -> (loss, sums)`` for a head."""
-  side = input_side(model.config.family)
+  side = task_features.input_side(model.config.family)
 
   def loss_fn(params, batch, rng, normalizer=None):
     logits = model.apply(
@@ -57,17 +52,11 @@ def make_task_loss_fn(model: TaskModel) -> Callable:
         rngs=None if rng is None else {"dropout": rng})
     labels, w = batch["labels"], batch["label_weights"]
     if model.kind == "regression":
-      per_example = jnp.square(logits - labels)
-      correct = jnp.zeros_like(per_example)
-    else:
-      log_p = jax.nn.log_softmax(logits.astype(jnp.float32))
-      per_example = -jnp.take_along_axis(log_p, labels[..., None], -1)[..., 0]
-      correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-    sums = {"loss_sum": jnp.sum(per_example * w), "weight_sum": jnp.sum(w),
-            "correct_sum": jnp.sum(correct * w)}
-    if normalizer is None:
-      normalizer = sums["weight_sum"]
-    return sums["loss_sum"] / jnp.maximum(normalizer, 1.0), sums
+      sums = {"loss_sum": jnp.sum(jnp.square(logits - labels) * w),
+              "weight_sum": jnp.sum(w), "correct_sum": jnp.zeros(())}
+    else:  # classes (or tags, or span boundaries) are "tokens" here
+      sums = objectives.token_cross_entropy(logits, labels, w)
+    return objectives.normalized_loss(sums, normalizer), sums
 
   return loss_fn
 
@@ -92,21 +81,14 @@ def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
       logging.warning("%s %s: skipped %d bad rows", task.name, name, ex.skipped)
   if task.num_train_examples:
     order = np.random.default_rng(seed).permutation(len(train_ex))
-    train_ex = _subset(train_ex, np.sort(order[:task.num_train_examples]))
+    train_ex = train_ex.subset(np.sort(order[:task.num_train_examples]))
   return {"train": train_ex, "dev": dev_ex, "test": test_ex}
-
-
-def _subset(ex: Any, idx: np.ndarray) -> Any:
-  pick = lambda xs: None if xs is None else [xs[i] for i in idx]
-  return type(ex)(texts=pick(ex.texts), labels=pick(ex.labels),
-                  label_names=ex.label_names, text_pairs=pick(ex.text_pairs),
-                  words=pick(ex.words), path=ex.path)
 
 
 def _hold_out(ex: Any, fraction: float, seed: int) -> tuple[Any, Any]:
   order = np.random.default_rng(seed + 12345).permutation(len(ex))
   n_dev = max(1, int(round(len(ex) * fraction)))
-  return _subset(ex, np.sort(order[n_dev:])), _subset(ex, np.sort(order[:n_dev]))
+  return ex.subset(np.sort(order[n_dev:])), ex.subset(np.sort(order[:n_dev]))
 
 
 def _features(ex: Any, tok: Tokenizer, task: Any, family: str) -> task_features.Features:
@@ -150,12 +132,8 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:
   adapt = config.adapt
   if config.init_from:
     cfg = train.load_model_config(config.init_from)
-    tok_path = config.tokenizer_path or next(
-        iter(sorted(glob.glob(os.path.join(config.init_from, "tokenizer", "*.model")))), "")
-    if not tok_path:
-      raise FileNotFoundError(f"no tokenizer in {config.init_from}/tokenizer; set "
-                              "config.tokenizer_path")
-    tok = get_tokenizer(tok_path)
+    tok = (get_tokenizer(sources.expand_path(config.tokenizer_path))
+           if config.tokenizer_path else pipeline.workdir_tokenizer(config.init_from))
     params = checkpoint.load_params(config.init_from)
   else:
     if not config.tokenizer_path:
@@ -188,7 +166,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   model = TaskModel(cfg, kind=task.kind, num_labels=len(names) if names else 1,
                     pooling=task.pooling, dropout_rate=task.head_dropout,
                     scalar_mix=adapt.scheme == "scalar_mix")
-  side = input_side(cfg.family)
+  side = task_features.input_side(cfg.family)
   bs = config.train.batch_size
   steps_per_epoch = len(feats["train"]) // bs
   total = config.train.epochs * steps_per_epoch

@@ -114,11 +114,16 @@ def make_loss_fn(model: nn.Module, max_predictions: int | None = None) -> LossFn
     out = forward(model, params, batch, deterministic=rng is None, rng=rng,
                   **extra)
     sums = token_cross_entropy(out["logits"], targets, weights)
-    if normalizer is None:
-      normalizer = sums["weight_sum"]
-    return sums["loss_sum"] / jnp.maximum(normalizer, 1.0), sums
+    return normalized_loss(sums, normalizer), sums
 
   return loss_fn
+
+
+def normalized_loss(sums: Mapping[str, Array], normalizer: Array | None) -> Array:
+  """loss_sum / normalizer (default: the batch's own weight total)."""
+  if normalizer is None:
+    normalizer = sums["weight_sum"]
+  return sums["loss_sum"] / jnp.maximum(normalizer, 1.0)
 
 
 def summarize(sums: Mapping[str, Any]) -> dict[str, float]:

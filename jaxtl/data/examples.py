@@ -47,6 +47,13 @@ class Examples:
   def __len__(self) -> int:
     return len(self.texts)
 
+  def subset(self, indices: Any) -> "Examples":
+    """The examples at ``indices``, in that order (a sample or a split)."""
+    pick = lambda xs: None if xs is None else [xs[i] for i in indices]
+    return Examples(texts=pick(self.texts), labels=pick(self.labels),
+                    label_names=self.label_names, text_pairs=pick(self.text_pairs),
+                    words=pick(self.words), path=self.path)
+
   @property
   def skipped(self) -> int:
     """How many rows were dropped as bad."""

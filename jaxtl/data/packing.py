@@ -55,6 +55,11 @@ def chunk_stream(
   return stream[:num_full * length].reshape(num_full, length)
 
 
+def row_positions(shape: tuple[int, int]) -> np.ndarray:
+  """Positions 0..L-1 in every row of an [N, L] array (unpacked rows)."""
+  return np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape).copy()
+
+
 def pad_to(seq: np.ndarray, length: int, pad_id: int = 0) -> np.ndarray:
   """Right-pads (or truncates) a 1-D sequence to exactly `length` (int32)."""
   seq = np.asarray(seq, dtype=np.int32).ravel()[:length]

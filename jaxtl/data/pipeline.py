@@ -11,6 +11,7 @@ how many processes share the batch.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
@@ -34,13 +35,25 @@ Rows = dict[str, np.ndarray]  # "tokens", "segment_ids", "positions": [N, L]
 # Tokenizer and tokenized rows.
 
 
+TOKENIZER_DIR = "tokenizer"  # where a run keeps the tokenizer it trained
+
+
+def workdir_tokenizer(workdir: str) -> Tokenizer:
+  """The tokenizer a pretraining run trained (or loaded) into its workdir."""
+  models = sorted(glob.glob(os.path.join(workdir, TOKENIZER_DIR, "*.model")))
+  if not models:
+    raise FileNotFoundError(f"no tokenizer in {workdir}/{TOKENIZER_DIR}; set "
+                            "config.tokenizer_path")
+  return get_tokenizer(models[0])
+
+
 def build_tokenizer(data: Mapping[str, Any], workdir: str | None,
                     train_texts: Callable[[], list[str]]) -> Tokenizer:
   """Loads ``data.tokenizer.path``, or trains one (cached in the workdir)."""
   spec = data["tokenizer"]
   if spec.get("path"):
     return get_tokenizer(sources.expand_path(spec["path"]))
-  cache_dir = os.path.join(workdir or ".", "tokenizer")
+  cache_dir = os.path.join(workdir or ".", TOKENIZER_DIR)
   prefix = os.path.join(cache_dir, f"spm_{spec['model_type']}_{spec['vocab_size']}")
   if os.path.exists(prefix + ".model"):
     return get_tokenizer(prefix + ".model")
@@ -86,8 +99,7 @@ def tokenized_rows(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
     tokens = packing.chunk_stream(docs, row_length,
                                   eos_id=tokenizer.eos_id if eos else None)
     rows = {"tokens": tokens, "segment_ids": np.ones_like(tokens),
-            "positions": np.broadcast_to(np.arange(row_length, dtype=np.int32),
-                                         tokens.shape).copy()}
+            "positions": packing.row_positions(tokens.shape)}
   elif data["packing"] == "pack":
     if eos:
       docs = [np.append(d, tokenizer.eos_id).astype(np.int32) for d in docs]
@@ -186,9 +198,8 @@ def frame_rows(rows: Rows, first_id: int, last_id: int) -> Rows:
   tokens = np.concatenate([col(first_id), rows["tokens"], col(last_id)], axis=1)
   seg = rows["segment_ids"]
   seg = np.concatenate([seg[:, :1], seg, seg[:, -1:]], axis=1)
-  positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32),
-                              tokens.shape).copy()
-  return {"tokens": tokens, "segment_ids": seg, "positions": positions}
+  return {"tokens": tokens, "segment_ids": seg,
+          "positions": packing.row_positions(tokens.shape)}
 
 
 # ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxtl.data import packing
 from jaxtl.data.examples import Examples
 from jaxtl.data.tokenizers import Tokenizer
 
@@ -108,12 +109,16 @@ def encode_tagging(examples: Examples, tok: Tokenizer, max_len: int,
                           labels, weights), truncated)
 
 
+def input_side(family: str) -> str:
+  """Feature prefix of a family's inputs: causal models read ``decoder_*``."""
+  return "decoder" if family == "decoder" else "encoder"
+
+
 def _inputs(tokens: np.ndarray, types: np.ndarray, pad_id: int, family: str,
             labels: np.ndarray, weights: np.ndarray) -> dict[str, Any]:
-  side = "decoder" if family == "decoder" else "encoder"
+  side = input_side(family)
   segment = (tokens != pad_id).astype(np.int32)
-  positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32),
-                              tokens.shape).copy()
+  positions = packing.row_positions(tokens.shape)
   return {f"{side}_input_tokens": tokens, f"{side}_segment_ids": segment,
           f"{side}_positions": positions, f"{side}_token_type_ids": types,
           "labels": labels, "label_weights": weights}
