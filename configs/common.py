@@ -45,10 +45,12 @@ def base_config(model: str) -> ml_collections.ConfigDict:
       noise_density=0.15, mean_noise_span_length=3.0))  # span
 
   c.data = ml_collections.ConfigDict()
-  # kind: tfds | text | jsonl | tsv; file kinds map split -> list of paths.
+  # kind: tfds | text | jsonl | tsv | mixture; file kinds map split -> list
+  # of paths; a mixture maps part names to such sources.
   c.data.source = ml_collections.ConfigDict(dict(
       kind="tfds", name="", data_dir="", manual_dir="", field="text",
-      files=ml_collections.ConfigDict(), paragraphs=False, encoding="utf-8"))
+      files=ml_collections.ConfigDict(), paragraphs=False, encoding="utf-8",
+      parts=ml_collections.ConfigDict()))
   c.data.train_split = "train"
   c.data.eval_split = "validation"
   c.data.tokenizer = ml_collections.ConfigDict(dict(

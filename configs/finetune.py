@@ -7,10 +7,12 @@ Command (after ``configs/pretrain_mlm.py`` wrote /tmp/mlm):
     --config.init_from=/tmp/mlm --workdir=/tmp/trec_full
 
 Tasks: trec, sst2, cola, mrpc, rte, stsb (regression), imdb, pos (UD EWT
-UPOS tagging). Schemes: full, features (frozen backbone + linear probe),
+UPOS tagging), squad (extractive QA on article halves of SQuAD dev, long
+contexts in windows of ``max_len`` tokens every ``doc_stride``). Schemes: full, features (frozen backbone + linear probe),
 scalar_mix (probe on an ELMo mix of all layers), adapters, lora; ULMFiT
 switches: ``--config.adapt.layer_decay=0.8`` (discriminative learning rates)
-and ``--config.adapt.unfreeze_epochs=1`` (gradual unfreezing, top first).
+and ``--config.adapt.unfreeze_epochs=1`` (gradual unfreezing, top first: one
+more layer every that many epochs, fractions allowed).
 Without ``init_from`` the backbone is randomly initialised from
 ``config.model`` (``:model=bert_tiny``) and needs ``config.tokenizer_path``.
 Writes results.json (dev history, best dev, test metrics) in the workdir.
@@ -30,6 +32,7 @@ TASKS = {
     "stsb": ("regression", 128, 3),
     "imdb": ("classification", 256, 2),
     "pos": ("token_classification", 128, 3),
+    "squad": ("span_qa", 256, 2),
 }
 
 
@@ -49,9 +52,11 @@ def get_config(arg: str | None = None):
       pooling="first",  # first ([CLS]) | last (causal models) | mean
       dev_fraction=0.1,  # held out of train when the task has no dev split
       num_train_examples=0,  # 0: all; else a fixed random subset
-      on_error="raise", head_dropout=0.1))
+      max_eval_examples=0,  # 0: all; else the first N of dev and test (quick looks)
+      on_error="raise", head_dropout=0.1,
+      doc_stride=128, max_answer_tokens=30))  # span_qa only
   c.adapt = ml_collections.ConfigDict(dict(
-      scheme=args.scheme, freeze=(), layer_decay=1.0, unfreeze_epochs=0,
+      scheme=args.scheme, freeze=(), layer_decay=1.0, unfreeze_epochs=0.0,
       adapter_dim=16, lora_rank=8, lora_alpha=16.0, lora_dropout=0.0,
       lora_targets=("query", "value"), dropout_rate=0.1,
       attention_dropout_rate=0.0))

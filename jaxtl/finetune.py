@@ -11,6 +11,7 @@ task's first metric, scores them on the test split, and writes
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -23,10 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtl import checkpoint, evaluate, objectives, optim, sharding, train
-from jaxtl.data import pipeline, sources, task_features, tasks
+from jaxtl.data import pipeline, sources, span_features, task_features, tasks
+from jaxtl.data.squad import split_squad_by_article
 from jaxtl.data.tokenizers import Tokenizer, get_tokenizer
 from jaxtl.models import TransformerConfig
-from jaxtl.models.heads import TaskModel
+from jaxtl.models.heads import TaskModel, best_spans
 
 Array = jax.Array
 
@@ -51,6 +53,8 @@ def make_task_loss_fn(model: TaskModel) -> Callable:
         batch.get(f"{side}_token_type_ids"), deterministic=rng is None,
         rngs=None if rng is None else {"dropout": rng})
     labels, w = batch["labels"], batch["label_weights"]
+    if model.kind == "span_qa":  # [B, T, 2] -> start and end "tokens" over T
+      logits = _context_only(jnp.swapaxes(logits, 1, 2), batch["context_mask"])
     if model.kind == "regression":
       sums = {"loss_sum": jnp.sum(jnp.square(logits - labels) * w),
               "weight_sum": jnp.sum(w), "correct_sum": jnp.zeros(())}
@@ -61,27 +65,44 @@ def make_task_loss_fn(model: TaskModel) -> Callable:
   return loss_fn
 
 
+def _context_only(logits_BXT: Array, context_BT: Array) -> Array:
+  """Span logits with every non-context position ruled out."""
+  neg = jnp.finfo(logits_BXT.dtype).min
+  return jnp.where(context_BT[:, None, :] > 0, logits_BXT, neg)
+
+
 def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
   """train / dev / test Examples.
 
   Without a dev split (TREC, IMDB) ``task.dev_fraction`` of train is held
   out deterministically for model selection; without public test labels
-  (GLUE) the dev split is also what is reported.
+  (GLUE) the dev split is also what is reported. SQuAD (only its dev file
+  is offline) trains on one article half, holds articles of it out as dev
+  and reports the other half.
   """
   names = tasks.TASK_SPLITS[task.name]
   load = lambda split: tasks.load_task(task.name, split, on_error=task.on_error)
   train_ex = load("train")
-  if "dev" in names:
+  if task.name == "squad":
+    train, dev = split_squad_by_article(train_ex.examples, task.dev_fraction, seed)
+    dev_ex = dataclasses.replace(train_ex, examples=dev, skipped_rows=[])
+    train_ex = dataclasses.replace(train_ex, examples=train)
+    test_ex = load("eval")
+  elif "dev" in names:
     dev_ex = load("dev")
   else:
     train_ex, dev_ex = _hold_out(train_ex, task.dev_fraction, seed)
-  test_ex = load("test") if "test" in names else dev_ex
+  if task.name != "squad":
+    test_ex = load("test") if "test" in names else dev_ex
   for name, ex in (("train", train_ex), ("dev", dev_ex), ("test", test_ex)):
     if ex.skipped:
       logging.warning("%s %s: skipped %d bad rows", task.name, name, ex.skipped)
   if task.num_train_examples:
     order = np.random.default_rng(seed).permutation(len(train_ex))
     train_ex = train_ex.subset(np.sort(order[:task.num_train_examples]))
+  if task.max_eval_examples:  # quick looks only: not comparable to full scores
+    dev_ex, test_ex = (ex.subset(range(min(len(ex), task.max_eval_examples)))
+                       for ex in (dev_ex, test_ex))
   return {"train": train_ex, "dev": dev_ex, "test": test_ex}
 
 
@@ -92,6 +113,9 @@ def _hold_out(ex: Any, fraction: float, seed: int) -> tuple[Any, Any]:
 
 
 def _features(ex: Any, tok: Tokenizer, task: Any, family: str) -> task_features.Features:
+  if task.kind == "span_qa":
+    return span_features.encode_spans(ex, tok, task.max_len, family,
+                                      doc_stride=task.doc_stride)
   encode = (task_features.encode_tagging if task.kind == "token_classification"
             else task_features.encode_sequences)
   return encode(ex, tok, task.max_len, family)
@@ -117,14 +141,34 @@ def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
   return np.concatenate(outs)[:n]
 
 
-def score(task: Any, preds: np.ndarray, feats: task_features.Features) -> dict[str, float]:
-  """Task metrics; tagging compares only labelled (first sub-word) positions."""
+def score(task: Any, preds: np.ndarray, feats: task_features.Features,
+          examples: Any) -> dict[str, float]:
+  """Task metrics; tagging compares only labelled (first sub-word) positions,
+  span QA compares answer texts (best window per question)."""
+  if task.kind == "span_qa":
+    return evaluate.squad_metrics(span_features.span_texts(examples, feats, preds),
+                                  examples)
   labels = feats.arrays["labels"]
   if task.kind == "token_classification":
     keep = feats.arrays["label_weights"] > 0
     preds = [p[k] for p, k in zip(preds, keep)]
     labels = [l[k] for l, k in zip(labels, keep)]
   return evaluate.compute_metrics(task.metrics, preds, labels)
+
+
+def _predictions(outputs: Callable, task: Any, params: Any, batch: Any) -> Array:
+  """Scores (regression), class or tag ids, or span (start, end, score) rows."""
+  out = outputs(params, batch)
+  if task.kind == "regression":
+    return out
+  if task.kind != "span_qa":
+    return jnp.argmax(out, -1)
+  start_BT, end_BT = out[..., 0], out[..., 1]
+  start_B, end_B = best_spans(start_BT, end_BT, batch["context_mask"] > 0,
+                              task.max_answer_tokens)
+  take = lambda x_BT, i_B: jnp.take_along_axis(x_BT, i_B[:, None], 1)[:, 0]
+  return jnp.stack([start_B, end_B, take(start_BT, start_B) + take(end_BT, end_B)],
+                   -1).astype(jnp.float32)
 
 
 def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:
@@ -160,9 +204,10 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   feats = {k: _features(v, tok, task, cfg.family) for k, v in splits.items()}
   for name, f in feats.items():
     if f.truncated:
-      logging.info("%s: %d of %d examples truncated to %d tokens", name,
-                   f.truncated, len(f), task.max_len)
-  names = splits["train"].label_names
+      logging.info("%s: %d of %d examples longer than %d tokens (%s)", name,
+                   f.truncated, len(splits[name]), task.max_len,
+                   "split into windows" if task.kind == "span_qa" else "truncated")
+  names = getattr(splits["train"], "label_names", None)
   model = TaskModel(cfg, kind=task.kind, num_labels=len(names) if names else 1,
                     pooling=task.pooling, dropout_rate=task.head_dropout,
                     scalar_mix=adapt.scheme == "scalar_mix")
@@ -177,7 +222,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   tx, schedule = optim.make_finetune_optimizer(
       config.optim, total, abstract, cfg.num_layers, freeze=freeze,
       layer_decay=adapt.layer_decay,
-      unfreeze_every=adapt.unfreeze_epochs * steps_per_epoch)
+      unfreeze_every=int(round(adapt.unfreeze_epochs * steps_per_epoch)))
   mesh = sharding.make_mesh(config.mesh.shape)
   rules = sharding.make_rules(config.mesh.get("rules"))
   state, shardings = train.create_sharded_state(model, tx, init_inputs, rng, mesh, rules)
@@ -201,8 +246,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   outputs = lambda p, b: model.apply(
       {"params": p}, b[f"{side}_input_tokens"], b[f"{side}_segment_ids"],
       b[f"{side}_positions"], b.get(f"{side}_token_type_ids"))
-  eval_fn = jax.jit(lambda p, b: outputs(p, b) if task.kind == "regression"
-                    else jnp.argmax(outputs(p, b), -1))
+  eval_fn = jax.jit(functools.partial(_predictions, outputs, task))
   writer = train.MetricsWriter(workdir, enabled=jax.process_index() == 0)
   batches = pipeline.BatchIterator(feats["train"].arrays, lambda row, rng: row,
                                    batch_size=bs, seed=config.seed)
@@ -219,7 +263,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
       train_metrics = objectives.summarize(jax.device_get(
           jax.tree.map(lambda *x: sum(x), *sums)))
       dev = score(task, predict(eval_fn, state.params, feats["dev"].arrays, bs, mesh),
-                  feats["dev"])
+                  feats["dev"], splits["dev"])
       writer.write(int(state.step), "train", train_metrics)
       writer.write(int(state.step), "dev", dev)
       history.append({"epoch": epoch, "train_loss": train_metrics["loss"], **dev})
@@ -231,7 +275,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     best_params = jax.device_put(checkpoint.load_params(best_ckpt.directory),
                                  shardings.params)
     test = score(task, predict(eval_fn, best_params, feats["test"].arrays, bs, mesh),
-                 feats["test"])
+                 feats["test"], splits["test"])
   writer.write(int(state.step), "test", test)
   writer.close()
   results = {"task": task.name, "scheme": adapt.scheme, "init_from": config.init_from,

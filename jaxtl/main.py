@@ -16,8 +16,9 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics and caches go here.")
-flags.DEFINE_enum("mode", "pretrain", ["pretrain", "finetune"],
-                  "pretrain: configs/pretrain_*.py; finetune: configs/finetune.py.")
+flags.DEFINE_enum("mode", "pretrain", ["pretrain", "finetune", "study"],
+                  "pretrain: configs/pretrain_*.py; finetune: configs/finetune.py; "
+                  "study: configs/transfer_study.py.")
 flags.DEFINE_bool("multiprocess", False, "Call jax.distributed.initialize() "
                   "(set automatically on SLURM / TPU pods by the launch scripts).")
 flags.mark_flags_as_required(["config", "workdir"])
@@ -30,13 +31,16 @@ def main(argv: list[str]) -> None:
 
   if FLAGS.multiprocess:
     jax.distributed.initialize()
-  from jaxtl import finetune, train  # pylint: disable=g-import-not-at-top
+  from jaxtl import finetune, train, transfer_study  # pylint: disable=g-import-not-at-top
 
   logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
                jax.device_count(), jax.devices()[0].platform,
                jax.process_index(), jax.process_count())
   logging.info("config:\n%s", FLAGS.config)
-  if FLAGS.mode == "finetune":
+  if FLAGS.mode == "study":
+    transfer_study.run_study(FLAGS.config, FLAGS.workdir)
+    logging.info("wrote %s/transfer.md and transfer.png", FLAGS.workdir)
+  elif FLAGS.mode == "finetune":
     results = finetune.finetune_and_evaluate(FLAGS.config, FLAGS.workdir)
     logging.info("best dev %s; test %s", results["best_dev"], results["test"])
   else:

@@ -86,6 +86,8 @@ RECIPE_DATA = {
     "pretrain_mlm": ("imdb", ["--config.data.max_docs=500",
                               "--config.data.tokenizer.vocab_size=1000"]),
     "pretrain_span": ("wikitext2", []),
+    "pretrain_mixed": ("imdb", ["--config.data.max_docs=300",
+                                "--config.data.tokenizer.vocab_size=1000"]),
 }
 
 

@@ -105,3 +105,13 @@ def test_probe_on_separable_features_is_accurate():
   y = rng.integers(0, 3, 300)
   x = rng.normal(size=(300, 8)) + 4.0 * np.eye(3, 8)[y]
   assert analysis.train_probe(x[:200], y[:200], x[200:], y[200:], 3) > 0.95
+
+
+def test_span_qa_on_squad_scores_answer_texts(pretrained, tmp_path):
+  datadir.require_data("squad", "dev-v1.1.json")
+  config = _config(pretrained, "full", name="squad", max_len=64, doc_stride=32,
+                   num_train_examples=32, max_eval_examples=100)
+  config.train.update(epochs=1)
+  results = finetune.finetune_and_evaluate(config, str(tmp_path))
+  assert set(results["test"]) == {"exact_match", "f1"}
+  assert 0.0 <= results["test"]["exact_match"] <= results["test"]["f1"] <= 100.0

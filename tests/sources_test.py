@@ -140,6 +140,26 @@ def test_load_texts_dispatch(tmp_path, monkeypatch):
     sources.load_texts({"kind": "csv"}, "train")
 
 
+def test_mixture_concatenates_the_parts_that_have_the_split(tmp_path):
+  (tmp_path / "a.txt").write_text("a1\na2\n", encoding="utf-8")
+  (tmp_path / "b.txt").write_text("b1\n", encoding="utf-8")
+  _write_jsonl(tmp_path / "c.jsonl", [{"text": "c1"}])
+  mix = {"kind": "mixture", "parts": {
+      "b": {"kind": "text", "files": {"train": [str(tmp_path / "b.txt")]}},
+      "a": {"kind": "text", "files": {"train": [str(tmp_path / "a.txt")],
+                                      "validation": [str(tmp_path / "a.txt")]}},
+      "c": {"kind": "jsonl", "files": {"train": [str(tmp_path / "c.jsonl")]}}}}
+  assert sources.load_texts(mix, "train") == ["a1", "a2", "b1", "c1"]
+  assert sources.load_texts(mix, "validation") == ["a1", "a2"]
+  with pytest.raises(ValueError, match="no part of the mixture has split 'test'"):
+    sources.load_texts(mix, "test")
+  mix["parts"]["b"]["files"]["train"] = [str(tmp_path / "missing.txt")]
+  with pytest.raises(FileNotFoundError, match="mixture part 'b'.*missing.txt"):
+    sources.load_texts(mix, "train")
+  with pytest.raises(ValueError, match="needs 'parts'"):
+    sources.load_texts({"kind": "mixture"}, "train")
+
+
 def test_data_dir_resolution(monkeypatch):
   monkeypatch.delenv("JAXTL_DATA_DIR", raising=False)
   assert sources.resolve_data_dir() is None

@@ -80,6 +80,17 @@ def test_trained_round_trip(trained, shakespeare_lines):
   assert not no_specials & set(tok.special_ids.tolist()) - {tok.unk_id}
 
 
+def test_offsets_give_each_piece_its_visible_text(trained):
+  tok = tokenizers.get_tokenizer(str(trained[1]) + ".model")
+  text = "  Thou  art  più  fair,\tmy lord!"
+  ids, spans = tok.encode_with_offsets(text)
+  assert ids == tok.encode(text)
+  pieces = [text[s:e] for s, e in spans]
+  assert all(p == p.strip() for p in pieces)
+  assert "".join(pieces) == "".join(text.split())
+  assert [s for s, _ in spans] == sorted(s for s, _ in spans)
+
+
 def test_training_is_deterministic(shakespeare_lines, tmp_path):
   a = tokenizers.train_sentencepiece(shakespeare_lines, tmp_path / "a", 300)
   b = tokenizers.train_sentencepiece(shakespeare_lines, tmp_path / "b", 300)

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import threading
 from typing import Any, Callable, Iterator, Mapping
 
@@ -51,9 +52,19 @@ def build_tokenizer(data: Mapping[str, Any], workdir: str | None,
                     train_texts: Callable[[], list[str]]) -> Tokenizer:
   """Loads ``data.tokenizer.path``, or trains one (cached in the workdir)."""
   spec = data["tokenizer"]
-  if spec.get("path"):
-    return get_tokenizer(sources.expand_path(spec["path"]))
   cache_dir = os.path.join(workdir or ".", TOKENIZER_DIR)
+  if spec.get("path"):
+    path = sources.expand_path(spec["path"])
+    tok = get_tokenizer(path)
+    if workdir is not None:
+      # A copy travels with the checkpoints, so fine-tuning finds it.
+      os.makedirs(cache_dir, exist_ok=True)
+      copy = os.path.join(cache_dir, os.path.basename(path))
+      if not os.path.exists(copy):
+        tmp = f"{copy}.tmp{os.getpid()}"
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, copy)
+    return tok
   prefix = os.path.join(cache_dir, f"spm_{spec['model_type']}_{spec['vocab_size']}")
   if os.path.exists(prefix + ".model"):
     return get_tokenizer(prefix + ".model")

@@ -312,11 +312,44 @@ def _load_files(source: Mapping[str, Any], split: str) -> list[str]:
   return texts
 
 
+def _load_mixture(source: Mapping[str, Any], split: str) -> list[str]:
+  """Concatenates the split of every part that has it (in name order)."""
+  parts = source.get("parts")
+  if not isinstance(parts, Mapping) or not parts:
+    raise ValueError("source of kind 'mixture' needs 'parts', a mapping from "
+                     "a name to a source description")
+  texts: list[str] = []
+  found = False
+  for name in sorted(parts):
+    part = parts[name]
+    if part.get("kind") == "mixture":
+      raise ValueError(f"mixture part {name!r}: parts cannot be mixtures")
+    if not _has_split(part, split):
+      continue
+    found = True
+    try:
+      texts += load_texts(part, split)
+    except (ValueError, FileNotFoundError) as e:
+      raise type(e)(f"mixture part {name!r}: {e}") from e
+  if not found:
+    raise ValueError(f"no part of the mixture has split {split!r}; parts: "
+                     f"{sorted(parts)}")
+  return texts
+
+
+def _has_split(part: Mapping[str, Any], split: str) -> bool:
+  """Whether a part lists `split` (tfds parts without a renaming: always)."""
+  if part.get("kind") == "tfds":
+    return part.get("splits") is None or split in part["splits"]
+  return split in (part.get("files") or {})
+
+
 _LOADERS = {
     "text": _load_files,
     "jsonl": _load_files,
     "tsv": _load_files,
     "tfds": _load_tfds,
+    "mixture": _load_mixture,
 }
 KINDS: Sequence[str] = tuple(_LOADERS)
 
@@ -328,7 +361,10 @@ def load_texts(source: Mapping[str, Any], split: str) -> list[str]:
   a path or list of paths, which may contain `{data_dir}`) plus the reader's
   options (`field`, `filter`, `column`, `header`, `encoding`, `paragraphs`);
   "tfds" takes `name`, optional `data_dir`, `manual_dir`, `field` and
-  `splits` (a renaming of split names to TFDS split strings).
+  `splits` (a renaming of split names to TFDS split strings). "mixture"
+  takes `parts`, a mapping from names to such descriptions; a split is the
+  concatenation of the parts that list it (a part without the split is left
+  out, so e.g. only one corpus may provide the validation text).
 
   Args:
     source: The dataset description (a dict or ml_collections ConfigDict).

@@ -68,6 +68,11 @@ class SquadExamples(Sequence):
   def __iter__(self) -> Iterator[SquadExample]:
     return iter(self.examples)
 
+  def subset(self, indices: Any) -> "SquadExamples":
+    """The questions at ``indices``, in that order."""
+    return dataclasses.replace(self, examples=[self.examples[i] for i in indices],
+                               skipped_rows=[])
+
   @property
   def skipped(self) -> int:
     """How many questions or articles were dropped as bad."""

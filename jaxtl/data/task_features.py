@@ -33,7 +33,7 @@ class Features:
     return len(self.arrays["labels"])
 
 
-def _frame(tok: Tokenizer, family: str) -> tuple[list[int], list[int], list[int]]:
+def frame(tok: Tokenizer, family: str) -> tuple[list[int], list[int], list[int]]:
   """(prefix, separator, suffix) special ids for the backbone's layout."""
   sep = tok.sep_id if tok.sep_id is not None else tok.eos_id
   if family == "encoder" and tok.cls_id is not None:
@@ -56,7 +56,7 @@ def _fit_pair(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[
 def encode_sequences(examples: Examples, tok: Tokenizer, max_len: int,
                      family: str) -> Features:
   """Sentence or sentence-pair classification / regression features."""
-  prefix, sep, suffix = _frame(tok, family)
+  prefix, sep, suffix = frame(tok, family)
   firsts = tok.encode_batch(examples.texts)
   seconds = tok.encode_batch(examples.text_pairs) if examples.text_pairs else None
   n = len(examples)
@@ -78,14 +78,14 @@ def encode_sequences(examples: Examples, tok: Tokenizer, max_len: int,
     types[i, :len(type_ids)] = type_ids
   labels = np.asarray(examples.labels,
                       np.float32 if examples.label_names is None else np.int32)
-  return Features(_inputs(tokens, types, tok.pad_id, family, labels,
+  return Features(inputs(tokens, types, tok.pad_id, family, labels,
                           np.ones(n, np.float32)), truncated)
 
 
 def encode_tagging(examples: Examples, tok: Tokenizer, max_len: int,
                    family: str) -> Features:
   """One label per word, on the word's first sub-word; the rest weigh 0."""
-  prefix, _, suffix = _frame(tok, family)
+  prefix, _, suffix = frame(tok, family)
   n = len(examples)
   tokens = np.full((n, max_len), tok.pad_id, np.int32)
   labels = np.zeros((n, max_len), np.int32)
@@ -105,7 +105,7 @@ def encode_tagging(examples: Examples, tok: Tokenizer, max_len: int,
     tokens[i, :len(ids)] = ids
     for pos, tag in first:
       labels[i, pos], weights[i, pos] = tag, 1.0
-  return Features(_inputs(tokens, np.zeros_like(tokens), tok.pad_id, family,
+  return Features(inputs(tokens, np.zeros_like(tokens), tok.pad_id, family,
                           labels, weights), truncated)
 
 
@@ -114,8 +114,9 @@ def input_side(family: str) -> str:
   return "decoder" if family == "decoder" else "encoder"
 
 
-def _inputs(tokens: np.ndarray, types: np.ndarray, pad_id: int, family: str,
-            labels: np.ndarray, weights: np.ndarray) -> dict[str, Any]:
+def inputs(tokens: np.ndarray, types: np.ndarray, pad_id: int, family: str,
+           labels: np.ndarray, weights: np.ndarray) -> dict[str, Any]:
+  """The model's input features (named for its side) plus targets."""
   side = input_side(family)
   segment = (tokens != pad_id).astype(np.int32)
   positions = packing.row_positions(tokens.shape)

@@ -74,6 +74,16 @@ class Tokenizer(abc.ABC):
     """Encodes many texts; subclasses override this with a faster path."""
     return [self.encode(t) for t in texts]
 
+  def encode_with_offsets(self, text: str
+                          ) -> tuple[list[int], list[tuple[int, int]]]:
+    """Ids plus each id's ``(start, end)`` character span in ``text``.
+
+    Spans exclude the whitespace a piece absorbs, so ``text[start:end]`` is
+    the visible text of the piece; extractive QA maps answers through them.
+    """
+    raise NotImplementedError(
+        f"{type(self).__name__} does not report character offsets")
+
   @abc.abstractmethod
   def fingerprint(self) -> str:
     """A short hash of the vocabulary: keys caches of tokenized data."""
@@ -198,6 +208,22 @@ class SentencePieceTokenizer(Tokenizer):
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """Encodes `texts` in SentencePiece's multi-threaded C++ loop."""
     return self._sp.encode(list(texts), num_threads=self._num_threads)
+
+  def encode_with_offsets(self, text: str
+                          ) -> tuple[list[int], list[tuple[int, int]]]:
+    pieces = self._sp.encode(text, return_type="proto").pieces
+    # SentencePiece reports UTF-8 byte offsets; map them to characters.
+    char_at = np.zeros(len(text.encode("utf-8")) + 1, np.int64)
+    char_at[np.cumsum([len(ch.encode("utf-8")) for ch in text])] = 1
+    char_at = np.cumsum(char_at)
+    ids, spans = [], []
+    for p in pieces:
+      start, end = int(char_at[p.begin]), int(char_at[p.end])
+      while start < end and text[start].isspace():
+        start += 1
+      ids.append(p.id)
+      spans.append((start, end))
+    return ids, spans
 
   def decode(self, ids: Sequence[int]) -> str:
     ids = [int(i) for i in ids if int(i) != self.pad_id]

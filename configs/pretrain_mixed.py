@@ -1,0 +1,59 @@
+r"""Causal or masked LM pretraining on the whole offline English corpus.
+
+This is the pretraining half of the transfer study (``configs/transfer.py``):
+a small model that has read enough text for its representations to help a
+labeled task. Commands:
+
+  JAXTL_DATA_DIR=../shared/data python -m jaxtl.main \
+    --config=configs/pretrain_mixed.py:objective=clm --workdir=/tmp/mix_clm
+  JAXTL_DATA_DIR=../shared/data python -m jaxtl.main \
+    --config=configs/pretrain_mixed.py:objective=mlm --workdir=/tmp/mix_mlm
+
+Data (about 25M words): IMDB unlabeled + train reviews, WikiText-2 test and
+tiny Shakespeare for training; WikiText-2 valid for validation. One 8k
+unigram sentencepiece vocabulary is trained on the mixture; pass
+``--config.data.tokenizer.path`` to share one between the two runs.
+
+Models: GPT-2 (clm) and BERT (mlm) layouts, both 4 layers of width 128
+(``:model=PRESET`` takes a preset's size instead), pre-LN for both so one
+learning rate suits them, no dropout (one pass over the data underfits). Sequences are 64
+tokens: the downstream questions are short, and short rows make the step
+cheap, so more text is read in the same CPU time.
+"""
+
+from configs import common
+
+MODELS = {"clm": "gpt2_tiny", "mlm": "bert_tiny"}
+
+
+def get_config(arg: str | None = None):
+  args = common.parse_arg(arg, objective="clm", model="", steps=3000)
+  if args.objective not in MODELS:
+    raise ValueError(f"objective {args.objective!r}: expected one of "
+                     f"{sorted(MODELS)}")
+  c = common.base_config(args.model or MODELS[args.objective])
+  c.objective.name = args.objective
+  c.data.source.kind = "mixture"
+  c.data.source.parts = dict(
+      imdb=dict(kind="jsonl", field="text", files=dict(train=[
+          "{data_dir}/imdb/unsup.jsonl.gz", "{data_dir}/imdb/train.jsonl.gz"])),
+      wikitext2=dict(kind="text", files=dict(
+          train=["{data_dir}/wikitext2/test.txt"],
+          validation=["{data_dir}/wikitext2/valid.txt"])),
+      shakespeare=dict(kind="text", paragraphs=True, files=dict(
+          train=["{data_dir}/tiny_shakespeare/input.txt"])))
+  c.data.tokenizer.update(vocab_size=8000, model_type="unigram",
+                          max_sentences=300_000)
+  c.data.seq_len = 64
+  c.data.batch_size = 64
+  if not args.model:
+    # 4 layers of width 128 (1.9M parameters, half of them the embedding):
+    # about compute-optimal for 25 minutes of a 2-core CPU.
+    c.model.update(num_layers=4, d_model=128, num_heads=2, head_dim=64,
+                   mlp_dim=512, max_len=512)
+  c.model.update(pre_norm=True, dropout_rate=0.0, attention_dropout_rate=0.0)
+  c.optim.update(lr=2e-3, warmup_steps=200)
+  c.train.update(steps=args.steps, log_every=100, eval_every=500,
+                 eval_batches=20, checkpoint_every=500)
+  c.lock()
+  return c

@@ -1,0 +1,56 @@
+"""The transfer study end to end on tiny models, and its table and plot."""
+
+import importlib
+
+import pytest
+
+from jaxtl import transfer_study
+
+import datadir
+
+
+def _tiny(pre, data):
+  with pre.unlocked():
+    pre.data.source.parts = dict(shakespeare=dict(
+        kind="text", files=dict(train=[str(data / "tiny_shakespeare" / "input.txt")],
+                                validation=[str(data / "tiny_shakespeare" / "input.txt")])))
+  pre.data.tokenizer.update(vocab_size=600)
+  pre.data.update(seq_len=32, batch_size=8, max_docs=2000)
+  pre.model.update(num_layers=2, d_model=32, num_heads=2, head_dim=16, mlp_dim=64)
+  pre.train.update(steps=2, log_every=1, eval_every=2, eval_batches=1,
+                   checkpoint_every=2)
+
+
+def test_study_pretrains_finetunes_and_reports(tmp_path):
+  pytest.importorskip("matplotlib")
+  data = datadir.require_data()
+  datadir.require_data("trec", "train_5500.label")
+  config = importlib.import_module("configs.transfer_study").get_config()
+  for name in ("clm", "mlm"):
+    _tiny(config.pretrain[name], data)
+  config.finetune.task.update(max_len=24, max_eval_examples=100)
+  config.study.update(recipes=("ulmfit",), num_labels=(48,), min_steps=2,
+                      min_epochs=1)
+  rows = transfer_study.run_study(config, str(tmp_path))
+  assert {(r["model"], r["init"]) for r in rows} == {
+      (m, i) for m in ("clm", "mlm") for i in ("pretrained", "random")}
+  assert all(r["labels"] == 48 for r in rows)
+  # The MLM run reused the CLM run's tokenizer, and kept a copy.
+  assert ((tmp_path / "pretrain_mlm" / "tokenizer").iterdir().__next__().name
+          == (tmp_path / "pretrain_clm" / "tokenizer" / "spm_unigram_600.model").name)
+  table = (tmp_path / "transfer.md").read_text()
+  assert "| clm | pretrained | ulmfit |" in table and "48 labels" in table
+  assert (tmp_path / "transfer.png").stat().st_size > 0
+  # Started again, it resumes: nothing is retrained.
+  assert transfer_study.run_study(config, str(tmp_path)) == rows
+
+
+def test_markdown_table_has_a_column_per_budget():
+  rows = [{"model": "clm", "init": i, "recipe": "full", "labels": n,
+           "test": {"accuracy": a}, "trainable_params": 10}
+          for i, n, a in (("pretrained", 100, 0.5), ("pretrained", 500, 0.75),
+                          ("random", 100, 0.25))]
+  table = transfer_study.markdown_table(rows, "accuracy").splitlines()
+  assert table[0] == "| model | init | scheme | trainable params | 100 labels | 500 labels |"
+  assert table[2] == "| clm | pretrained | full | 10 | 50.0 | 75.0 |"
+  assert table[3] == "| clm | random | full | 10 | 25.0 |  |"
