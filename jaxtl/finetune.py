@@ -25,7 +25,7 @@ import numpy as np
 
 from jaxtl import checkpoint, evaluate, objectives, optim, sharding, train
 from jaxtl.data import pipeline, sources, span_features, task_features, tasks
-from jaxtl.data.squad import split_squad_by_article
+from jaxtl.data.squad import SquadExamples, split_squad_by_article
 from jaxtl.data.tokenizers import Tokenizer, get_tokenizer
 from jaxtl.models import TransformerConfig
 from jaxtl.models.heads import TaskModel, best_spans
@@ -83,16 +83,14 @@ def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
   names = tasks.TASK_SPLITS[task.name]
   load = lambda split: tasks.load_task(task.name, split, on_error=task.on_error)
   train_ex = load("train")
-  if task.name == "squad":
-    train, dev = split_squad_by_article(train_ex.examples, task.dev_fraction, seed)
-    dev_ex = dataclasses.replace(train_ex, examples=dev, skipped_rows=[])
-    train_ex = dataclasses.replace(train_ex, examples=train)
-    test_ex = load("eval")
-  elif "dev" in names:
-    dev_ex = load("dev")
-  else:
+  if task.name == "squad":  # its "dev" is the whole file, both halves
     train_ex, dev_ex = _hold_out(train_ex, task.dev_fraction, seed)
-  if task.name != "squad":
+    test_ex = load("eval")
+  else:
+    if "dev" in names:
+      dev_ex = load("dev")
+    else:
+      train_ex, dev_ex = _hold_out(train_ex, task.dev_fraction, seed)
     test_ex = load("test") if "test" in names else dev_ex
   for name, ex in (("train", train_ex), ("dev", dev_ex), ("test", test_ex)):
     if ex.skipped:
@@ -107,6 +105,11 @@ def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
 
 
 def _hold_out(ex: Any, fraction: float, seed: int) -> tuple[Any, Any]:
+  """(train, dev): a random share of examples, or of articles for SQuAD."""
+  if isinstance(ex, SquadExamples):  # questions on one passage stay together
+    train, dev = split_squad_by_article(ex.examples, fraction, seed)
+    return (dataclasses.replace(ex, examples=train),
+            dataclasses.replace(ex, examples=dev, skipped_rows=[]))
   order = np.random.default_rng(seed + 12345).permutation(len(ex))
   n_dev = max(1, int(round(len(ex) * fraction)))
   return ex.subset(np.sort(order[n_dev:])), ex.subset(np.sort(order[:n_dev]))
