@@ -12,12 +12,14 @@ Stages, on a 2-core CPU: two pretraining runs of ``configs/pretrain_mixed.py``
 (a GPT-style and a BERT-style model, 4 layers of width 128, on the mixed
 offline corpus; the MLM run reuses the CLM run's tokenizer), then one
 fine-tuning run per cell: {clm, mlm} x {pretrained, random} x {full,
-features, scalar_mix, adapters, lora, ulmfit} x {100, 500, 1000, all 5,452}.
-Each budget trains for at least ``min_steps`` updates (small sets get more
-epochs) and keeps the best epoch on 545 held-out training questions.
+features, scalar_mix, adapters, lora, ulmfit} x {100, 500, 1000, all 5,452}
+x 3 seeds x a 2-point learning-rate grid. Each budget trains for at least
+``min_steps`` updates (small sets get more epochs) and keeps the best epoch
+on 545 held-out training questions; the learning rate is chosen on those
+too, per init, and the table reports the mean and spread over seeds.
 
 A quicker look: ``--config.study.recipes='("full",)'``,
-``--config.study.models='("clm",)'``.
+``--config.study.models='("clm",)'``, ``--config.study.seeds='(0,)'``.
 """
 
 import ml_collections
@@ -38,12 +40,17 @@ def get_config(arg: str | None = None):
       inits=("pretrained", "random"),
       recipes=("full", "features", "scalar_mix", "adapters", "lora", "ulmfit"),
       num_labels=(100, 500, 1000, 0),  # 0: every training example
+      seeds=(0, 1, 2),  # each draws its own labeled subset and initialisation
       min_steps=150, min_epochs=3,
-      # Causal models read the question left to right: its summary is at
-      # the last token. The MLM had no sentence objective: average tokens.
-      pooling=dict(clm="last", mlm="mean"),
-      lr=dict(full=3e-4, ulmfit=3e-4, features=3e-3, scalar_mix=3e-3,
-              adapters=1e-3, lora=1e-3),
+      # Mean pooling for both. The last token of a causal model has read the
+      # whole question, but here it is almost always "?", whose state is
+      # tuned to predict what follows a question, not what it asks: with it
+      # the pretrained CLM reached 66.8% at 500 labels, with the mean 71.8%
+      # (seed 0, lr 3e-4).
+      pooling=dict(clm="mean", mlm="mean"),
+      # Learning-rate grids, chosen per run on dev (so per init).
+      lr=dict(full=(3e-4, 1e-3), ulmfit=(3e-4, 1e-3), features=(3e-3, 1e-2),
+              scalar_mix=(3e-3, 1e-2), adapters=(1e-3, 3e-3), lora=(1e-3, 3e-3)),
       metric="accuracy"))
   c.lock()
   return c

@@ -1,6 +1,8 @@
 """The transfer study end to end on tiny models, and its table and plot."""
 
 import importlib
+import json
+import types
 
 import pytest
 
@@ -30,11 +32,18 @@ def test_study_pretrains_finetunes_and_reports(tmp_path):
     _tiny(config.pretrain[name], data)
   config.finetune.task.update(max_len=24, max_eval_examples=100)
   config.study.update(recipes=("ulmfit",), num_labels=(48,), min_steps=2,
-                      min_epochs=1)
+                      min_epochs=1, seeds=(0,))
+  config.study.lr.ulmfit = (1e-4, 1e-3)
   rows = transfer_study.run_study(config, str(tmp_path))
   assert {(r["model"], r["init"]) for r in rows} == {
       (m, i) for m in ("clm", "mlm") for i in ("pretrained", "random")}
   assert all(r["labels"] == 48 for r in rows)
+  # Each row took the learning rate with the better dev score.
+  for r in rows:
+    cell = tmp_path / "finetune" / f"{r['model']}_{r['init']}_ulmfit_48"
+    dev = {lr: json.loads((cell / f"seed0_lr{lr:g}" / "results.json").read_text())["best_dev"]
+           for lr in (1e-4, 1e-3)}
+    assert r["dev"] == max(dev.values()) and dev[r["lr"]] == r["dev"]
   # The MLM run reused the CLM run's tokenizer, and kept a copy.
   assert ((tmp_path / "pretrain_mlm" / "tokenizer").iterdir().__next__().name
           == (tmp_path / "pretrain_clm" / "tokenizer" / "spm_unigram_600.model").name)
@@ -45,12 +54,22 @@ def test_study_pretrains_finetunes_and_reports(tmp_path):
   assert transfer_study.run_study(config, str(tmp_path)) == rows
 
 
-def test_markdown_table_has_a_column_per_budget():
-  rows = [{"model": "clm", "init": i, "recipe": "full", "labels": n,
+def test_markdown_table_has_a_column_per_budget_and_averages_seeds():
+  rows = [{"model": "clm", "init": i, "recipe": "full", "labels": n, "seed": s,
            "test": {"accuracy": a}, "trainable_params": 10}
-          for i, n, a in (("pretrained", 100, 0.5), ("pretrained", 500, 0.75),
-                          ("random", 100, 0.25))]
+          for i, n, s, a in (("pretrained", 100, 0, 0.5), ("pretrained", 100, 1, 0.6),
+                             ("pretrained", 500, 0, 0.75), ("pretrained", 500, 1, 0.75),
+                             ("random", 100, 0, 0.25), ("random", 100, 1, 0.25))]
   table = transfer_study.markdown_table(rows, "accuracy").splitlines()
-  assert table[0] == "| model | init | scheme | trainable params | 100 labels | 500 labels |"
-  assert table[2] == "| clm | pretrained | full | 10 | 50.0 | 75.0 |"
-  assert table[3] == "| clm | random | full | 10 | 25.0 |  |"
+  assert table[0] == "Test accuracy (%), mean ± std over 2 seed(s)."
+  assert table[2] == "| model | init | scheme | trainable params | 100 labels | 500 labels |"
+  assert table[4] == "| clm | pretrained | full | 10 | 55.0 ± 7.1 | 75.0 ± 0.0 |"
+  assert table[5] == "| clm | random | full | 10 | 25.0 ± 0.0 |  |"
+  # The gain is paired by seed: (50 - 25, 60 - 25).
+  assert table[-1] == "| clm | full | 30.0 ± 7.1 |  |"
+
+
+def test_learning_rates_accept_a_grid_or_one_value():
+  study = importlib.import_module("configs.transfer_study").get_config().study
+  assert transfer_study.learning_rates(study, "full") == (3e-4, 1e-3)
+  assert transfer_study.learning_rates(types.SimpleNamespace(lr={"full": 1e-3}), "full") == (1e-3,)

@@ -47,11 +47,21 @@ def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
 
 
 class ScalarMix(nn.Module):
-  """ELMo's learned softmax-weighted sum of all layers, times a scale gamma."""
+  """ELMo's learned softmax-weighted sum of all layers, times a scale gamma.
+
+  ``normalize`` standardises each layer's states over the features first
+  (ELMo's ``do_layer_norm``). Pre-LN stacks need it: their residual stream
+  grows layer by layer, so without it the mix weights would mostly pick up
+  the scale of the deepest layers rather than their content.
+  """
+  normalize: bool = True
 
   @nn.compact
   def __call__(self, hidden_states: Sequence[Array]) -> Array:
     stacked_LBTD = jnp.stack(hidden_states)
+    if self.normalize:
+      stacked_LBTD = nn.LayerNorm(use_bias=False, use_scale=False, epsilon=1e-6,
+                                  dtype=stacked_LBTD.dtype)(stacked_LBTD)
     logits_L = self.param("weights", nn.initializers.zeros_init(),
                           (len(hidden_states),))
     gamma = self.param("gamma", nn.initializers.ones_init(), ())
