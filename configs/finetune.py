@@ -8,7 +8,11 @@ Command (after ``configs/pretrain_mlm.py`` wrote /tmp/mlm):
 
 Tasks: trec, sst2, cola, mrpc, rte, stsb (regression), imdb, pos (UD EWT
 UPOS tagging), squad (extractive QA on article halves of SQuAD dev, long
-contexts in windows of ``max_len`` tokens every ``doc_stride``). Schemes: full, features (frozen backbone + linear probe),
+contexts in windows of ``max_len`` tokens every ``doc_stride``). On a T5
+backbone (``configs/pretrain_span.py``), ``--config.task.kind=text_to_text``
+turns a classification task into T5's text-to-text form: the decoder learns
+to write the label (``task.label_words``) and predicts the likeliest one.
+Schemes: full, features (frozen backbone + linear probe),
 scalar_mix (probe on an ELMo mix of all layers), adapters, lora; ULMFiT
 switches: ``--config.adapt.layer_decay=0.8`` (discriminative learning rates)
 and ``--config.adapt.unfreeze_epochs=1`` (gradual unfreezing, top first: one
@@ -35,6 +39,10 @@ TASKS = {
     "squad": ("span_qa", 256, 2),
 }
 
+# Words for label codes, for text-to-text models to write.
+LABEL_WORDS = {"trec": ("abbreviation", "description", "entity", "human",
+                        "location", "number")}
+
 
 def get_config(arg: str | None = None):
   args = common.parse_arg(arg, task="trec", scheme="full", model="bert_tiny")
@@ -54,7 +62,10 @@ def get_config(arg: str | None = None):
       num_train_examples=0,  # 0: all; else a fixed random subset
       max_eval_examples=0,  # 0: all; else the first N of dev and test (quick looks)
       on_error="raise", head_dropout=0.1,
-      doc_stride=128, max_answer_tokens=30))  # span_qa only
+      doc_stride=128, max_answer_tokens=30,  # span_qa only
+      # text_to_text (T5 backbones, classification tasks): the text written
+      # for each class; empty: the label names.
+      label_words=LABEL_WORDS.get(args.task, ())))
   c.adapt = ml_collections.ConfigDict(dict(
       scheme=args.scheme, freeze=(), layer_decay=1.0, unfreeze_epochs=0.0,
       adapter_dim=16, lora_rank=8, lora_alpha=16.0, lora_dropout=0.0,

@@ -58,6 +58,10 @@ def make_task_loss_fn(model: TaskModel) -> Callable:
     if model.kind == "regression":
       sums = {"loss_sum": jnp.sum(jnp.square(logits - labels) * w),
               "weight_sum": jnp.sum(w), "correct_sum": jnp.zeros(())}
+    elif model.kind == "text_to_text":  # [B, C] log p(label text): T5's MLE on the gold text
+      gold_B = jnp.take_along_axis(logits, labels[:, None], 1)[:, 0]
+      sums = {"loss_sum": -jnp.sum(gold_B * w), "weight_sum": jnp.sum(w),
+              "correct_sum": jnp.sum((jnp.argmax(logits, -1) == labels) * w)}
     else:  # classes (or tags, or span boundaries) are "tokens" here
       sums = objectives.token_cross_entropy(logits, labels, w)
     return objectives.normalized_loss(sums, normalizer), sums
@@ -113,6 +117,19 @@ def _hold_out(ex: Any, fraction: float, seed: int) -> tuple[Any, Any]:
   order = np.random.default_rng(seed + 12345).permutation(len(ex))
   n_dev = max(1, int(round(len(ex) * fraction)))
   return ex.subset(np.sort(order[n_dev:])), ex.subset(np.sort(order[:n_dev]))
+
+
+def label_words(task: Any, names: tuple[str, ...] | None) -> tuple[str, ...]:
+  """What a text-to-text model writes for each class: ``task.label_words``,
+  else the label names with underscores as spaces."""
+  if not names:
+    raise ValueError(f"task.kind=text_to_text needs a classification task; "
+                     f"{task.name!r} has no label names")
+  words = tuple(task.label_words) or tuple(n.replace("_", " ") for n in names)
+  if len(words) != len(names) or len(set(words)) != len(words):
+    raise ValueError(f"task.label_words={words} must name each of the {len(names)} "
+                     f"labels {names} with a distinct text")
+  return words
 
 
 def _features(ex: Any, tok: Tokenizer, task: Any, family: str) -> task_features.Features:
@@ -211,9 +228,17 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
                    f.truncated, len(splits[name]), task.max_len,
                    "split into windows" if task.kind == "span_qa" else "truncated")
   names = getattr(splits["train"], "label_names", None)
+  targets = ()
+  if task.kind == "text_to_text":
+    if adapt.scheme in ("features", "scalar_mix"):
+      raise ValueError(f"config.adapt.scheme={adapt.scheme!r} trains only a "
+                       "classifier head, and text_to_text has none (the LM writes "
+                       "the label): use full, adapters or lora")
+    targets = task_features.label_sequences(label_words(task, names), tok)
   model = TaskModel(cfg, kind=task.kind, num_labels=len(names) if names else 1,
                     pooling=task.pooling, dropout_rate=task.head_dropout,
-                    scalar_mix=adapt.scheme == "scalar_mix")
+                    scalar_mix=adapt.scheme == "scalar_mix", label_tokens=targets,
+                    pad_id=tok.pad_id)
   side = task_features.input_side(cfg.family)
   bs = config.train.batch_size
   steps_per_epoch = len(feats["train"]) // bs

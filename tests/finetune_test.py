@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxtl import checkpoint, finetune, train
+from jaxtl.data import pipeline
 
 import datadir
 
@@ -115,3 +116,24 @@ def test_span_qa_on_squad_scores_answer_texts(pretrained, tmp_path):
   results = finetune.finetune_and_evaluate(config, str(tmp_path))
   assert set(results["test"]) == {"exact_match", "f1"}
   assert 0.0 <= results["test"]["exact_match"] <= results["test"]["f1"] <= 100.0
+
+
+def test_text_to_text_on_t5_writes_label_words(pretrained, tmp_path):
+  config = importlib.import_module("configs.finetune").get_config(
+      "task=trec,scheme=lora,model=t5_tiny")
+  config.task.update(kind="text_to_text", num_train_examples=64, max_len=24)
+  config.train.update(epochs=2, batch_size=16)
+  config.tokenizer_path = pipeline.workdir_tokenizer(pretrained).model_path
+  config.model.update(num_layers=1, num_decoder_layers=1, d_model=32, num_heads=2,
+                      head_dim=16, mlp_dim=64)
+  assert config.task.label_words[0] == "abbreviation"
+  results = finetune.finetune_and_evaluate(config, str(tmp_path / "t5"))
+  assert set(results["test"]) == {"accuracy", "macro_f1"}
+  assert results["trainable_params"] < results["total_params"]  # LoRA only
+  config.adapt.scheme = "features"
+  with pytest.raises(ValueError, match="text_to_text has none"):
+    finetune.finetune_and_evaluate(config, str(tmp_path / "probe"))
+  config = _config(pretrained, "full")
+  config.task.kind = "text_to_text"
+  with pytest.raises(ValueError, match="encoder-decoder"):
+    finetune.finetune_and_evaluate(config, str(tmp_path / "bert"))

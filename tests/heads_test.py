@@ -82,3 +82,31 @@ def test_best_spans_respects_order_length_and_context():
   assert (int(s[0]), int(e[0])) == (3, 4)  # 9 + 2 = 11 > 5 + 4 = 9
   s, e = heads.best_spans(start, end, context, max_answer_length=1)
   assert (int(s[0]), int(e[0])) == (3, 3)  # 9 + 0 beats 1 + 4 and 5 + 0
+
+
+def test_text_to_text_scores_each_label_text_with_the_lm():
+  cfg = TransformerConfig(**BASE, **FAMILIES["encoder_decoder"])
+  labels = ((5, 7, 1), (9, 1, 0))  # two label texts + EOS (1), padded with 0
+  model = heads.TaskModel(cfg, kind="text_to_text", num_labels=2, label_tokens=labels)
+  toks = jax.random.randint(jax.random.key(1), (3, 6), 2, 64)
+  params = nn.unbox(model.init(jax.random.key(0), toks))["params"]
+  # No new parameters: the whole T5 (decoder and LM head too) is reused.
+  assert set(params) == {"backbone"}
+  lm = build_model(cfg)
+  lm_params = nn.unbox(lm.init(jax.random.key(0), toks, toks))["params"]
+  assert (jax.tree.map(jnp.shape, params["backbone"]) == jax.tree.map(jnp.shape, lm_params))
+  scores = model.apply({"params": params}, toks)
+  assert scores.shape == (3, 2)
+  for c, label in enumerate(labels):  # teacher-forced log-likelihood, label by label
+    target = np.array([t for t in label if t])
+    dec_in = jnp.asarray(np.concatenate([[0], target[:-1]]))[None].repeat(3, 0)
+    logits = lm.apply({"params": params["backbone"]}, toks, dec_in)["logits"]
+    ll = jax.nn.log_softmax(logits)[:, np.arange(len(target)), target].sum(-1)
+    np.testing.assert_allclose(scores[:, c], ll, rtol=1e-5, atol=1e-5)
+
+
+def test_text_to_text_needs_an_encoder_decoder():
+  cfg = TransformerConfig(**BASE, **FAMILIES["decoder"])
+  model = heads.TaskModel(cfg, kind="text_to_text", label_tokens=((5, 1),))
+  with pytest.raises(ValueError, match="encoder-decoder"):
+    model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))

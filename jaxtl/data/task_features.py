@@ -109,6 +109,13 @@ def encode_tagging(examples: Examples, tok: Tokenizer, max_len: int,
                           labels, weights), truncated)
 
 
+def label_sequences(words: tuple[str, ...], tok: Tokenizer) -> tuple[tuple[int, ...], ...]:
+  """Each label's text as decoder targets (tokens + EOS), padded to one length."""
+  seqs = [tok.encode(w) + [tok.eos_id] for w in words]
+  width = max(map(len, seqs))
+  return tuple(tuple(s + [tok.pad_id] * (width - len(s))) for s in seqs)
+
+
 def input_side(family: str) -> str:
   """Feature prefix of a family's inputs: causal models read ``decoder_*``."""
   return "decoder" if family == "decoder" else "encoder"

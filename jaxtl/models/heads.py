@@ -24,7 +24,8 @@ from jaxtl.models.transformer import build_model
 Array = jax.Array
 
 POOLINGS = ("first", "last", "mean")
-TASK_KINDS = ("classification", "regression", "token_classification", "span_qa")
+TASK_KINDS = ("classification", "regression", "token_classification", "span_qa",
+              "text_to_text")
 
 
 def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
@@ -85,13 +86,39 @@ def best_spans(start_BT: Array, end_BT: Array, context_BT: Array,
   return flat_B // t, flat_B % t
 
 
+def label_log_likelihoods(backbone: nn.Module, enc_BSD: Array, enc_segment_ids_BS: Array,
+                          targets_CL: Array, pad_id: int, *,
+                          deterministic: bool = True) -> Array:
+  """log p(label text c | input b) under an encoder-decoder's LM: [B, C].
+
+  ``targets_CL`` holds each label's tokens (ending in EOS, padded with
+  ``pad_id``); the decoder reads them shifted right behind ``pad_id``, T5's
+  start token. Every (example, label) pair is decoded as one row.
+  """
+  b, c = enc_BSD.shape[0], targets_CL.shape[0]
+  inputs_CL = jnp.concatenate(
+      [jnp.full((c, 1), pad_id, targets_CL.dtype), targets_CL[:, :-1]], axis=1)
+  keep_CL = (targets_CL != pad_id).astype(jnp.int32)
+  per_row = lambda x: jnp.repeat(x, c, axis=0)  # example b -> rows b*C .. b*C+C-1
+  per_label = lambda x_CL: jnp.tile(x_CL, (b, 1))
+  logits_NLV, _, _ = backbone.decode(per_row(enc_BSD), per_row(enc_segment_ids_BS),
+                                     per_label(inputs_CL), per_label(keep_CL),
+                                     deterministic=deterministic)
+  logp_NLV = jax.nn.log_softmax(logits_NLV.astype(jnp.float32))
+  logp_NL = jnp.take_along_axis(logp_NLV, per_label(targets_CL)[..., None], -1)[..., 0]
+  return (logp_NL * per_label(keep_CL)).sum(-1).reshape(b, c)
+
+
 class TaskModel(nn.Module):
   """Backbone (any family) + a task head.
 
   kind: classification (``num_labels`` classes), regression (one score),
-  token_classification (one label per token), span_qa (start/end logits).
-  For encoder-decoder backbones the encoder's states feed the head (T5
-  classification through the encoder). ``scalar_mix`` replaces the last
+  token_classification (one label per token), span_qa (start/end logits),
+  text_to_text (T5: the decoder writes the label's name; the output is the
+  log-likelihood of each of ``label_tokens``, so the prediction is the
+  likeliest label, i.e. rank classification, and no new parameters exist).
+  For encoder-decoder backbones the encoder's states feed the other heads
+  (T5 classification through the encoder). ``scalar_mix`` replaces the last
   hidden state with an ELMo mix of all layers.
   """
   config: TransformerConfig
@@ -100,6 +127,8 @@ class TaskModel(nn.Module):
   pooling: str = "first"
   dropout_rate: float = 0.1
   scalar_mix: bool = False
+  label_tokens: tuple[tuple[int, ...], ...] = ()  # text_to_text: [C, L], padded
+  pad_id: int = 0
 
   @nn.compact
   def __call__(self, tokens_BT: Array, segment_ids_BT: Array | None = None,
@@ -112,10 +141,17 @@ class TaskModel(nn.Module):
       segment_ids_BT = jnp.ones_like(tokens_BT)
     backbone = build_model(self.config, name="backbone")
     flags = dict(deterministic=deterministic, return_hidden=self.scalar_mix)
+    if self.kind == "text_to_text" and self.config.family != "encoder_decoder":
+      raise ValueError("text_to_text needs an encoder-decoder (T5) backbone; "
+                       f"this one is {self.config.family!r}")
     if self.config.family == "encoder_decoder":
       hidden_BTD, extras = backbone.encode(tokens_BT, segment_ids_BT,
                                            positions_BT, **flags)
       states = extras.get("hidden_states")
+      if self.kind == "text_to_text":
+        return label_log_likelihoods(backbone, hidden_BTD, segment_ids_BT,
+                                     jnp.asarray(self.label_tokens, jnp.int32),
+                                     self.pad_id, deterministic=deterministic)
     else:
       out = backbone(tokens_BT, segment_ids_BT, positions_BT, token_types_BT,
                      lm_head=False, **flags)
