@@ -75,7 +75,9 @@ def get_config(arg: str | None = None):
       lr=1e-3 if args.scheme != "full" else 2e-4, warmup_steps=50,
       schedule="linear", end_lr_ratio=0.0, weight_decay=0.01, b1=0.9, b2=0.999,
       eps=1e-8, clip_norm=1.0, accum_steps=1))
-  c.train = ml_collections.ConfigDict(dict(epochs=epochs, batch_size=32))
+  c.train = ml_collections.ConfigDict(dict(
+      epochs=epochs, batch_size=32,
+      checkpoint_every=1))  # epochs between resumable checkpoints; 0: none
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)
   c.mesh.rules = ml_collections.ConfigDict()

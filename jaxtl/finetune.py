@@ -281,9 +281,20 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   # Saved only when dev improves, keeping one: the best checkpoint by the metric.
   best_ckpt = checkpoint.Checkpointer(os.path.join(workdir, "best"), save_every=1,
                                       keep=1, async_save=False)
-  best, history = None, []
+  # The newest epoch's state, data position and dev history: a run that is
+  # stopped resumes at the next epoch and ends exactly as if it never was.
+  every = config.train.checkpoint_every  # 0: off (runs too short to bother)
+  last_ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                      save_every=every, keep=1) if every else None
+  best, history, first_epoch = None, [], 1
+  restored = last_ckpt and last_ckpt.restore_latest(train.abstract_state(state, shardings))
+  if restored is not None:
+    state, extra, epoch = restored
+    batches.set_state(extra["data"])
+    best, history, first_epoch = extra["best"], extra["history"], epoch + 1
+    logging.info("resumed %s after epoch %d (best dev %s)", workdir, epoch, best)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    for epoch in range(1, config.train.epochs + 1):
+    for epoch in range(first_epoch, config.train.epochs + 1):
       sums = []
       for _ in range(steps_per_epoch):
         state, m = step_fn(state, sharding.shard_batch(next(batches), mesh), rng)
@@ -299,6 +310,12 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
       if best is None or key > best:
         best = key
         best_ckpt.save(epoch, state, {"epoch": epoch, "dev": dev}, force=True)
+      if last_ckpt:
+        last_ckpt.save(epoch, state, {"data": batches.get_state(), "best": best,
+                                      "history": history},
+                       force=epoch == config.train.epochs)
+    if last_ckpt:
+      last_ckpt.close()
     best_ckpt.close()
     best_params = jax.device_put(checkpoint.load_params(best_ckpt.directory),
                                  shardings.params)

@@ -65,6 +65,12 @@ def lm_init_inputs(model: nn.Module, batch: Mapping[str, Any]) -> dict[str, Any]
   return {"tokens_BT": batch[f"{p}_input_tokens"][:1]}
 
 
+def abstract_state(state: Any, shardings: Any) -> Any:
+  """Shapes, dtypes and shardings of ``state``: what a restore lands into."""
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      state, shardings)
+
+
 def create_sharded_state(model: nn.Module, tx: optax.GradientTransformation,
                          example_batch: Mapping[str, np.ndarray], rng: Array,
                          mesh: jax.sharding.Mesh, rules) -> tuple[TrainState, Any]:
@@ -245,10 +251,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                  save_every=config.train.checkpoint_every,
                                  keep=config.train.keep_checkpoints)
-  abstract = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      state, state_shardings)
-  restored = ckpt.restore_latest(abstract)
+  restored = ckpt.restore_latest(abstract_state(state, state_shardings))
   if restored is not None:
     state, extra, step = restored
     train_iter.set_state(extra["data"])

@@ -81,6 +81,7 @@ def run_config(config: Any, model: str, init: str, recipe: str, num_labels: int,
   c.task.pooling = config.study.pooling[model]
   num_examples = len(finetune.load_task_splits(c.task, c.seed)["train"])
   c.train.epochs = epochs_for(num_examples, c.train.batch_size, config.study)
+  c.train.checkpoint_every = 0  # minutes-long runs: a stopped one just reruns
   if spec.pop("unfreeze", False):
     c.adapt.unfreeze_epochs = c.train.epochs / (3 * (config.pretrain[model].model.num_layers + 1))
   c.optim.lr = lr

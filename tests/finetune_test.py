@@ -137,3 +137,27 @@ def test_text_to_text_on_t5_writes_label_words(pretrained, tmp_path):
   config.task.kind = "text_to_text"
   with pytest.raises(ValueError, match="encoder-decoder"):
     finetune.finetune_and_evaluate(config, str(tmp_path / "bert"))
+
+
+def test_a_stopped_run_resumes_and_ends_as_if_never_stopped(pretrained, tmp_path,
+                                                          monkeypatch):
+  config = _config(pretrained, "full")
+  config.train.epochs = 3
+  whole = finetune.finetune_and_evaluate(config, str(tmp_path / "whole"))
+  score, calls = finetune.score, []
+
+  def stop_in_epoch_two(*args):
+    calls.append(1)
+    if len(calls) == 2:
+      raise KeyboardInterrupt
+    return score(*args)
+
+  monkeypatch.setattr(finetune, "score", stop_in_epoch_two)
+  with pytest.raises(KeyboardInterrupt):
+    finetune.finetune_and_evaluate(config, str(tmp_path / "stopped"))
+  calls.clear()
+  monkeypatch.setattr(finetune, "score", lambda *args: calls.append(1) or score(*args))
+  resumed = finetune.finetune_and_evaluate(config, str(tmp_path / "stopped"))
+  assert len(calls) == 3  # dev after epochs 2 and 3, then test: epoch 1 was kept
+  assert resumed["history"] == whole["history"]
+  assert resumed["test"] == whole["test"]
