@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from jaxtl import checkpoint, finetune, train
-from jaxtl.data import pipeline
 
 import datadir
 
@@ -119,16 +118,28 @@ def test_span_qa_on_squad_scores_answer_texts(pretrained, tmp_path):
 
 
 def test_text_to_text_on_t5_writes_label_words(pretrained, tmp_path):
-  config = importlib.import_module("configs.finetune").get_config(
-      "task=trec,scheme=lora,model=t5_tiny")
-  config.task.update(kind="text_to_text", num_train_examples=64, max_len=24)
-  config.train.update(epochs=2, batch_size=16)
-  config.tokenizer_path = pipeline.workdir_tokenizer(pretrained).model_path
-  config.model.update(num_layers=1, num_decoder_layers=1, d_model=32, num_heads=2,
-                      head_dim=16, mlp_dim=64)
+  span = importlib.import_module("configs.pretrain_span").get_config()
+  data = datadir.data_dir()
+  with span.unlocked():
+    span.data.source.files = dict(
+        train=[str(data / "tiny_shakespeare" / "input.txt")],
+        validation=[str(data / "tiny_shakespeare" / "input.txt")])
+  span.data.tokenizer.update(vocab_size=800)
+  span.data.update(seq_len=32, batch_size=8, max_docs=4000)
+  span.model.update(num_layers=1, num_decoder_layers=1, d_model=32, num_heads=2,
+                    head_dim=16, mlp_dim=64)
+  span.train.update(steps=2, log_every=1, eval_every=2, eval_batches=1,
+                    checkpoint_every=2)
+  train.train_and_evaluate(span, str(tmp_path / "span"))
+  config = _config(str(tmp_path / "span"), "lora")
+  config.task.kind = "text_to_text"
   assert config.task.label_words[0] == "abbreviation"
   results = finetune.finetune_and_evaluate(config, str(tmp_path / "t5"))
   assert set(results["test"]) == {"accuracy", "macro_f1"}
+  # The whole pretrained T5 is used (its LM head writes the labels); only
+  # the LoRA factors are new.
+  assert results["discarded"] == [] and results["new"]
+  assert all("_lora_" in name for name in results["new"])
   assert results["trainable_params"] < results["total_params"]  # LoRA only
   config.adapt.scheme = "features"
   with pytest.raises(ValueError, match="text_to_text has none"):
