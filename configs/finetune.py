@@ -26,7 +26,7 @@ import ml_collections
 
 from configs import common, models
 
-# task -> (head kind, pooling for encoders, max length, epochs)
+# task -> (head kind, max length, epochs)
 TASKS = {
     "trec": ("classification", 64, 3),
     "sst2": ("classification", 64, 2),
@@ -57,7 +57,9 @@ def get_config(arg: str | None = None):
   c.vocab_multiple = 128
   c.task = ml_collections.ConfigDict(dict(
       name=args.task, kind=kind, metrics=args.task, max_len=max_len,
-      pooling="first",  # first ([CLS]) | last (causal models) | mean
+      # first ([CLS]) | last (last non-padding token) | mean | "" (the
+      # backbone's default: first for BERT-style encoders, mean otherwise)
+      pooling="",
       dev_fraction=0.1,  # held out of train when the task has no dev split
       num_train_examples=0,  # 0: all; else a fixed random subset
       max_eval_examples=0,  # 0: all; else the first N of dev and test (quick looks)

@@ -42,11 +42,8 @@ def get_config(arg: str | None = None):
       num_labels=(100, 500, 1000, 0),  # 0: every training example
       seeds=(0, 1, 2),  # each draws its own labeled subset and initialisation
       min_steps=150, min_epochs=3,
-      # Mean pooling for both. The last token of a causal model has read the
-      # whole question, but here it is almost always "?", whose state is
-      # tuned to predict what follows a question, not what it asks: with it
-      # the pretrained CLM reached 66.8% at 500 labels, with the mean 71.8%
-      # (seed 0, lr 3e-4).
+      # Mean pooling for both: the MLM had no sentence objective to train
+      # its [CLS], and see heads.default_pooling for the CLM.
       pooling=dict(clm="mean", mlm="mean"),
       # Learning-rate grids, chosen per run on dev (so per init).
       lr=dict(full=(3e-4, 1e-3), ulmfit=(3e-4, 1e-3), features=(3e-3, 1e-2),

@@ -28,7 +28,7 @@ from jaxtl.data import pipeline, sources, span_features, task_features, tasks
 from jaxtl.data.squad import SquadExamples, split_squad_by_article
 from jaxtl.data.tokenizers import Tokenizer, get_tokenizer
 from jaxtl.models import TransformerConfig
-from jaxtl.models.heads import TaskModel, best_spans
+from jaxtl.models.heads import TaskModel, best_spans, default_pooling
 
 Array = jax.Array
 
@@ -132,6 +132,22 @@ def label_words(task: Any, names: tuple[str, ...] | None) -> tuple[str, ...]:
   return words
 
 
+def task_model(task: Any, scheme: str, cfg: TransformerConfig, tok: Tokenizer,
+               names: tuple[str, ...] | None) -> TaskModel:
+  """The backbone plus the head that ``task`` asks for."""
+  targets = ()
+  if task.kind == "text_to_text":
+    if scheme in ("features", "scalar_mix"):
+      raise ValueError(f"config.adapt.scheme={scheme!r} trains only a "
+                       "classifier head, and text_to_text has none (the LM writes "
+                       "the label): use full, adapters or lora")
+    targets = task_features.label_sequences(label_words(task, names), tok)
+  return TaskModel(cfg, kind=task.kind, num_labels=len(names) if names else 1,
+                   pooling=task.pooling or default_pooling(cfg.family),
+                   dropout_rate=task.head_dropout, scalar_mix=scheme == "scalar_mix",
+                   label_tokens=targets, pad_id=tok.pad_id)
+
+
 def _features(ex: Any, tok: Tokenizer, task: Any, family: str) -> task_features.Features:
   if task.kind == "span_qa":
     return span_features.encode_spans(ex, tok, task.max_len, family,
@@ -227,18 +243,8 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
       logging.info("%s: %d of %d examples longer than %d tokens (%s)", name,
                    f.truncated, len(splits[name]), task.max_len,
                    "split into windows" if task.kind == "span_qa" else "truncated")
-  names = getattr(splits["train"], "label_names", None)
-  targets = ()
-  if task.kind == "text_to_text":
-    if adapt.scheme in ("features", "scalar_mix"):
-      raise ValueError(f"config.adapt.scheme={adapt.scheme!r} trains only a "
-                       "classifier head, and text_to_text has none (the LM writes "
-                       "the label): use full, adapters or lora")
-    targets = task_features.label_sequences(label_words(task, names), tok)
-  model = TaskModel(cfg, kind=task.kind, num_labels=len(names) if names else 1,
-                    pooling=task.pooling, dropout_rate=task.head_dropout,
-                    scalar_mix=adapt.scheme == "scalar_mix", label_tokens=targets,
-                    pad_id=tok.pad_id)
+  model = task_model(task, adapt.scheme, cfg, tok,
+                     getattr(splits["train"], "label_names", None))
   side = task_features.input_side(cfg.family)
   bs = config.train.batch_size
   steps_per_epoch = len(feats["train"]) // bs

@@ -47,6 +47,18 @@ def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
   raise ValueError(f"unknown pooling {method!r}; expected one of {POOLINGS}")
 
 
+def default_pooling(family: str) -> str:
+  """[CLS] for BERT-style encoders; the token mean for the others.
+
+  A T5 encoder has no [CLS]. In a causal model only the last token has seen
+  the whole text, but for a question that token is usually "?", whose state
+  is tuned to predict what comes after a question: on TREC-6 with a
+  pretrained 4-layer CLM, the mean beat it by 5 points (71.8 vs 66.8% at
+  500 labels).
+  """
+  return "first" if family == "encoder" else "mean"
+
+
 class ScalarMix(nn.Module):
   """ELMo's learned softmax-weighted sum of all layers, times a scale gamma.
 
