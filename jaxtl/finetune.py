@@ -229,6 +229,18 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:
   return cfg, tok, params
 
 
+def _with_pretrained(state: Any, shardings: Any, pretrained: Any | None,
+                     source: str) -> tuple[Any, dict[str, list[str]]]:
+  """``state`` with the pretrained backbone loaded in, and what was (not) used."""
+  if pretrained is None:
+    return state, {}
+  merged, report = checkpoint.merge_pretrained(jax.device_get(state.params),
+                                               pretrained, prefix=("backbone",))
+  logging.info("from %s: loaded %d tensors; discarded %s; new %s", source,
+               len(report["loaded"]), report["discarded"], report["new"])
+  return state.replace(params=jax.device_put(merged, shardings.params)), report
+
+
 def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   """Fine-tunes per config; returns (and writes) the results dict."""
   os.makedirs(workdir, exist_ok=True)
@@ -260,14 +272,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   mesh = sharding.make_mesh(config.mesh.shape)
   rules = sharding.make_rules(config.mesh.get("rules"))
   state, shardings = train.create_sharded_state(model, tx, init_inputs, rng, mesh, rules)
-  report = {}
-  if pretrained is not None:
-    merged, report = checkpoint.merge_pretrained(jax.device_get(state.params),
-                                                 pretrained, prefix=("backbone",))
-    state = state.replace(params=jax.device_put(merged, shardings.params))
-    logging.info("from %s: loaded %d tensors; discarded %s; new %s",
-                 config.init_from, len(report["loaded"]), report["discarded"],
-                 report["new"])
+  state, report = _with_pretrained(state, shardings, pretrained, config.init_from)
   trainable, n_params = optim.count_trainable(abstract, freeze)
   logging.info("trainable parameters: %d of %d (%.2f%%)", trainable, n_params,
                100 * trainable / n_params)
