@@ -1,6 +1,6 @@
 r"""Causal or masked LM pretraining on the whole offline English corpus.
 
-This is the pretraining half of the transfer study (``configs/transfer.py``):
+This is the pretraining half of the transfer study (``configs/transfer_study.py``):
 a small model that has read enough text for its representations to help a
 labeled task. Commands:
 
@@ -19,6 +19,13 @@ Models: GPT-2 (clm) and BERT (mlm) layouts, both 4 layers of width 128
 learning rate suits them, no dropout (one pass over the data underfits). Sequences are 64
 tokens: the downstream questions are short, and short rows make the step
 cheap, so more text is read in the same CPU time.
+
+Hardware / time (2-core CPU, measured 2026-11-21): about 2 steps/s alone,
+so the default 3000 steps (12.3M tokens, half an epoch) take about 26 min.
+Expected after 3000 steps, WikiText-2 valid: clm 9.03 -> 4.13 nats/token
+(unigram entropy 6.78); mlm 5.70 nats per masked token. The MLM is still
+far from converged: its TREC transfer gained 3 points between steps 2000
+and 3000. ``:objective=mlm,steps=12000`` trains it longer.
 """
 
 from configs import common
