@@ -28,7 +28,7 @@ from jaxtl.data import pipeline, sources, span_features, task_features, tasks
 from jaxtl.data.squad import SquadExamples, split_squad_by_article
 from jaxtl.data.tokenizers import Tokenizer, get_tokenizer
 from jaxtl.models import TransformerConfig
-from jaxtl.models.heads import TaskModel, best_spans, default_pooling
+from jaxtl.models.heads import TaskModel, best_spans, context_only, default_pooling
 
 Array = jax.Array
 
@@ -54,7 +54,7 @@ def make_task_loss_fn(model: TaskModel) -> Callable:
         rngs=None if rng is None else {"dropout": rng})
     labels, w = batch["labels"], batch["label_weights"]
     if model.kind == "span_qa":  # [B, T, 2] -> start and end "tokens" over T
-      logits = _context_only(jnp.swapaxes(logits, 1, 2), batch["context_mask"])
+      logits = context_only(jnp.swapaxes(logits, 1, 2), batch["context_mask"])
     if model.kind == "regression":
       sums = {"loss_sum": jnp.sum(jnp.square(logits - labels) * w),
               "weight_sum": jnp.sum(w), "correct_sum": jnp.zeros(())}
@@ -67,12 +67,6 @@ def make_task_loss_fn(model: TaskModel) -> Callable:
     return objectives.normalized_loss(sums, normalizer), sums
 
   return loss_fn
-
-
-def _context_only(logits_BXT: Array, context_BT: Array) -> Array:
-  """Span logits with every non-context position ruled out."""
-  neg = jnp.finfo(logits_BXT.dtype).min
-  return jnp.where(context_BT[:, None, :] > 0, logits_BXT, neg)
 
 
 def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
@@ -199,12 +193,9 @@ def _predictions(outputs: Callable, task: Any, params: Any, batch: Any) -> Array
     return out
   if task.kind != "span_qa":
     return jnp.argmax(out, -1)
-  start_BT, end_BT = out[..., 0], out[..., 1]
-  start_B, end_B = best_spans(start_BT, end_BT, batch["context_mask"] > 0,
-                              task.max_answer_tokens)
-  take = lambda x_BT, i_B: jnp.take_along_axis(x_BT, i_B[:, None], 1)[:, 0]
-  return jnp.stack([start_B, end_B, take(start_BT, start_B) + take(end_BT, end_B)],
-                   -1).astype(jnp.float32)
+  spans = best_spans(out[..., 0], out[..., 1], batch["context_mask"],
+                     task.max_answer_tokens)
+  return jnp.stack(spans, -1).astype(jnp.float32)
 
 
 def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:

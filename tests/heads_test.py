@@ -78,9 +78,10 @@ def test_best_spans_respects_order_length_and_context():
   end = jnp.array([[8.0, 0.0, 4.0, 0.0, 2.0]])
   context = jnp.array([[False, True, True, True, True]])
   # Best unconstrained pair (0, 0) is outside the context; (3, 0) is reversed.
-  s, e = heads.best_spans(start, end, context, max_answer_length=3)
+  s, e, score = heads.best_spans(start, end, context, max_answer_length=3)
   assert (int(s[0]), int(e[0])) == (3, 4)  # 9 + 2 = 11 > 5 + 4 = 9
-  s, e = heads.best_spans(start, end, context, max_answer_length=1)
+  assert float(score[0]) == 11.0
+  s, e, _ = heads.best_spans(start, end, context, max_answer_length=1)
   assert (int(s[0]), int(e[0])) == (3, 3)  # 9 + 0 beats 1 + 4 and 5 + 0
 
 

@@ -82,20 +82,28 @@ class ScalarMix(nn.Module):
     return gamma * jnp.einsum("l,lbtd->btd", w_L, stacked_LBTD)
 
 
+def context_only(logits_BXT: Array, context_BT: Array) -> Array:
+  """Logits over positions (last axis) with every non-context position ruled out."""
+  neg = jnp.finfo(logits_BXT.dtype).min
+  return jnp.where(context_BT[:, None, :] > 0, logits_BXT, neg)
+
+
 def best_spans(start_BT: Array, end_BT: Array, context_BT: Array,
-               max_answer_length: int) -> tuple[Array, Array]:
+               max_answer_length: int) -> tuple[Array, Array, Array]:
   """Highest-scoring (start, end) with start <= end < start + max length,
-  both inside the context (``context_BT`` True on context tokens)."""
+  both inside the context (``context_BT`` > 0 on context tokens), and its
+  score (start logit + end logit)."""
   t = start_BT.shape[1]
   neg = jnp.finfo(start_BT.dtype).min
-  s_BT = jnp.where(context_BT, start_BT, neg)
-  e_BT = jnp.where(context_BT, end_BT, neg)
+  s_BT, e_BT = jnp.unstack(context_only(jnp.stack([start_BT, end_BT], 1), context_BT),
+                           axis=1)
   offset = jnp.arange(t)[None, :] - jnp.arange(t)[:, None]  # end - start
   valid_TT = (offset >= 0) & (offset < max_answer_length)
   scores_BTT = s_BT[:, :, None] + e_BT[:, None, :]
   scores_BTT = jnp.where(valid_TT[None], scores_BTT, neg)
-  flat_B = jnp.argmax(scores_BTT.reshape(scores_BTT.shape[0], -1), axis=-1)
-  return flat_B // t, flat_B % t
+  flat_BN = scores_BTT.reshape(scores_BTT.shape[0], -1)
+  flat_B = jnp.argmax(flat_BN, axis=-1)
+  return flat_B // t, flat_B % t, jnp.max(flat_BN, axis=-1)
 
 
 def label_log_likelihoods(backbone: nn.Module, enc_BSD: Array, enc_segment_ids_BS: Array,
