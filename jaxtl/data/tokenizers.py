@@ -2,9 +2,9 @@
 
 Every tokenizer exposes the ids that the data pipeline needs (pad, eos, the
 MLM mask, T5 sentinels, ...) and the set of ids that must never be chosen
-for masking. Today only SentencePiece is implemented; a WordPiece/BPE class
-backed by the `tokenizers` library is meant to subclass `Tokenizer` the same
-way (fill in the id attributes and `_sentinels`, implement encode/decode).
+for masking. SentencePiece lives here; WordPiece and byte-level BPE, through
+the `tokenizers` library, in :mod:`jaxtl.data.hf_tokenizers`;
+:func:`get_tokenizer` picks by file name.
 """
 
 from __future__ import annotations
@@ -422,10 +422,24 @@ def train_sentencepiece(
 
 
 def get_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
-  """Loads the tokenizer stored at `path`, choosing the class by suffix."""
+  """Loads the tokenizer at `path`, choosing the class by file name.
+
+  SentencePiece ``.model``; WordPiece ``vocab.txt``; byte-level BPE
+  ``*vocab.json`` (with ``*merges.txt`` beside it); ``tokenizer.json``; or a
+  Hugging Face model folder holding one of them (or T5's ``spiece.model``).
+  """
+  from jaxtl.data import hf_tokenizers  # pylint: disable=g-import-not-at-top
   path = os.fspath(path)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"tokenizer not found: {path}")
   if path.endswith(".model"):
     return SentencePieceTokenizer(path)
+  tok = hf_tokenizers.load(path)
+  if tok is not None:
+    return tok
+  if os.path.isfile(os.path.join(path, "spiece.model")):
+    return SentencePieceTokenizer(os.path.join(path, "spiece.model"))
   raise ValueError(
-      f"unsupported tokenizer file {path!r}: supported formats are "
-      "SentencePiece '.model' files")
+      f"unsupported tokenizer {path!r}: expected a SentencePiece .model, "
+      "vocab.txt, *vocab.json + *merges.txt, tokenizer.json, or a folder "
+      "holding one")

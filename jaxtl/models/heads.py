@@ -139,7 +139,8 @@ class TaskModel(nn.Module):
   likeliest label, i.e. rank classification, and no new parameters exist).
   For encoder-decoder backbones the encoder's states feed the other heads
   (T5 classification through the encoder). ``scalar_mix`` replaces the last
-  hidden state with an ELMo mix of all layers.
+  hidden state with an ELMo mix of all layers. ``pooler`` adds BERT's
+  dense + tanh over the pooled vector (imported BERT checkpoints carry one).
   """
   config: TransformerConfig
   kind: str = "classification"
@@ -147,6 +148,7 @@ class TaskModel(nn.Module):
   pooling: str = "first"
   dropout_rate: float = 0.1
   scalar_mix: bool = False
+  pooler: bool = False
   label_tokens: tuple[tuple[int, ...], ...] = ()  # text_to_text: [C, L], padded
   pad_id: int = 0
 
@@ -179,18 +181,20 @@ class TaskModel(nn.Module):
     if self.scalar_mix:
       hidden_BTD = ScalarMix(name="scalar_mix")(states)
     return ClassifierHead(self.config, self.kind, self.num_labels, self.pooling,
-                          self.dropout_rate, name="head")(
+                          self.dropout_rate, self.pooler, name="head")(
                               hidden_BTD, segment_ids_BT,
                               deterministic=deterministic)
 
 
 class ClassifierHead(nn.Module):
-  """Dropout + a linear layer over pooled or per-token states."""
+  """Dropout + a linear layer over pooled (optionally BERT-pooled) or
+  per-token states."""
   config: TransformerConfig
   kind: str
   num_labels: int
   pooling: str = "first"
   dropout_rate: float = 0.1
+  pooler: bool = False  # sequence tasks: BERT's dense + tanh after pooling
 
   @nn.compact
   def __call__(self, hidden_BTD: Array, segment_ids_BT: Array, *,
@@ -201,6 +205,11 @@ class ClassifierHead(nn.Module):
     x = hidden_BTD
     if self.kind in ("classification", "regression"):
       x = pool(x, segment_ids_BT, self.pooling)
+      if self.pooler:
+        x = jnp.tanh(nn.Dense(cfg.d_model, dtype=cfg.jnp_dtype,
+                              param_dtype=cfg.jnp_param_dtype,
+                              kernel_init=layers.normal_init(cfg.init_std, ("embed", "mlp")),
+                              bias_init=layers.zeros_init(("mlp",)), name="pooler")(x))
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
     logits = nn.Dense(outputs, dtype=jnp.float32, param_dtype=cfg.jnp_param_dtype,
                       kernel_init=layers.normal_init(cfg.init_std, ("embed", "labels")),

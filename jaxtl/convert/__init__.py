@@ -1,0 +1,5 @@
+"""Checkpoint conversion: Hugging Face BERT, GPT-2 and T5 folders in and out."""
+
+from jaxtl.convert.hf import Imported, export_hf, import_hf, is_hf_folder
+
+__all__ = ["Imported", "export_hf", "import_hf", "is_hf_folder"]

@@ -1,0 +1,60 @@
+"""What each Hugging Face model family must tell the converter."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from jaxtl.convert.rules import Rule
+from jaxtl.models.config import TransformerConfig
+
+# HF activation names -> jaxtl's (HF "gelu" is exact, "gelu_new" the tanh form).
+_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new",
+                "gelu_fast": "gelu_new", "relu": "relu", "silu": "silu", "swish": "silu"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """A model type's config mapping, tensor rules and checkpoint layout.
+
+  Attributes:
+    model_type: ``config.json``'s ``model_type``.
+    family: The jaxtl family it maps to.
+    config_from_hf / config_to_hf: Between ``config.json`` and TransformerConfig.
+    rules: The tensor table for a config (names without ``base_prefix``).
+    base_prefix: Task architectures keep the base model under this prefix
+      (``bert.``, ``transformer.``); the base model class has none.
+    base_architecture: The base model class, whose names have no prefix.
+    base_groups: Rule groups that live inside the base model.
+    architectures: Exportable class names -> the rule groups they hold; the
+      first one holding the most of the available groups is the default.
+    tied: Tensor names that are copies of another (tied weights): checked
+      equal on import, left out on export (``transformers`` re-ties them).
+    ignored: Regexes of tensors that are not parameters (buffers) or that
+      jaxtl has no use for (BERT's next-sentence head); dropped on import.
+  """
+  model_type: str
+  family: str
+  config_from_hf: Callable[[dict[str, Any]], TransformerConfig]
+  config_to_hf: Callable[[TransformerConfig], dict[str, Any]]
+  rules: Callable[[TransformerConfig], list[Rule]]
+  base_prefix: str
+  base_architecture: str
+  base_groups: tuple[str, ...]
+  architectures: dict[str, tuple[str, ...]]
+  tied: dict[str, str] = dataclasses.field(default_factory=dict)
+  ignored: tuple[str, ...] = ()
+
+
+def get(hf: dict[str, Any], key: str) -> Any:
+  """A required ``config.json`` field, with an error that names it."""
+  if key not in hf:
+    raise ValueError(f"config.json has no {key!r} (model_type "
+                     f"{hf.get('model_type')!r}); it is required")
+  return hf[key]
+
+
+def activation_from_hf(name: str) -> str:
+  if name not in _ACTIVATIONS:
+    raise ValueError(f"activation {name!r} is not supported; known: {sorted(_ACTIVATIONS)}")
+  return _ACTIVATIONS[name]

@@ -1,0 +1,80 @@
+"""GPT-2 (``GPT2Model``, ``GPT2LMHeadModel``).
+
+Pre-LN blocks with a final LayerNorm, tanh GELU, learned positions and a
+head tied to the token table. Its ``Conv1D`` layers store ``[in, out]`` and
+``c_attn`` holds q, k and v side by side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxtl.convert import rules as R
+from jaxtl.convert.family import Family, activation_from_hf, get
+from jaxtl.models.config import TransformerConfig
+
+
+def config_from_hf(hf: dict[str, Any]) -> TransformerConfig:
+  d, h = get(hf, "n_embd"), get(hf, "n_head")
+  if d % h:
+    raise ValueError(f"n_embd={d} is not a multiple of n_head={h}")
+  unsupported = {k: hf[k] for k, ok in (("scale_attn_by_inverse_layer_idx", False),
+                                        ("scale_attn_weights", True),
+                                        ("add_cross_attention", False),
+                                        ("tie_word_embeddings", True))
+                 if k in hf and hf[k] != ok}
+  if unsupported:
+    raise ValueError(f"GPT-2 options jaxtl does not implement: {unsupported}")
+  return TransformerConfig(
+      family="decoder", vocab_size=get(hf, "vocab_size"), d_model=d, num_heads=h,
+      head_dim=d // h, mlp_dim=hf.get("n_inner") or 4 * d,
+      num_layers=get(hf, "n_layer"), max_len=get(hf, "n_positions"),
+      activation=activation_from_hf(hf.get("activation_function", "gelu_new")),
+      norm="layernorm", norm_eps=hf.get("layer_norm_epsilon", 1e-5), pre_norm=True,
+      use_bias=True, scale_attention=True, dropout_rate=hf.get("resid_pdrop", 0.1),
+      attention_dropout_rate=hf.get("attn_pdrop", 0.1), tie_embeddings=True,
+      init_std=hf.get("initializer_range", 0.02))
+
+
+def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
+  return {
+      "model_type": "gpt2", "vocab_size": cfg.vocab_size, "n_embd": cfg.d_model,
+      "n_head": cfg.num_heads, "n_inner": cfg.mlp_dim, "n_layer": cfg.num_layers,
+      "n_positions": cfg.max_len, "activation_function": cfg.activation,
+      "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout_rate,
+      "embd_pdrop": cfg.dropout_rate, "attn_pdrop": cfg.attention_dropout_rate,
+      "initializer_range": cfg.init_std, "tie_word_embeddings": True,
+  }
+
+
+def rules(cfg: TransformerConfig) -> list[R.Rule]:
+  out = [R.Rule("wte.weight", "token_embed/embedding", "copy"),
+         R.Rule("wpe.weight", "stack/embedder/position_embedding", "copy")]
+  for i in range(cfg.num_layers):
+    hf, attn = f"h.{i}", f"stack/layer_{i}/self_attention"
+    for j, name in enumerate(("query", "key", "value")):
+      out += [R.Rule(f"{hf}.attn.c_attn.weight", f"{attn}/{name}_kernel", "conv1d",
+                     part=(j, 3)),
+              R.Rule(f"{hf}.attn.c_attn.bias", f"{attn}/{name}_bias", "vector",
+                     part=(j, 3))]
+    out += [R.Rule(f"{hf}.attn.c_proj.weight", f"{attn}/out_kernel", "conv1d", n_in=2),
+            R.Rule(f"{hf}.attn.c_proj.bias", f"{attn}/out_bias", "vector")]
+    out += R.norm_rules(f"{hf}.ln_1", f"stack/layer_{i}/self_attention_norm", bias=True)
+    out += R.norm_rules(f"{hf}.ln_2", f"stack/layer_{i}/mlp_norm", bias=True)
+    out += R.dense_rules(f"{hf}.mlp.c_fc", f"stack/layer_{i}/mlp/wi", bias=True,
+                         kind="conv1d")
+    out += R.dense_rules(f"{hf}.mlp.c_proj", f"stack/layer_{i}/mlp/wo", bias=True,
+                         kind="conv1d")
+  out += R.norm_rules("ln_f", "stack/final_norm", bias=True)
+  return out
+
+
+FAMILY = Family(
+    model_type="gpt2", family="decoder", config_from_hf=config_from_hf,
+    config_to_hf=config_to_hf, rules=rules, base_prefix="transformer.",
+    base_architecture="GPT2Model", base_groups=("base",),
+    architectures={"GPT2LMHeadModel": ("base",), "GPT2Model": ("base",)},
+    tied={"lm_head.weight": "wte.weight"},
+    # The causal-mask buffers older checkpoints saved.
+    ignored=(r"^h\.\d+\.attn\.(bias|masked_bias)$",),
+)

