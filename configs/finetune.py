@@ -57,8 +57,9 @@ def get_config(arg: str | None = None):
   c.vocab_multiple = 128
   c.task = ml_collections.ConfigDict(dict(
       name=args.task, kind=kind, metrics=args.task, max_len=max_len,
-      # first ([CLS]) | last (last non-padding token) | mean | "" (the
-      # backbone's default: first for BERT-style encoders, mean otherwise)
+      # first ([CLS]) | last (last non-padding token) | mean | pooler
+      # ([CLS] + BERT's dense + tanh, loaded from HF BERT checkpoints) | ""
+      # (the backbone's default: first for BERT-style encoders, mean otherwise)
       pooling="",
       dev_fraction=0.1,  # held out of train when the task has no dev split
       num_train_examples=0,  # 0: all; else a fixed random subset
@@ -75,10 +76,14 @@ def get_config(arg: str | None = None):
       attention_dropout_rate=0.0))
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-3 if args.scheme != "full" else 2e-4, warmup_steps=50,
+      warmup_fraction=0.0,  # used when warmup_steps is 0: a share of all steps
       schedule="linear", end_lr_ratio=0.0, weight_decay=0.01, b1=0.9, b2=0.999,
       eps=1e-8, clip_norm=1.0, accum_steps=1))
   c.train = ml_collections.ConfigDict(dict(
       epochs=epochs, batch_size=32,
+      # Each batch is cut to its longest text rounded up to this many tokens
+      # (0: always max_len); a few shapes to compile, far less padding.
+      length_multiple=16,
       checkpoint_every=1))  # epochs between resumable checkpoints; 0: none
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)

@@ -19,18 +19,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxtl import checkpoint, train
-from jaxtl.data import pipeline, task_features, tasks
+from jaxtl import pretrained
+from jaxtl.data import task_features, tasks
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import build_model
 from jaxtl.models.heads import pool
 
 
-def load_pretrained(workdir: str) -> tuple[Any, Any, Tokenizer]:
-  """(model, params, tokenizer) of a jaxtl pretraining workdir."""
-  cfg = train.load_model_config(workdir).replace(dropout_rate=0.0)
-  return (build_model(cfg), checkpoint.load_params(workdir),
-          pipeline.workdir_tokenizer(workdir))
+def load_pretrained(init_from: str) -> tuple[Any, Any, Tokenizer]:
+  """(model, params, tokenizer) of a jaxtl workdir or a Hugging Face folder."""
+  loaded = pretrained.load(init_from)
+  return (build_model(loaded.config.replace(dropout_rate=0.0)), loaded.params,
+          loaded.tokenizer)
 
 
 def hidden_states(model: Any, params: Any, tokens: np.ndarray, segment_ids: np.ndarray,
@@ -186,7 +186,7 @@ def main(argv: Sequence[str]) -> None:
 
 if __name__ == "__main__":
   from absl import app, flags  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string("init_from", None, "A jaxtl pretraining workdir.")
+  flags.DEFINE_string("init_from", None, "A jaxtl pretraining workdir or a Hugging Face folder.")
   flags.DEFINE_string("task", "trec", "probe: trec, sst2, cola, mrpc, rte, imdb or pos.")
   flags.DEFINE_string("text", "What is the capital of France?", "attention: the text.")
   flags.DEFINE_string("out", "analysis", "Output folder for tables and PNGs.")

@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import os
+import time
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtl import checkpoint, evaluate, objectives, optim, sharding, train
+from jaxtl import checkpoint, evaluate, objectives, optim, pretrained, sharding, train
 from jaxtl.data import pipeline, sources, span_features, task_features, tasks
 from jaxtl.data.squad import SquadExamples, split_squad_by_article
 from jaxtl.data.tokenizers import Tokenizer, get_tokenizer
@@ -159,15 +160,42 @@ def _pad_rows(arrays: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.n
           for k, v in arrays.items()}
 
 
+def trim_padding(batch: Mapping[str, np.ndarray], side: str, multiple: int
+                 ) -> dict[str, np.ndarray]:
+  """Cuts the length axis to the batch's longest row, rounded up to ``multiple``.
+
+  Task texts are mostly far shorter than ``max_len`` (TREC questions: about
+  13 WordPiece tokens of 64), and attention and MLP cost grows with the
+  padded length. Rounding keeps the number of shapes jit compiles small
+  (``max_len / multiple``). Arrays on the other side (T5's decoder) keep
+  their length. ``multiple=0`` turns this off.
+  """
+  lengths = batch[f"{side}_segment_ids"]
+  t = lengths.shape[1]
+  used = np.flatnonzero((lengths > 0).any(0))
+  keep = min(t, -(-(int(used[-1]) + 1 if used.size else 1) // multiple) * multiple) \
+      if multiple else t
+  return {k: v[:, :keep] if v.ndim >= 2 and v.shape[1] == t and not k.startswith("decoder_")
+          else v for k, v in batch.items()}
+
+
 def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
-            batch_size: int, mesh) -> np.ndarray:
-  """Model outputs (class ids, scores, or tag ids) for every row, in order."""
+            batch_size: int, mesh, side: str = "encoder", multiple: int = 0) -> np.ndarray:
+  """Model outputs (class ids, scores, tag ids or spans) for every row, in order.
+
+  Batches are trimmed as in training; per-token outputs are padded back.
+  """
   n = len(arrays["labels"])
   padded = _pad_rows(arrays, batch_size)
+  t = padded[f"{side}_segment_ids"].shape[1]
   outs = []
   for i in range(0, len(padded["labels"]), batch_size):
-    batch = {k: v[i:i + batch_size] for k, v in padded.items()}
-    outs.append(np.asarray(eval_fn(params, sharding.shard_batch(batch, mesh))))
+    batch = trim_padding({k: v[i:i + batch_size] for k, v in padded.items()}, side,
+                         multiple)
+    out = np.asarray(eval_fn(params, sharding.shard_batch(batch, mesh)))
+    if out.ndim == 2 and out.shape[1] == batch[f"{side}_segment_ids"].shape[1] < t:
+      out = np.pad(out, [(0, 0), (0, t - out.shape[1])])  # tag ids
+    outs.append(out)
   return np.concatenate(outs)[:n]
 
 
@@ -202,10 +230,9 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:
   """(model config, tokenizer, pretrained params or None) per config.init_from."""
   adapt = config.adapt
   if config.init_from:
-    cfg = train.load_model_config(config.init_from)
-    tok = (get_tokenizer(sources.expand_path(config.tokenizer_path))
-           if config.tokenizer_path else pipeline.workdir_tokenizer(config.init_from))
-    params = checkpoint.load_params(config.init_from)
+    loaded = pretrained.load(config.init_from, config.tokenizer_path)
+    cfg, tok = loaded.config, loaded.tokenizer
+    params = {"backbone": loaded.params, "head": loaded.head}
   else:
     if not config.tokenizer_path:
       raise ValueError("random init needs config.tokenizer_path (or set init_from)")
@@ -220,13 +247,13 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:
   return cfg, tok, params
 
 
-def _with_pretrained(state: Any, shardings: Any, pretrained: Any | None,
+def _with_pretrained(state: Any, shardings: Any, init_params: Any | None,
                      source: str) -> tuple[Any, dict[str, list[str]]]:
-  """``state`` with the pretrained backbone loaded in, and what was (not) used."""
-  if pretrained is None:
+  """``state`` with the pretrained backbone (and head parts) loaded in, and
+  what was (not) used."""
+  if init_params is None:
     return state, {}
-  merged, report = checkpoint.merge_pretrained(jax.device_get(state.params),
-                                               pretrained, prefix=("backbone",))
+  merged, report = checkpoint.merge_pretrained(jax.device_get(state.params), init_params)
   logging.info("from %s: loaded %d tensors; discarded %s; new %s", source,
                len(report["loaded"]), report["discarded"], report["new"])
   return state.replace(params=jax.device_put(merged, shardings.params)), report
@@ -239,7 +266,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   if adapt.scheme not in SCHEMES:
     raise ValueError(f"config.adapt.scheme={adapt.scheme!r}; known: {sorted(SCHEMES)}")
   splits = load_task_splits(task, config.seed)
-  cfg, tok, pretrained = _backbone(config)
+  cfg, tok, init_params = _backbone(config)
   feats = {k: _features(v, tok, task, cfg.family) for k, v in splits.items()}
   for name, f in feats.items():
     if f.truncated:
@@ -249,7 +276,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   model = task_model(task, adapt.scheme, cfg, tok,
                      getattr(splits["train"], "label_names", None))
   side = task_features.input_side(cfg.family)
-  bs = config.train.batch_size
+  bs, multiple = config.train.batch_size, config.train.length_multiple
   steps_per_epoch = len(feats["train"]) // bs
   total = config.train.epochs * steps_per_epoch
   init_inputs = {"tokens_BT": feats["train"].arrays[f"{side}_input_tokens"][:1]}
@@ -263,7 +290,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   mesh = sharding.make_mesh(config.mesh.shape)
   rules = sharding.make_rules(config.mesh.get("rules"))
   state, shardings = train.create_sharded_state(model, tx, init_inputs, rng, mesh, rules)
-  state, report = _with_pretrained(state, shardings, pretrained, config.init_from)
+  state, report = _with_pretrained(state, shardings, init_params, config.init_from)
   trainable, n_params = optim.count_trainable(abstract, freeze)
   logging.info("trainable parameters: %d of %d (%.2f%%)", trainable, n_params,
                100 * trainable / n_params)
@@ -297,17 +324,20 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     logging.info("resumed %s after epoch %d (best dev %s)", workdir, epoch, best)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     for epoch in range(first_epoch, config.train.epochs + 1):
-      sums = []
+      sums, start = [], time.perf_counter()
       for _ in range(steps_per_epoch):
-        state, m = step_fn(state, sharding.shard_batch(next(batches), mesh), rng)
+        batch = trim_padding(next(batches), side, multiple)
+        state, m = step_fn(state, sharding.shard_batch(batch, mesh), rng)
         sums.append(m)
       train_metrics = objectives.summarize(jax.device_get(
           jax.tree.map(lambda *x: sum(x), *sums)))
-      dev = score(task, predict(eval_fn, state.params, feats["dev"].arrays, bs, mesh),
-                  feats["dev"], splits["dev"])
+      seconds = time.perf_counter() - start  # device_get waited for the last step
+      dev = score(task, predict(eval_fn, state.params, feats["dev"].arrays, bs, mesh,
+                                side, multiple), feats["dev"], splits["dev"])
       writer.write(int(state.step), "train", train_metrics)
       writer.write(int(state.step), "dev", dev)
-      history.append({"epoch": epoch, "train_loss": train_metrics["loss"], **dev})
+      history.append({"epoch": epoch, "train_loss": train_metrics["loss"],
+                      "train_seconds": round(seconds, 2), **dev})
       key = next(iter(dev.values()))
       if best is None or key > best:
         best = key
@@ -321,8 +351,8 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     best_ckpt.close()
     best_params = jax.device_put(checkpoint.load_params(best_ckpt.directory),
                                  shardings.params)
-    test = score(task, predict(eval_fn, best_params, feats["test"].arrays, bs, mesh),
-                 feats["test"], splits["test"])
+    test = score(task, predict(eval_fn, best_params, feats["test"].arrays, bs, mesh,
+                               side, multiple), feats["test"], splits["test"])
   writer.write(int(state.step), "test", test)
   writer.close()
   results = {"task": task.name, "scheme": adapt.scheme, "init_from": config.init_from,

@@ -31,12 +31,20 @@ def main(argv: list[str]) -> None:
 
   if FLAGS.multiprocess:
     jax.distributed.initialize()
-  from jaxtl import finetune, train, transfer_study  # pylint: disable=g-import-not-at-top
+  from jaxtl import train  # pylint: disable=g-import-not-at-top
 
   logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
                jax.device_count(), jax.devices()[0].platform,
                jax.process_index(), jax.process_count())
   logging.info("config:\n%s", FLAGS.config)
+  try:
+    _run_mode()
+  except train.Preempted as e:  # a clean stop: the same command resumes
+    logging.warning("%s", e)
+
+
+def _run_mode() -> None:
+  from jaxtl import finetune, train, transfer_study  # pylint: disable=g-import-not-at-top
   if FLAGS.mode == "study":
     transfer_study.run_study(FLAGS.config, FLAGS.workdir)
     logging.info("wrote %s/transfer.md and transfer.png", FLAGS.workdir)

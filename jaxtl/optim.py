@@ -20,8 +20,11 @@ def make_schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.S
   """Linear warmup to ``optim.lr``, then cosine or linear decay.
 
   Decay ends at ``optim.end_lr_ratio * lr`` on the last training step.
+  Without ``warmup_steps``, ``warmup_fraction`` (if the config has it) gives
+  the warmup as a share of all steps (BERT recipes: 10%).
   """
-  warmup = int(optim.warmup_steps)
+  warmup = int(optim.warmup_steps) or int(round(optim.get("warmup_fraction", 0.0)
+                                                 * total_steps))
   decay_steps = max(total_steps - warmup, 1)
   end = optim.lr * optim.end_lr_ratio
   warm = optax.linear_schedule(0.0, optim.lr, max(warmup, 1))

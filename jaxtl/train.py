@@ -336,7 +336,14 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   prefetch.close()
   ckpt.close()
   writer.close()
+  if preempted.flag:  # callers (the transfer study) must not go on as if done
+    raise Preempted(f"stopped by SIGTERM at step {step} of {total_steps} (checkpoint "
+                    f"saved in {workdir}); rerun the same command to resume")
   return metrics
+
+
+class Preempted(RuntimeError):
+  """Training stopped early on SIGTERM, after saving a checkpoint."""
 
 
 def _check_bad_steps(bad_steps: Array, limit: int, step: int) -> None:

@@ -133,7 +133,7 @@ def test_classifier_head_matches_transformers(tmp_path):
   imported = convert.import_hf(tmp_path)
   assert set(imported.head) == {"pooler", "out"}
   ids, mask = _batch(model.config.vocab_size)
-  task = heads.TaskModel(imported.config, num_labels=5, pooling="first", pooler=True)
+  task = heads.TaskModel(imported.config, num_labels=5, pooling="pooler")
   logits = task.apply({"params": {"backbone": imported.params, "head": imported.head}},
                       jnp.asarray(ids), jnp.asarray(mask))
   with torch.no_grad():

@@ -147,8 +147,11 @@ def test_missing_model_file(tmp_path):
 
 
 def test_get_tokenizer_dispatch(tmp_path):
-  with pytest.raises(ValueError, match=r"vocab\.json.*\.model"):
+  with pytest.raises(FileNotFoundError, match=r"tokenizer not found: .*vocab\.json"):
     tokenizers.get_tokenizer(str(tmp_path / "vocab.json"))
+  (tmp_path / "words.csv").write_text("a,b")
+  with pytest.raises(ValueError, match=r"unsupported tokenizer .*words\.csv.*\.model"):
+    tokenizers.get_tokenizer(str(tmp_path / "words.csv"))
 
 
 @pytest.fixture(scope="module")

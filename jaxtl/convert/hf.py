@@ -228,7 +228,9 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
     The architecture written.
   """
   from jaxtl.models import layers  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   family = BY_JAXTL_FAMILY[config.family]
+  params, head = nn.unbox(params), nn.unbox(head or {})  # as model.init returns them
   if config.lora_rank:
     params = layers.merge_lora(params, config)
     config = config.replace(lora_rank=0)
@@ -236,7 +238,7 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
   flat = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(
       jax.device_get(params), sep="/").items()}
   flat.update({f"head/{k}": np.asarray(v) for k, v in traverse_util.flatten_dict(
-      jax.device_get(head or {}), sep="/").items()})
+      jax.device_get(head), sep="/").items()})
   flat = _unscan(flat)
   table = family.rules(config)
   have = {g for g in {r.group for r in table}

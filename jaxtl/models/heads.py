@@ -23,7 +23,7 @@ from jaxtl.models.transformer import build_model
 
 Array = jax.Array
 
-POOLINGS = ("first", "last", "mean")
+POOLINGS = ("first", "last", "mean", "pooler")
 TASK_KINDS = ("classification", "regression", "token_classification", "span_qa",
               "text_to_text")
 
@@ -33,7 +33,8 @@ def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
 
   ``first``: the first token ([CLS], BERT); ``last``: the last non-padding
   token (causal models, where only it has seen the whole text); ``mean``:
-  the average over non-padding tokens.
+  the average over non-padding tokens. (``pooler``, BERT's dense + tanh
+  over the first token, has parameters: :class:`ClassifierHead` owns it.)
   """
   mask_BT = segment_ids_BT > 0
   if method == "first":
@@ -139,8 +140,9 @@ class TaskModel(nn.Module):
   likeliest label, i.e. rank classification, and no new parameters exist).
   For encoder-decoder backbones the encoder's states feed the other heads
   (T5 classification through the encoder). ``scalar_mix`` replaces the last
-  hidden state with an ELMo mix of all layers. ``pooler`` adds BERT's
-  dense + tanh over the pooled vector (imported BERT checkpoints carry one).
+  hidden state with an ELMo mix of all layers. ``pooling="pooler"`` is
+  BERT's: dense + tanh over the first token (imported BERT checkpoints
+  carry its weights).
   """
   config: TransformerConfig
   kind: str = "classification"
@@ -148,7 +150,6 @@ class TaskModel(nn.Module):
   pooling: str = "first"
   dropout_rate: float = 0.1
   scalar_mix: bool = False
-  pooler: bool = False
   label_tokens: tuple[tuple[int, ...], ...] = ()  # text_to_text: [C, L], padded
   pad_id: int = 0
 
@@ -181,20 +182,18 @@ class TaskModel(nn.Module):
     if self.scalar_mix:
       hidden_BTD = ScalarMix(name="scalar_mix")(states)
     return ClassifierHead(self.config, self.kind, self.num_labels, self.pooling,
-                          self.dropout_rate, self.pooler, name="head")(
+                          self.dropout_rate, name="head")(
                               hidden_BTD, segment_ids_BT,
                               deterministic=deterministic)
 
 
 class ClassifierHead(nn.Module):
-  """Dropout + a linear layer over pooled (optionally BERT-pooled) or
-  per-token states."""
+  """Dropout + a linear layer over pooled or per-token states."""
   config: TransformerConfig
   kind: str
   num_labels: int
   pooling: str = "first"
   dropout_rate: float = 0.1
-  pooler: bool = False  # sequence tasks: BERT's dense + tanh after pooling
 
   @nn.compact
   def __call__(self, hidden_BTD: Array, segment_ids_BT: Array, *,
@@ -204,8 +203,8 @@ class ClassifierHead(nn.Module):
                "token_classification": self.num_labels, "span_qa": 2}[self.kind]
     x = hidden_BTD
     if self.kind in ("classification", "regression"):
-      x = pool(x, segment_ids_BT, self.pooling)
-      if self.pooler:
+      x = pool(x, segment_ids_BT, "first" if self.pooling == "pooler" else self.pooling)
+      if self.pooling == "pooler":
         x = jnp.tanh(nn.Dense(cfg.d_model, dtype=cfg.jnp_dtype,
                               param_dtype=cfg.jnp_param_dtype,
                               kernel_init=layers.normal_init(cfg.init_std, ("embed", "mlp")),

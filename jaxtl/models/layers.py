@@ -162,6 +162,29 @@ class MultiHeadAttention(nn.Module):
   config: TransformerConfig
   deterministic: bool = True
   return_weights: bool = False
+  # Autoregressive decoding: keys and values live in the "cache" collection.
+  # Self-attention writes this call's at ``cache_index``; cross-attention
+  # stores the encoder's once (the call that passes them) and reuses them.
+  decode: bool = False
+  cross: bool = False
+
+  def _cached(self, k_BSHK: Array | None, v_BSHK: Array | None,
+              cache_index: Array | None) -> tuple[Array, Array]:
+    """Keys and values through the cache; shapes are fixed by the init call."""
+    if k_BSHK is None:  # a later cross-attention step: the stored encoder K/V
+      return self.get_variable("cache", "key"), self.get_variable("cache", "value")
+    key = self.variable("cache", "key", jnp.zeros, k_BSHK.shape, k_BSHK.dtype)
+    value = self.variable("cache", "value", jnp.zeros, v_BSHK.shape, v_BSHK.dtype)
+    if self.is_initializing():
+      return k_BSHK, v_BSHK
+    if self.cross:
+      key.value, value.value = k_BSHK, v_BSHK
+    else:
+      at = (0, cache_index, 0, 0)
+      key.value = jax.lax.dynamic_update_slice(key.value, k_BSHK.astype(key.value.dtype), at)
+      value.value = jax.lax.dynamic_update_slice(value.value,
+                                                 v_BSHK.astype(value.value.dtype), at)
+    return key.value, value.value
 
   def _project(self, name: str, x: Array, equation: str, shape: tuple[int, ...],
                axes: tuple[str, ...], bias_shape: tuple[int, ...],
@@ -202,16 +225,22 @@ class MultiHeadAttention(nn.Module):
     return y * (cfg.lora_alpha / cfg.lora_rank)
 
   @nn.compact
-  def __call__(self, x_BTD: Array, kv_BSD: Array, mask_B1TS: Array | None,
-               bias_BHTS: Array | None = None) -> tuple[Array, Array | None]:
+  def __call__(self, x_BTD: Array, kv_BSD: Array | None, mask_B1TS: Array | None,
+               bias_BHTS: Array | None = None, cache_index: Array | None = None
+               ) -> tuple[Array, Array | None]:
+    """``kv_BSD`` is None only for cached cross-attention after its first step."""
     cfg = self.config
     hk = (cfg.num_heads, cfg.head_dim)
     q_BTHK = self._project("query", x_BTD, "btd,dhk->bthk", (cfg.d_model, *hk),
                            ("embed", "heads", "kv"), hk, ("heads", "kv"))
-    k_BSHK = self._project("key", kv_BSD, "bsd,dhk->bshk", (cfg.d_model, *hk),
-                           ("embed", "heads", "kv"), hk, ("heads", "kv"))
-    v_BSHK = self._project("value", kv_BSD, "bsd,dhk->bshk", (cfg.d_model, *hk),
-                           ("embed", "heads", "kv"), hk, ("heads", "kv"))
+    k_BSHK = v_BSHK = None
+    if kv_BSD is not None:
+      k_BSHK = self._project("key", kv_BSD, "bsd,dhk->bshk", (cfg.d_model, *hk),
+                             ("embed", "heads", "kv"), hk, ("heads", "kv"))
+      v_BSHK = self._project("value", kv_BSD, "bsd,dhk->bshk", (cfg.d_model, *hk),
+                             ("embed", "heads", "kv"), hk, ("heads", "kv"))
+    if self.decode:
+      k_BSHK, v_BSHK = self._cached(k_BSHK, v_BSHK, cache_index)
     scale = 1.0 / math.sqrt(cfg.head_dim) if cfg.scale_attention else 1.0
 
     use_dropout = cfg.attention_dropout_rate > 0 and not self.deterministic

@@ -38,6 +38,7 @@ class TransformerBlock(nn.Module):
   deterministic: bool = True
   return_hidden: bool = False
   return_attention: bool = False
+  decode: bool = False
 
   def _sublayer(self, x_BTD: Array, name: str, fn) -> tuple[Array, Any]:
     cfg = self.config
@@ -54,17 +55,19 @@ class TransformerBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x_BTD: Array, mask_B1TT: Array, bias_BHTT: Array | None,
-               enc_BSD: Array | None = None, enc_mask_B1TS: Array | None = None):
+               enc_BSD: Array | None = None, enc_mask_B1TS: Array | None = None,
+               cache_index: Array | None = None):
     cfg = self.config
     attn = functools.partial(layers.MultiHeadAttention, cfg,
                              deterministic=self.deterministic,
-                             return_weights=self.return_attention)
+                             return_weights=self.return_attention, decode=self.decode)
     self_attn = attn(name="self_attention")
     x_BTD, self_w = self._sublayer(
-        x_BTD, "self_attention", lambda h: self_attn(h, h, mask_B1TT, bias_BHTT))
+        x_BTD, "self_attention",
+        lambda h: self_attn(h, h, mask_B1TT, bias_BHTT, cache_index))
     cross_w = None
     if self.cross_attention:
-      cross = attn(name="cross_attention")
+      cross = attn(name="cross_attention", cross=True)
       x_BTD, cross_w = self._sublayer(
           x_BTD, "cross_attention", lambda h: cross(h, enc_BSD, enc_mask_B1TS))
     mlp = layers.Mlp(cfg, name="mlp")
@@ -86,12 +89,35 @@ class Stack(nn.Module):
   Returns ``(last_hidden_BTD, extras)`` where extras holds, when asked,
   ``hidden_states`` (embedding output plus every layer, the last one after
   the final norm, as in Hugging Face) and per-layer ``attentions``.
+
+  ``decode=True`` runs one step of autoregressive decoding against the
+  "cache" collection: the init call's token shape [B, L] sizes the cache;
+  each later call appends its T tokens at the cache index and attends to
+  every filled slot up to its own (``segment_ids`` 0 marks padding slots,
+  e.g. left-padded prompts). ``positions`` then default to the slot index.
   """
   config: TransformerConfig
   num_layers: int
   causal: bool
   token_embed: nn.Module
   cross_attention: bool = False
+
+  def _decode_slots(self, segment_ids_BT: Array) -> tuple[Array, Array, Array]:
+    """(cache index before this call, slot ids [B, L], slot segment ids [B, L]).
+
+    Appends this call's segment ids to the cached ones and advances the index.
+    """
+    seg = self.variable("cache", "segment_ids", jnp.zeros, segment_ids_BT.shape, jnp.int32)
+    index = self.variable("cache", "index", lambda: jnp.array(0, jnp.int32))
+    if self.is_initializing():
+      at = jnp.array(0, jnp.int32)
+    else:
+      at = index.value
+      seg.value = jax.lax.dynamic_update_slice(
+          seg.value, segment_ids_BT.astype(jnp.int32), (0, at))
+      index.value = at + segment_ids_BT.shape[1]
+    slots_BS = jnp.broadcast_to(jnp.arange(seg.value.shape[1]), seg.value.shape)
+    return at, slots_BS, seg.value if not self.is_initializing() else segment_ids_BT
 
   @nn.compact
   def __call__(self, tokens_BT: Array, segment_ids_BT: Array | None = None,
@@ -100,24 +126,35 @@ class Stack(nn.Module):
                enc_BSD: Array | None = None,
                enc_segment_ids_BS: Array | None = None, *,
                deterministic: bool = True, return_hidden: bool = False,
-               return_attention: bool = False):
+               return_attention: bool = False, decode: bool = False):
     cfg = self.config
     if segment_ids_BT is None:
       segment_ids_BT = jnp.ones_like(tokens_BT)
-    if positions_BT is None:
-      positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]),
-                                      tokens_BT.shape)
+    cache_index = None
+    if decode:
+      cache_index, slots_BS, kv_segment_ids_BS = self._decode_slots(segment_ids_BT)
+      q_slots_BT = cache_index + jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]),
+                                                  tokens_BT.shape)
+      positions_BT = q_slots_BT if positions_BT is None else positions_BT
+      mask_B1TT = (((kv_segment_ids_BS > 0)[:, None, :]
+                    & (slots_BS[:, None, :] <= q_slots_BT[:, :, None]))[:, None])
+      kv_positions_BS = slots_BS
+    else:
+      if positions_BT is None:
+        positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]),
+                                        tokens_BT.shape)
+      mask_B1TT = layers.attention_mask(segment_ids_BT, segment_ids_BT,
+                                        self.causal, positions_BT, positions_BT)
+      kv_positions_BS = positions_BT
     x_BTD = layers.Embedder(cfg, self.token_embed, deterministic,
                             name="embedder")(tokens_BT, positions_BT,
                                              token_types_BT)
     embedded_BTD = x_BTD
-    mask_B1TT = layers.attention_mask(segment_ids_BT, segment_ids_BT,
-                                      self.causal, positions_BT, positions_BT)
     bias_BHTT = None
     if cfg.position == "relative":
       bias_BHTT = layers.RelativePositionBias(
           cfg, bidirectional=not self.causal, name="relative_bias")(
-              positions_BT, positions_BT)
+              positions_BT if not decode else q_slots_BT, kv_positions_BS)
     enc_mask_B1TS = None
     if self.cross_attention:
       enc_mask_B1TS = layers.attention_mask(segment_ids_BT, enc_segment_ids_BS)
@@ -129,10 +166,10 @@ class Stack(nn.Module):
     kwargs = dict(config=cfg, cross_attention=self.cross_attention,
                   deterministic=deterministic,
                   return_hidden=return_hidden,
-                  return_attention=return_attention)
-    args = (mask_B1TT, bias_BHTT, enc_BSD, enc_mask_B1TS)
+                  return_attention=return_attention, decode=decode)
+    args = (mask_B1TT, bias_BHTT, enc_BSD, enc_mask_B1TS, cache_index)
     if cfg.scan_layers:
-      scanned = nn.scan(block, variable_axes={"params": 0},
+      scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0},
                         split_rngs={"params": True, "dropout": True},
                         in_axes=(nn.broadcast,) * len(args),
                         length=self.num_layers,
@@ -177,7 +214,7 @@ class EncoderOrDecoder(nn.Module):
                token_types_BT: Array | None = None, *,
                deterministic: bool = True, return_hidden: bool = False,
                return_attention: bool = False, lm_head: bool = True,
-               logits_at_BK: Array | None = None) -> dict[str, Any]:
+               logits_at_BK: Array | None = None, decode: bool = False) -> dict[str, Any]:
     """Runs the stack and LM head.
 
     ``logits_at_BK`` (indices into the length axis) computes logits only at
@@ -190,7 +227,7 @@ class EncoderOrDecoder(nn.Module):
         cfg, cfg.num_layers, causal=cfg.family == "decoder", token_embed=embed,
         name="stack")(tokens_BT, segment_ids_BT, positions_BT, token_types_BT,
                       deterministic=deterministic, return_hidden=return_hidden,
-                      return_attention=return_attention)
+                      return_attention=return_attention, decode=decode)
     out = {"last_hidden": hidden_BTD, **extras}
     if lm_head:
       if logits_at_BK is not None:
@@ -220,16 +257,19 @@ class EncoderDecoder(nn.Module):
                         return_hidden=return_hidden,
                         return_attention=return_attention)
 
-  def decode(self, enc_BSD: Array, enc_segment_ids_BS: Array | None,
+  def decode(self, enc_BSD: Array | None, enc_segment_ids_BS: Array | None,
              tokens_BT: Array, segment_ids_BT: Array | None = None,
              positions_BT: Array | None = None, *, deterministic: bool = True,
-             return_hidden: bool = False, return_attention: bool = False):
+             return_hidden: bool = False, return_attention: bool = False,
+             decode: bool = False):
+    """Decoder logits. With ``decode`` (cached steps), ``enc_BSD`` is needed
+    only on the first call; later ones pass None and reuse its keys/values."""
     if enc_segment_ids_BS is None:
       enc_segment_ids_BS = jnp.ones(enc_BSD.shape[:2], jnp.int32)
     hidden_BTD, extras = self.decoder(
         tokens_BT, segment_ids_BT, positions_BT, None, enc_BSD,
         enc_segment_ids_BS, deterministic=deterministic,
-        return_hidden=return_hidden, return_attention=return_attention)
+        return_hidden=return_hidden, return_attention=return_attention, decode=decode)
     return self.lm_head(hidden_BTD), hidden_BTD, extras
 
   def __call__(self, encoder_tokens_BS: Array, decoder_tokens_BT: Array,

@@ -1,0 +1,190 @@
+"""Generation: the KV cache equals recomputing the prefix, greedy decoding
+matches transformers token for token, sampling and beam-search properties."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxtl import generate as G
+from jaxtl.models import TransformerConfig, build_model
+
+DECODER = TransformerConfig(family="decoder", vocab_size=61, d_model=32, num_heads=4,
+                            head_dim=8, mlp_dim=64, num_layers=2, max_len=64,
+                            dropout_rate=0.0)
+T5 = TransformerConfig(family="encoder_decoder", vocab_size=61, d_model=32, num_heads=4,
+                       head_dim=8, mlp_dim=64, num_layers=2, max_len=64,
+                       position="relative", norm="rmsnorm", use_bias=False,
+                       scale_attention=False, dropout_rate=0.0, relative_buckets=8,
+                       relative_max_distance=16)
+
+
+def _params(cfg, seed=0):
+  tokens = jnp.ones((1, 4), jnp.int32)
+  args = (tokens, tokens) if cfg.family == "encoder_decoder" else (tokens,)
+  params = build_model(cfg).init(jax.random.key(seed), *args)["params"]
+  # Sharper distributions than the init's, so greedy paths are not ties.
+  return jax.tree.map(lambda x: x * 3.0 if x.ndim == 2 and x.shape[0] == 61 else x, params)
+
+
+def _naive_greedy(cfg, params, tokens, n, eos=None, pad=0):
+  """Greedy decoding that recomputes the whole prefix every step."""
+  model = build_model(cfg)
+  out, done = [], np.zeros(len(tokens), bool)
+  if cfg.family == "decoder":
+    seq = np.asarray(tokens)
+  else:
+    seq = np.zeros((len(tokens), 1), np.int32)
+  for _ in range(n):
+    if cfg.family == "decoder":
+      logits = model.apply({"params": params}, jnp.asarray(seq))["logits"]
+    else:
+      logits = model.apply({"params": params}, jnp.asarray(tokens), jnp.asarray(seq))["logits"]
+    tok = np.where(done, pad, np.asarray(jnp.argmax(logits[:, -1], -1)))
+    out.append(tok)
+    if eos is not None:
+      done |= tok == eos
+    seq = np.concatenate([seq, tok[:, None]], 1)
+  return np.stack(out, 1)
+
+
+@pytest.mark.parametrize("cfg", [DECODER, T5, DECODER.replace(scan_layers=True),
+                                 T5.replace(scan_layers=True)],
+                         ids=["decoder", "t5", "decoder_scan", "t5_scan"])
+def test_cached_greedy_equals_recomputing_the_prefix(cfg):
+  params = _params(cfg)
+  tokens = np.random.RandomState(0).randint(2, 61, (3, 5))
+  gen = G.GenerationConfig(max_new_tokens=6, eos_id=5)
+  got = G.generate(cfg, params, tokens, gen=gen)
+  np.testing.assert_array_equal(got, _naive_greedy(cfg, params, tokens, 6, eos=5))
+
+
+def test_left_padding_does_not_change_a_prompt_s_output():
+  params = _params(DECODER)
+  short, long_ = [7, 8, 9], [3, 4, 5, 6, 7]
+  tokens = np.array([[0, 0] + short, long_])
+  mask = np.array([[0, 0, 1, 1, 1], [1] * 5])
+  gen = G.GenerationConfig(max_new_tokens=6)
+  both = G.generate(DECODER, params, tokens, mask, gen=gen)
+  alone = G.generate(DECODER, params, np.array([short]), gen=gen)
+  np.testing.assert_array_equal(both[0], alone[0])
+
+
+def test_sampling_settings():
+  params = _params(DECODER)
+  tokens = np.random.RandomState(1).randint(2, 61, (2, 5))
+  greedy = G.generate(DECODER, params, tokens, gen=G.GenerationConfig(max_new_tokens=8))
+  top1 = G.generate(DECODER, params, tokens, gen=G.GenerationConfig(
+      max_new_tokens=8, temperature=1.0, top_k=1), rng=jax.random.key(3))
+  np.testing.assert_array_equal(top1, greedy)
+  gen = G.GenerationConfig(max_new_tokens=8, temperature=1.5, num_return_sequences=4)
+  a = G.generate(DECODER, params, tokens, gen=gen, rng=jax.random.key(1))
+  b = G.generate(DECODER, params, tokens, gen=gen, rng=jax.random.key(1))
+  assert a.shape == (8, 8)
+  np.testing.assert_array_equal(a, b)
+  assert len({tuple(r) for r in a[:4]}) > 1  # the 4 samples of prompt 0 differ
+
+
+def test_process_logits_filters():
+  logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+  seen = jnp.zeros((1, 4), bool)
+  keep = lambda gen: np.isfinite(np.asarray(G.process_logits(logits, seen, gen))) & (
+      np.asarray(G.process_logits(logits, seen, gen)) > -1e30)
+  assert keep(G.GenerationConfig(top_k=2)).tolist() == [[True, True, False, False]]
+  assert keep(G.GenerationConfig(top_p=0.7)).tolist() == [[True, True, False, False]]
+  assert keep(G.GenerationConfig(top_p=0.5)).tolist() == [[True, False, False, False]]
+  penalized = G.process_logits(jnp.array([[2.0, -2.0, 2.0]]), jnp.array([[True, True, False]]),
+                               G.GenerationConfig(repetition_penalty=2.0))
+  np.testing.assert_allclose(penalized, [[1.0, -4.0, 2.0]])
+
+
+def test_repetition_penalty_avoids_repeats():
+  params = _params(DECODER)
+  tokens = np.array([[3, 4, 5]])
+  out = G.generate(DECODER, params, tokens, gen=G.GenerationConfig(
+      max_new_tokens=12, repetition_penalty=1e9))
+  seq = [3, 4, 5] + out[0].tolist()
+  assert len(set(seq)) == len(seq)
+
+
+def test_beam_search():
+  params = _params(T5)
+  tokens = np.random.RandomState(2).randint(2, 61, (2, 6))
+  greedy = G.generate(T5, params, tokens, gen=G.GenerationConfig(max_new_tokens=7))
+  one = G.generate(T5, params, tokens, gen=G.GenerationConfig(max_new_tokens=7, num_beams=1))
+  np.testing.assert_array_equal(one, greedy)
+  gen = G.GenerationConfig(max_new_tokens=7, num_beams=4, num_return_sequences=2,
+                           length_penalty=0.0)
+  beams = G.generate(T5, params, tokens, gen=gen)
+  assert beams.shape == (4, 7)
+
+  def logprob(rows, enc):
+    dec_in = np.concatenate([np.zeros((len(rows), 1), int), rows[:, :-1]], 1)
+    logits = build_model(T5).apply({"params": params}, jnp.asarray(enc), jnp.asarray(dec_in))[
+        "logits"]
+    lp = jax.nn.log_softmax(logits)
+    return np.asarray(jnp.take_along_axis(lp, jnp.asarray(rows)[..., None], -1)[..., 0].sum(-1))
+  best = beams[::2]
+  assert (logprob(best, tokens) >= logprob(greedy, tokens) - 1e-4).all()
+  assert (logprob(beams[::2], tokens) >= logprob(beams[1::2], tokens) - 1e-4).all()
+
+
+def test_bad_requests_are_refused():
+  enc = DECODER.replace(family="encoder")
+  with pytest.raises(ValueError, match="does not generate"):
+    G.generate(enc, {}, np.ones((1, 2)), gen=G.GenerationConfig())
+  with pytest.raises(ValueError, match="exceeds the model's max_len 64"):
+    G.generate(DECODER, {}, np.ones((1, 60)), gen=G.GenerationConfig(max_new_tokens=10))
+  with pytest.raises(ValueError, match="beam search is for encoder-decoder"):
+    G.generate(DECODER, {}, np.ones((1, 2)), gen=G.GenerationConfig(num_beams=2))
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "t5"])
+def test_greedy_matches_transformers_generate(model_type, tmp_path):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from jaxtl import convert  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  if model_type == "gpt2":
+    config = transformers.GPT2Config(vocab_size=97, n_embd=40, n_layer=2, n_head=5,
+                                     n_positions=32, eos_token_id=3, pad_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)
+  else:
+    config = transformers.T5Config(vocab_size=97, d_model=40, d_kv=8, d_ff=48, num_layers=2,
+                                   num_heads=5, decoder_start_token_id=0, eos_token_id=3,
+                                   pad_token_id=0, feed_forward_proj="gated-gelu")
+    model = transformers.T5ForConditionalGeneration(config)
+  with torch.no_grad():  # sharper logits than the init's: fewer near-ties
+    for p in model.parameters():
+      p.mul_(4.0 if p.ndim == 2 else 1.0)
+  model.eval().save_pretrained(tmp_path)
+  imported = convert.import_hf(tmp_path)
+  prompts = np.random.RandomState(0).randint(4, 97, (3, 6))
+  with torch.no_grad():
+    theirs = model.generate(torch.tensor(prompts), do_sample=False, max_new_tokens=10,
+                            min_new_tokens=0).numpy()
+  theirs = theirs[:, prompts.shape[1]:] if model_type == "gpt2" else theirs[:, 1:]
+  ours = G.generate(imported.config, imported.params, prompts,
+                    gen=G.GenerationConfig(max_new_tokens=10, eos_id=3, pad_id=0))
+  np.testing.assert_array_equal(ours[:, :theirs.shape[1]], theirs)
+  assert (ours[:, theirs.shape[1]:] == 0).all()  # HF stops once all rows ended
+
+
+def test_command_line_generates_text(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import datadir  # pylint: disable=g-import-not-at-top
+  from jaxtl import convert  # pylint: disable=g-import-not-at-top
+  vocab = datadir.require_data("tokenizers", "gpt2_vocab.json")
+  cfg = DECODER.replace(vocab_size=50257, tie_embeddings=True, activation="gelu_new",
+                        norm_eps=1e-5)
+  params = build_model(cfg).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
+  convert.export_hf(tmp_path / "gpt2", cfg, params)
+  out = subprocess.run(
+      [sys.executable, "-m", "jaxtl.generate", f"--checkpoint={tmp_path / 'gpt2'}",
+       f"--tokenizer={vocab}", "--prompt=Hello there", "--prompt=Why",
+       "--max_new_tokens=4", "--temperature=1.0", "--num_return_sequences=2"],
+      capture_output=True, text=True, timeout=300, check=True)
+  lines = [l for l in out.stdout.splitlines() if l.startswith("[")]
+  assert len(lines) == 4 and lines[0].startswith("[0] Hello there") and lines[3].startswith(
+      "[3] Why")
