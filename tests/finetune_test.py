@@ -200,3 +200,25 @@ def test_minilm_recipe_fine_tunes_a_hugging_face_folder(tmp_path):
   assert results["new"] == ["head/out/bias", "head/out/kernel"]
   assert not results["discarded"]  # BertModel: no MLM head to drop; pooler used
   assert 0.0 <= results["test"]["accuracy"] <= 1.0
+
+
+def test_a_jaxtl_pretrained_model_exports_to_transformers(pretrained, tmp_path):
+  """python -m jaxtl.convert: transformers loads it and computes the same logits."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from jaxtl import pretrained as pretrained_lib  # pylint: disable=g-import-not-at-top
+  from jaxtl.models import build_model  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "hf"
+  subprocess.run([sys.executable, "-m", "jaxtl.convert", f"--checkpoint={pretrained}",
+                  f"--out={out}"], check=True, capture_output=True, timeout=300)
+  assert (out / "spiece.model").is_file()
+  model, info = transformers.BertForMaskedLM.from_pretrained(out, output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"]
+  loaded = pretrained_lib.load(pretrained)
+  tokens = np.array([loaded.tokenizer.encode("To be, or not to be: that is the question")])
+  ours = build_model(loaded.config).apply({"params": loaded.params}, tokens)["logits"]
+  with torch.no_grad():
+    theirs = model.eval()(torch.tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4)
