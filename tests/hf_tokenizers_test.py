@@ -80,3 +80,14 @@ def test_missing_files_are_named(tmp_path):
       .to_str().replace("[PAD]", "[PAX]").replace("[UNK]", "[UNX]"))
   with pytest.raises(ValueError, match=r"tokenizer.json: no token for \['pad_id'"):
     get_tokenizer(tmp_path / "tokenizer.json")
+
+
+def test_t5_style_sentinels_are_found():
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, "a": 3}
+  backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+  backend.add_special_tokens(["<extra_id_1>", "<extra_id_0>"])
+  tok = hf_tokenizers.HuggingFaceTokenizer(backend, "t5-like")
+  assert (tok.pad_id, tok.eos_id, tok.unk_id) == (0, 1, 2)
+  assert [tok.sentinel_id(0), tok.sentinel_id(1)] == [5, 4]
+  assert tok.special_ids.tolist() == [0, 1, 2, 4, 5]

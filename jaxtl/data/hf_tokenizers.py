@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Sequence
 
 import tokenizers
 
 from jaxtl.data.tokenizers import Tokenizer
 
+_SENTINEL = re.compile(r"^<extra_id_(\d+)>$")
 # Candidate token strings for each special role, most specific first.
 _ROLES = {
     "pad_id": ("[PAD]", "<pad>", "<|endoftext|>"),
@@ -50,6 +52,10 @@ class HuggingFaceTokenizer(Tokenizer):
     for role, candidates in _ROLES.items():
       found = [tokenizer.token_to_id(c) for c in candidates]
       setattr(self, role, next((i for i in found if i is not None), None))
+    # T5's tokenizer.json carries its span-corruption sentinels as added tokens.
+    sentinels = {int(m.group(1)): i for t, i in tokenizer.get_vocab(True).items()
+                 if (m := _SENTINEL.match(t))}
+    self._sentinels = tuple(sentinels[k] for k in sorted(sentinels))
     missing = [r for r in ("pad_id", "unk_id", "eos_id") if getattr(self, r) is None]
     if missing:
       raise ValueError(f"{source}: no token for {missing} (looked for "
