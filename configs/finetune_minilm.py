@@ -34,4 +34,8 @@ def get_config(arg: str | None = None):
   # [CLS] + pooler on TREC (README).
   c.task.pooling = "mean"
   c.optim.update(lr=5e-5, warmup_steps=0, warmup_fraction=0.1, weight_decay=0.01)
+  # Batches padded to a multiple of 8 tokens, not 16: TREC batches then
+  # average fewer padded tokens (0.46 s per step instead of 0.56 on 2 cores),
+  # for 8 compiled shapes instead of 4.
+  c.train.length_multiple = 8
   return c
