@@ -3,7 +3,6 @@
 import importlib
 import json
 
-import jax
 import numpy as np
 import pytest
 

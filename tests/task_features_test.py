@@ -5,7 +5,7 @@ import pytest
 
 from jaxtl.data import task_features, tasks
 from jaxtl.data.examples import Examples
-from jaxtl.data.tokenizers import get_tokenizer, train_sentencepiece
+from jaxtl.data.tokenizers import train_sentencepiece
 
 import datadir
 

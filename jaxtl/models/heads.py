@@ -11,7 +11,7 @@ L the number of hidden-state layers.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import flax.linen as nn
 import jax
