@@ -155,8 +155,8 @@ def _generate_decoder(cfg: TransformerConfig, gen: GenerationConfig, params: Any
 
 
 def _decoder_start(cfg: TransformerConfig, gen: GenerationConfig, params: Any,
-                   tokens_BS: Array, mask_BS: Array) -> tuple[Any, Any, Array, Any]:
-  """(model, step, first logits, cache) of T5 decoding after the start token."""
+                   tokens_BS: Array, mask_BS: Array) -> tuple[Any, Array, Any]:
+  """(step, first logits, cache) of T5 decoding after the start token."""
   model = build_model(cfg)
   b = tokens_BS.shape[0]
   enc_BSD = model.apply({"params": params}, tokens_BS, mask_BS, method=model.encode)[0]
@@ -174,13 +174,13 @@ def _decoder_start(cfg: TransformerConfig, gen: GenerationConfig, params: Any,
                                     mutable=["cache"])
     return logits[:, -1], v["cache"]
 
-  return model, step, logits[:, -1], v["cache"]
+  return step, logits[:, -1], v["cache"]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _generate_encoder_decoder(cfg: TransformerConfig, gen: GenerationConfig, params: Any,
                               tokens_BS: Array, mask_BS: Array, rng: Array) -> Array:
-  _, step, logits_BV, cache = _decoder_start(cfg, gen, params, tokens_BS, mask_BS)
+  step, logits_BV, cache = _decoder_start(cfg, gen, params, tokens_BS, mask_BS)
   seen_BV = jnp.zeros((tokens_BS.shape[0], cfg.vocab_size), bool)
   return _sample_loop(step, logits_BV, cache, seen_BV, rng, gen)
 
@@ -205,7 +205,7 @@ def _beam_search(cfg: TransformerConfig, gen: GenerationConfig, params: Any,
   k, n = gen.num_beams, gen.max_new_tokens
   b = tokens_BS.shape[0]
   rep = lambda x: jnp.repeat(x, k, axis=0)  # row b*K + j is beam j of input b
-  _, step, logits_RV, cache = _decoder_start(cfg, gen, params, rep(tokens_BS), rep(mask_BS))
+  step, logits_RV, cache = _decoder_start(cfg, gen, params, rep(tokens_BS), rep(mask_BS))
   v = cfg.vocab_size
   neg = jnp.finfo(jnp.float32).min
   scores_BK = jnp.tile(jnp.array([0.0] + [neg] * (k - 1), jnp.float32), (b, 1))
