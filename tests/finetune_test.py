@@ -196,7 +196,8 @@ def test_minilm_recipe_fine_tunes_a_hugging_face_folder(tmp_path):
   datadir.require_data("trec")
   config = importlib.import_module("configs.finetune_minilm").get_config("task=trec")
   config.task.update(num_train_examples=64, max_eval_examples=32, pooling="pooler")
-  config.train.update(epochs=1, checkpoint_every=0)
+  # One padded length, so one compiled step per mode.
+  config.train.update(epochs=1, checkpoint_every=0, length_multiple=config.task.max_len)
   results = finetune.finetune_and_evaluate(config, str(tmp_path))
   assert results["new"] == ["head/out/bias", "head/out/kernel"]
   assert not results["discarded"]  # BertModel: no MLM head to drop; pooler used

@@ -77,7 +77,10 @@ def test_meshes_match_single_device(family):
   cfg = tiny(family)
   ref, ref_state, _ = run_steps(cfg, (1, 1, 1), data)
   assert ref[-1] < ref[0]
-  for shape in [(8, 1, 1), (2, 4, 1), (2, 2, 2)]:
+  # The decoder tries each axis; the encoder-decoder (slow to compile on 8
+  # devices) the mesh that uses all three at once.
+  shapes = [(8, 1, 1), (2, 4, 1), (2, 2, 2)] if family == "decoder" else [(2, 2, 2)]
+  for shape in shapes:
     losses, state, _ = run_steps(cfg, shape, data)
     np.testing.assert_allclose(losses, ref, rtol=2e-5, err_msg=str(shape))
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
