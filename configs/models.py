@@ -36,6 +36,8 @@ PRESETS: dict[str, dict] = {
     "bert_mini": {**_BERT, **_size(4, 256, 4, 1024)},
     "bert_small": {**_BERT, **_size(4, 512, 8, 2048)},
     "bert_base": {**_BERT, **_size(12, 768, 12, 3072)},
+    # all-MiniLM-L6-v2's shape (the BERT-on-TREC model of the README).
+    "minilm_l6": {**_BERT, **_size(6, 384, 12, 1536)},
     "gpt2_tiny": {**_GPT2, **_size(4, 256, 4, 1024, max_len=512)},
     "gpt2_small": {**_GPT2, **_size(12, 768, 12, 3072)},
     # t5_tiny is a v1.1-style (gated GELU) miniature; t5_small is T5 v1.0 small.

@@ -21,6 +21,12 @@ flags.DEFINE_enum("mode", "pretrain", ["pretrain", "finetune", "study"],
                   "study: configs/transfer_study.py.")
 flags.DEFINE_bool("multiprocess", False, "Call jax.distributed.initialize() "
                   "(set automatically on SLURM / TPU pods by the launch scripts).")
+# Where the cluster environment (SLURM, Cloud TPU, MPI) cannot tell JAX, e.g.
+# hosts started by hand: all three, the same coordinator on every process.
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0's "
+                    "coordinator (with --multiprocess; default: auto-detected).")
+flags.DEFINE_integer("num_processes", None, "Processes in the run (default: auto).")
+flags.DEFINE_integer("process_id", None, "This process's index (default: auto).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -30,7 +36,9 @@ def main(argv: list[str]) -> None:
   import jax  # pylint: disable=g-import-not-at-top
 
   if FLAGS.multiprocess:
-    jax.distributed.initialize()
+    jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
+                               num_processes=FLAGS.num_processes,
+                               process_id=FLAGS.process_id)
   from jaxtl import train  # pylint: disable=g-import-not-at-top
 
   logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,

@@ -4,7 +4,9 @@ Model FLOPs per example follow the PaLM appendix convention: 6 FLOPs per
 matmul weight per token for forward + backward (2 forward, 4 backward), plus
 attention's score and value products, 12 * layers * (heads * head_dim) *
 key_length per token (causal masking is not discounted). Embedding lookups
-are free; the LM-head projection (vocab x d_model) counts whether tied or not.
+are free; the LM head (the vocab x d_model projection, tied or not, and
+BERT's transform) counts at the positions it runs: every target position,
+or only the masked ones for MLM.
 """
 
 from __future__ import annotations
@@ -42,11 +44,21 @@ def peak_flops_per_device(device: jax.Device | None = None,
 
 
 def _matmul_params(params: Any, prefix: str | None = None) -> int:
-  """Weights of dense layers (kernels), optionally under one top-level name."""
+  """Weights of dense layers (``kernel``, ``query_kernel``, ...) below the
+  LM head, optionally under one top-level name."""
   flat = traverse_util.flatten_dict(params)
   return sum(int(v.size) for k, v in flat.items()
-             if k[-1] == "kernel" and "logits" not in k
+             if k[-1].endswith("kernel") and "logits" not in k and "lm_head" not in k
              and (prefix is None or prefix in k))
+
+
+def _head_params(cfg: TransformerConfig, params: Any) -> int:
+  """The LM head's weights: the vocabulary projection (tied or not) and
+  BERT's transform before it."""
+  flat = traverse_util.flatten_dict(params)
+  transform = sum(int(v.size) for k, v in flat.items()
+                  if k[-1].endswith("kernel") and "lm_head" in k and "logits" not in k)
+  return cfg.vocab_size * cfg.d_model + transform
 
 
 def flops_per_example(cfg: TransformerConfig, params: Any,
@@ -54,16 +66,17 @@ def flops_per_example(cfg: TransformerConfig, params: Any,
                       head_positions: int | None = None) -> float:
   """Training FLOPs for one example (row) of the given lengths.
 
-  ``head_positions``: the LM head runs only at this many positions (MLM).
+  ``head_positions``: the LM head runs only at this many positions (MLM);
+  None: at every target position; 0: nowhere (a task head replaces it).
   """
   attn_width = cfg.num_heads * cfg.head_dim
-  head = 6 * cfg.vocab_size * cfg.d_model
+  head = 6 * _head_params(cfg, params)
   if cfg.family == "encoder_decoder":
     s, t = encoder_length, decoder_length
     enc = 6 * _matmul_params(params, "encoder") * s + 12 * cfg.num_layers * attn_width * s * s
     dec = (6 * _matmul_params(params, "decoder") * t
            + 12 * cfg.decoder_layers * attn_width * t * (t + s))
-    return float(enc + dec + head * t)
+    return float(enc + dec + head * (t if head_positions is None else head_positions))
   t = encoder_length
   body = 6 * _matmul_params(params) * t + 12 * cfg.num_layers * attn_width * t * t
-  return float(body + head * (head_positions or t))
+  return float(body + head * (t if head_positions is None else head_positions))

@@ -208,6 +208,11 @@ def _check_exportable(family: Family, cfg: TransformerConfig) -> dict[str, Any]:
   return hf_config
 
 
+def hf_config(config: TransformerConfig) -> dict[str, Any]:
+  """The ``config.json`` fields of the Hugging Face model equal to ``config``."""
+  return _check_exportable(BY_JAXTL_FAMILY[config.family], config)
+
+
 def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *,
               head: Any = None, architecture: str | None = None,
               label_names: tuple[str, ...] = ()) -> str:

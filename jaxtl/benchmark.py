@@ -1,0 +1,476 @@
+r"""Training-step benchmarks, with Hugging Face PyTorch side by side.
+
+  python -m jaxtl.benchmark --presets=tiny_gpt2,tiny_bert,tiny_t5,tiny_cls --torch
+  python -m jaxtl.benchmark --presets=gpt2_small,bert_base,t5_small,minilm_cls --torch
+
+Each preset is one model, objective, batch and length. jaxtl runs its real
+train step (``train.train_step``: AdamW, global-norm clipping, dropout,
+non-finite guard), jitted with the state donated, on a mesh over every local
+device; PyTorch runs the same architecture built by ``transformers`` from the
+config jaxtl would export (``jaxtl.convert``), with the same batch, AdamW and
+clipping. On a GPU both compute in bfloat16 with float32 parameters and
+optimizer state (jaxtl: ``dtype=bfloat16``; PyTorch: bf16 autocast and SDPA
+attention); on a CPU both in float32.
+
+Reported per preset and side: step time (median over ``--steps`` steps after
+``--warmup``, each step synchronised with the device), tokens/s, model FLOPs
+per token and MFU (``jaxtl.perf``: 6 FLOPs per matmul weight per token plus
+attention's score and value products; PyTorch is credited the same model
+FLOPs), compile time (lowering + XLA compilation, and the first PyTorch
+step), and peak device memory (``memory_stats()`` where the device keeps them,
+else the compiled step's ``memory_analysis()``). The rows are printed and
+appended, with date, device, versions and command, to ``--results``.
+
+Batches are synthetic (uniform random token ids): this measures the step, not
+the input pipeline (``--pipeline`` measures that instead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from jaxtl import objectives, optim, perf, sharding, train
+from jaxtl.models import TransformerConfig, build_model
+from jaxtl.models.heads import TaskModel
+
+OBJECTIVES = ("clm", "mlm", "span", "classify")
+MASK_RATE = 0.15  # MLM: the share of positions that carry loss.
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  """One benchmark: a ``configs/models.py`` model, an objective and a shape.
+
+  Attributes:
+    model: Name in ``configs.models.PRESETS``.
+    objective: ``clm`` (decoder), ``mlm`` (encoder), ``span`` (T5 span
+      corruption: ``length`` inputs, ``target_length`` targets) or
+      ``classify`` (an encoder with BERT's pooler and a classifier).
+    batch_size: Rows per step (global, over all devices).
+    length: Input tokens per row.
+    target_length: Decoder tokens per row (``span`` only).
+    vocab_size: The model's vocabulary.
+    num_labels: Classes (``classify`` only).
+  """
+  model: str
+  objective: str
+  batch_size: int
+  length: int
+  vocab_size: int
+  target_length: int = 0
+  num_labels: int = 0
+
+  @property
+  def tokens_per_row(self) -> int:
+    return self.length + self.target_length
+
+
+PRESETS: dict[str, Preset] = {
+    # The issue's presets: GPT-2 small at 1024, BERT-base MLM at 512, T5-small
+    # span corruption (512 inputs; 15% noise, mean span 3 -> 114 targets), and
+    # the TREC fine-tuning shape of the MiniLM recipe.
+    "gpt2_small": Preset("gpt2_small", "clm", 8, 1024, 50257),
+    "bert_base": Preset("bert_base", "mlm", 16, 512, 30522),
+    "t5_small": Preset("t5_small", "span", 32, 512, 32128, target_length=114),
+    "minilm_cls": Preset("minilm_l6", "classify", 32, 64, 30522, num_labels=6),
+    # Seconds-long smoke runs on a CPU (and in the tests).
+    "tiny_gpt2": Preset("gpt2_tiny", "clm", 4, 128, 1024),
+    "tiny_bert": Preset("bert_tiny", "mlm", 4, 128, 1024),
+    "tiny_t5": Preset("t5_tiny", "span", 4, 128, 1024, target_length=32),
+    "tiny_cls": Preset("bert_tiny", "classify", 8, 64, 1024, num_labels=6),
+}
+
+# Which transformers class trains each objective.
+_HF_CLASSES = {"clm": "GPT2LMHeadModel", "mlm": "BertForMaskedLM",
+               "span": "T5ForConditionalGeneration",
+               "classify": "BertForSequenceClassification"}
+
+
+def on_accelerator() -> bool:
+  return jax.devices()[0].platform != "cpu"
+
+
+def model_config(preset: Preset, dtype: str, **overrides: Any) -> TransformerConfig:
+  """The preset's TransformerConfig, computing in ``dtype``."""
+  from configs import models  # pylint: disable=g-import-not-at-top
+  if preset.model not in models.PRESETS:
+    raise ValueError(f"preset model {preset.model!r} is not in configs/models.py; "
+                     f"known: {sorted(models.PRESETS)}")
+  values = {**models.PRESETS[preset.model], "vocab_size": preset.vocab_size,
+            "dtype": dtype, **overrides}
+  return TransformerConfig.from_mapping(values)
+
+
+def optimizer_config(lr: float = 1e-4) -> ml_collections.ConfigDict:
+  """AdamW + clipping, as both sides run it (constant rate: no warmup effects)."""
+  return ml_collections.ConfigDict(dict(
+      lr=lr, warmup_steps=0, schedule="constant", end_lr_ratio=1.0,
+      weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0, accum_steps=1))
+
+
+def make_batch(preset: Preset, seed: int = 0) -> dict[str, np.ndarray]:
+  """A synthetic batch in the layout jaxtl's loss for the objective reads."""
+  rng = np.random.default_rng(seed)
+  b, t = preset.batch_size, preset.length
+  tokens = lambda n: rng.integers(1, preset.vocab_size, (b, n), dtype=np.int32)
+  if preset.objective == "clm":
+    seq = tokens(t + 1)
+    return {"decoder_input_tokens": seq[:, :-1], "decoder_target_tokens": seq[:, 1:],
+            "decoder_loss_weights": np.ones((b, t), np.float32)}
+  if preset.objective == "mlm":
+    weights = np.zeros((b, t), np.float32)
+    k = max_predictions(preset)
+    for row in weights:
+      row[rng.choice(t, k, replace=False)] = 1.0
+    return {"encoder_input_tokens": tokens(t), "encoder_target_tokens": tokens(t),
+            "encoder_loss_weights": weights}
+  if preset.objective == "span":
+    n = preset.target_length
+    targets = tokens(n)
+    return {"encoder_input_tokens": tokens(t),
+            "decoder_input_tokens": np.concatenate(
+                [np.zeros((b, 1), np.int32), targets[:, :-1]], 1),
+            "decoder_target_tokens": targets,
+            "decoder_loss_weights": np.ones((b, n), np.float32)}
+  if preset.objective == "classify":
+    return {"encoder_input_tokens": tokens(t),
+            "encoder_segment_ids": np.ones((b, t), np.int32),
+            "encoder_positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
+            "labels": rng.integers(0, preset.num_labels, b, dtype=np.int32),
+            "label_weights": np.ones(b, np.float32)}
+  raise ValueError(f"unknown objective {preset.objective!r}; known: {OBJECTIVES}")
+
+
+def max_predictions(preset: Preset) -> int:
+  """Loss positions per MLM row, as the data pipeline bounds them."""
+  return int(np.ceil(MASK_RATE * preset.length))
+
+
+@dataclasses.dataclass
+class Measurement:
+  """One side's figures for one preset."""
+  step_s: float
+  compile_s: float
+  peak_bytes: int | None
+  memory_source: str
+
+  def tokens_per_s(self, preset: Preset) -> float:
+    return preset.batch_size * preset.tokens_per_row / self.step_s
+
+
+def _time_steps(run_step: Callable[[], Any], warmup: int, steps: int) -> float:
+  """Median wall time of ``run_step`` (which must block until done)."""
+  for _ in range(warmup):
+    run_step()
+  times = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    run_step()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def jaxtl_step(preset: Preset, cfg: TransformerConfig) -> tuple[Any, Any, Callable]:
+  """(model, loss_fn, weight_fn) of the preset's objective, as training runs it."""
+  if preset.objective == "classify":
+    from jaxtl import finetune  # pylint: disable=g-import-not-at-top
+    model = TaskModel(cfg, kind="classification", num_labels=preset.num_labels,
+                      pooling="pooler", dropout_rate=cfg.dropout_rate)
+    return model, finetune.make_task_loss_fn(model), lambda b: jnp.sum(b["label_weights"])
+  model = build_model(cfg)
+  loss_fn = objectives.make_loss_fn(
+      model, max_predictions(preset) if preset.objective == "mlm" else None)
+  return model, loss_fn, functools.partial(objectives.loss_weight_total, family=cfg.family)
+
+
+def _init_inputs(model: Any, preset: Preset, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+  if preset.objective == "classify":
+    return {"tokens_BT": batch["encoder_input_tokens"][:1]}
+  return train.lm_init_inputs(model, batch)
+
+
+def _peak_memory(compiled: Any) -> tuple[int | None, str]:
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    return int(stats["peak_bytes_in_use"]), "memory_stats"
+  analysis = compiled.memory_analysis()
+  if analysis is None:
+    return None, "none"
+  total = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+           - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)
+  return int(total), "memory_analysis"
+
+
+def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
+              devices: list[jax.Device], seed: int = 0) -> tuple[Measurement, float]:
+  """Times jaxtl's train step, data-parallel over ``devices``; returns
+  (measurement, model FLOPs per row)."""
+  if preset.batch_size % len(devices):
+    raise ValueError(f"batch {preset.batch_size} does not split over "
+                     f"{len(devices)} devices: pass --batch_size or --devices")
+  mesh = sharding.make_mesh((-1, 1, 1), devices)
+  rules = sharding.make_rules()
+  model, loss_fn, weight_fn = jaxtl_step(preset, cfg)
+  batch = make_batch(preset, seed)
+  tx, schedule = optim.make_optimizer(optimizer_config(), total_steps=warmup + steps)
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  state, shardings = train.create_sharded_state(
+      model, tx, _init_inputs(model, preset, batch), jax.random.key(seed), mesh, rules)
+  step = jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx,
+                                   schedule=schedule, weight_fn=weight_fn),
+                 in_shardings=(shardings, sharding.batch_sharding(mesh), None),
+                 out_shardings=(shardings, None), donate_argnums=0)
+  rng = jax.random.key(seed + 1)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    device_batch = sharding.shard_batch(batch, mesh)
+    start = time.perf_counter()
+    compiled = step.lower(state, device_batch, rng).compile()
+    compile_s = time.perf_counter() - start
+    holder = [state]
+
+    def run_step():
+      holder[0], metrics = compiled(holder[0], device_batch, rng)
+      jax.block_until_ready((holder[0], metrics))
+
+    step_s = _time_steps(run_step, warmup, steps)
+  params = holder[0].params
+  if preset.objective == "classify":
+    params = params["backbone"]
+  flops = perf.flops_per_example(
+      cfg, params, preset.length, preset.target_length,
+      head_positions=(max_predictions(preset) if preset.objective == "mlm"
+                      else 0 if preset.objective == "classify" else None))
+  peak, source = _peak_memory(compiled)
+  return Measurement(step_s, compile_s, peak, source), flops
+
+
+def run_torch(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
+              seed: int = 0) -> Measurement:
+  """Times the same model's step in transformers (PyTorch)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from jaxtl.convert import hf  # pylint: disable=g-import-not-at-top
+  cuda = torch.cuda.is_available()
+  device = torch.device("cuda" if cuda else "cpu")
+  hf_config = hf.hf_config(cfg)
+  if preset.objective == "classify":
+    hf_config["num_labels"] = preset.num_labels
+  if preset.objective == "clm":  # GPT-2's 50256 is outside tiny vocabularies
+    hf_config.update(bos_token_id=preset.vocab_size - 1, eos_token_id=preset.vocab_size - 1)
+  config = transformers.AutoConfig.for_model(**hf_config)
+  torch.manual_seed(seed)
+  model = getattr(transformers, _HF_CLASSES[preset.objective])._from_config(
+      config, attn_implementation="sdpa").to(device).train()
+  # Token ids as int64: torch's losses take no other index type.
+  batch = {k: torch.from_numpy(np.ascontiguousarray(
+      v.astype(np.int64) if v.dtype.kind == "i" else v)).to(device)
+           for k, v in make_batch(preset, seed).items()}
+  if preset.objective == "clm":
+    inputs = {"input_ids": batch["decoder_input_tokens"],
+              "labels": batch["decoder_input_tokens"]}  # HF shifts labels itself
+  elif preset.objective == "mlm":
+    labels = torch.where(batch["encoder_loss_weights"] > 0,
+                         batch["encoder_target_tokens"], -100)
+    inputs = {"input_ids": batch["encoder_input_tokens"], "labels": labels}
+  elif preset.objective == "span":
+    inputs = {"input_ids": batch["encoder_input_tokens"],
+              "labels": batch["decoder_target_tokens"]}
+  else:
+    inputs = {"input_ids": batch["encoder_input_tokens"],
+              "attention_mask": batch["encoder_segment_ids"],
+              "labels": batch["labels"]}
+  no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+  decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+  opt_cfg = optimizer_config()
+  opt = torch.optim.AdamW(
+      [{"params": decay, "weight_decay": opt_cfg.weight_decay},
+       {"params": no_decay, "weight_decay": 0.0}],
+      lr=opt_cfg.lr, betas=(opt_cfg.b1, opt_cfg.b2), eps=opt_cfg.eps,
+      **({"fused": True} if cuda else {}))
+  autocast = torch.autocast("cuda", torch.bfloat16, enabled=cuda and cfg.dtype == "bfloat16")
+
+  def run_step():
+    opt.zero_grad(set_to_none=True)
+    with autocast:
+      loss = model(**inputs).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.clip_norm)
+    opt.step()
+    if cuda:
+      torch.cuda.synchronize()
+
+  if cuda:
+    torch.cuda.reset_peak_memory_stats()
+  start = time.perf_counter()
+  run_step()  # the first step: allocation, kernel selection
+  first_s = time.perf_counter() - start
+  step_s = _time_steps(run_step, max(warmup - 1, 0), steps)
+  peak = torch.cuda.max_memory_allocated() if cuda else None
+  del model, opt
+  if cuda:
+    torch.cuda.empty_cache()
+  return Measurement(step_s, first_s, peak, "torch.cuda" if cuda else "none")
+
+
+# ----------------------------------------------------------------------------
+# Reporting.
+
+COLUMNS = ("preset", "batch x tokens", "dtype", "step ms", "tokens/s", "GFLOP/token",
+           "MFU", "compile s", "peak GiB", "PyTorch step ms", "PyTorch tokens/s",
+           "PyTorch MFU", "jaxtl / PyTorch")
+
+
+def _gib(n: int | None) -> str:
+  return "n/a" if n is None else f"{n / 2**30:.2f}"
+
+
+def _mfu(flops_per_s: float, peak: float | None) -> str:
+  return "n/a" if not peak else f"{100 * flops_per_s / peak:.1f}%"
+
+
+def row(name: str, preset: Preset, dtype: str, ours: Measurement, flops_per_row: float,
+        theirs: Measurement | None, peak_flops: float | None) -> dict[str, str]:
+  """One results-table row (strings, in COLUMNS order)."""
+  shape = f"{preset.batch_size} x {preset.length}" + (
+      f"+{preset.target_length}" if preset.target_length else "")
+  flops_per_s = lambda m: flops_per_row * preset.batch_size / m.step_s
+  out = {"preset": name, "batch x tokens": shape, "dtype": dtype,
+         "step ms": f"{1e3 * ours.step_s:.1f}",
+         "tokens/s": f"{ours.tokens_per_s(preset):,.0f}",
+         "GFLOP/token": f"{flops_per_row / preset.tokens_per_row / 1e9:.3f}",
+         "MFU": _mfu(flops_per_s(ours), peak_flops),
+         "compile s": f"{ours.compile_s:.1f}", "peak GiB": _gib(ours.peak_bytes),
+         "PyTorch step ms": "", "PyTorch tokens/s": "", "PyTorch MFU": "",
+         "jaxtl / PyTorch": ""}
+  if theirs is not None:
+    out.update({"PyTorch step ms": f"{1e3 * theirs.step_s:.1f}",
+                "PyTorch tokens/s": f"{theirs.tokens_per_s(preset):,.0f}",
+                "PyTorch MFU": _mfu(flops_per_s(theirs), peak_flops),
+                "jaxtl / PyTorch": f"{theirs.step_s / ours.step_s:.2f}x"})
+  return out
+
+
+def environment() -> str:
+  """Date, device and versions: the heading of a results block."""
+  import flax  # pylint: disable=g-import-not-at-top
+  device = jax.devices()[0]
+  kind = device.device_kind if device.platform != "cpu" else (
+      f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})")
+  versions = [f"jax {jax.__version__}", f"flax {flax.__version__}"]
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    import transformers  # pylint: disable=g-import-not-at-top
+    versions += [f"torch {torch.__version__}", f"transformers {transformers.__version__}"]
+  except ImportError:
+    pass
+  return (f"{datetime.date.today().isoformat()} · {kind} · "
+          + ", ".join(versions))
+
+
+def markdown(rows: list[dict[str, str]]) -> str:
+  lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+  lines += ["| " + " | ".join(r[c] for c in COLUMNS) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+def append_results(path: str, rows: list[dict[str, str]], command: str) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "a") as f:
+    f.write(f"\n### {environment()}\n\n`{command}`\n\n{markdown(rows)}\n")
+
+
+def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
+              dtype: str = "auto", batch_size: int = 0, num_devices: int = 0,
+              overrides: dict[str, Any] | None = None) -> list[dict[str, str]]:
+  """Runs the named presets on ``num_devices`` devices (0: all); returns
+  their table rows. PyTorch runs on one device."""
+  unknown = sorted(set(names) - set(PRESETS))
+  if unknown:
+    raise ValueError(f"unknown benchmark presets {unknown}; known: {sorted(PRESETS)}")
+  if dtype == "auto":
+    dtype = "bfloat16" if on_accelerator() else "float32"
+  devices = jax.devices()[:num_devices or None]
+  peak_flops = perf.peak_flops_per_device(dtype=dtype)
+  peak_flops = peak_flops and peak_flops * len(devices)
+  rows = []
+  for name in names:
+    preset = PRESETS[name]
+    if batch_size:
+      preset = dataclasses.replace(preset, batch_size=batch_size)
+    cfg = model_config(preset, dtype, **(overrides or {}))
+    # PyTorch first: its caching allocator hands memory back before jax
+    # allocates, so the two never share the device's memory.
+    theirs = run_torch(preset, cfg, warmup, steps) if torch_side else None
+    ours, flops = run_jaxtl(preset, cfg, warmup, steps, devices)
+    rows.append(row(name, preset, dtype, ours, flops, theirs, peak_flops))
+    print(json.dumps(rows[-1]), flush=True)
+  return rows
+
+
+def _parse_overrides(items: list[str]) -> dict[str, Any]:
+  """``["remat=full", "scan_layers=true"]`` -> TransformerConfig field values."""
+  fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
+  out = {}
+  for item in items:
+    key, sep, value = item.partition("=")
+    if not sep or key not in fields:
+      raise ValueError(f"--model {item!r}: expected FIELD=VALUE with FIELD one of "
+                       f"{sorted(fields)}")
+    default = fields[key].default
+    if isinstance(default, bool):
+      out[key] = value.lower() in ("1", "true", "yes")
+    elif isinstance(default, (int, float)):
+      out[key] = type(default)(value)
+    else:
+      out[key] = value or None
+  return out
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  f = flags.FLAGS
+  rows = benchmark(f.presets, torch_side=f.torch, warmup=f.warmup, steps=f.steps,
+                   dtype=f.dtype, batch_size=f.batch_size, num_devices=f.devices,
+                   overrides=_parse_overrides(f.model))
+  print(markdown(rows))
+  if f.results:
+    append_results(f.results, rows, "python -m jaxtl.benchmark " + " ".join(sys.argv[1:]))
+
+
+def _define_flags() -> None:
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_list("presets", ["tiny_gpt2", "tiny_bert", "tiny_t5", "tiny_cls"],
+                    f"Presets: {', '.join(PRESETS)}.")
+  flags.DEFINE_boolean("torch", False, "Also time transformers (PyTorch) side by side.")
+  flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
+  flags.DEFINE_integer("steps", 10, "Timed steps (the median is reported).")
+  flags.DEFINE_string("dtype", "auto", "Compute dtype; auto: bfloat16 on accelerators, "
+                      "float32 on CPU.")
+  flags.DEFINE_integer("batch_size", 0, "Override every preset's batch size (0: keep).")
+  flags.DEFINE_integer("devices", 0, "Devices jaxtl runs on, data parallel (0: all). "
+                       "PyTorch always runs on one: compare at --devices=1.")
+  flags.DEFINE_list("model", [], "TransformerConfig overrides, e.g. remat=full,scan_layers=true.")
+  flags.DEFINE_string("results", "", "Markdown file to append the table to (empty: none).")
+
+
+if __name__ == "__main__":
+  from absl import app  # pylint: disable=g-import-not-at-top
+  # Growing, not preallocating, device memory leaves PyTorch room on the GPU.
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  _define_flags()
+  app.run(main)

@@ -1,0 +1,71 @@
+"""The benchmark harness: tiny presets run on both sides; FLOPs by hand."""
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from jaxtl import benchmark, perf
+from jaxtl.models import build_model
+
+
+def test_tiny_presets_run_and_append_a_results_table(tmp_path):
+  torch_side = True
+  try:
+    import torch  # pylint: disable=g-import-not-at-top,unused-import
+    import transformers  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    torch_side = False
+  names = ["tiny_gpt2", "tiny_bert", "tiny_t5", "tiny_cls"]
+  rows = benchmark.benchmark(names, torch_side=torch_side, warmup=1, steps=2,
+                             num_devices=1)
+  assert [r["preset"] for r in rows] == names
+  for r in rows:
+    assert float(r["step ms"]) > 0 and float(r["compile s"]) > 0
+    assert r["MFU"] == "n/a"  # no peak FLOP/s is known for CPUs
+    assert r["dtype"] == "float32"
+    if torch_side:
+      ratio = float(r["PyTorch step ms"]) / float(r["step ms"])  # both rounded
+      assert float(r["jaxtl / PyTorch"][:-1]) == pytest.approx(ratio, rel=0.01)
+  path = tmp_path / "results.md"
+  benchmark.append_results(str(path), rows, "python -m jaxtl.benchmark")
+  benchmark.append_results(str(path), rows[:1], "again")
+  text = path.read_text()
+  assert text.count("### ") == 2 and "`python -m jaxtl.benchmark`" in text
+  assert "| tiny_t5 | 4 x 128+32 | float32 |" in text
+
+
+def test_batches_have_the_layout_each_loss_reads():
+  mlm = benchmark.make_batch(benchmark.PRESETS["bert_base"])
+  # 15% of 512 positions carry loss, as the MLM pipeline bounds them.
+  assert (mlm["encoder_loss_weights"].sum(1) == 77).all()
+  span = benchmark.make_batch(benchmark.PRESETS["tiny_t5"])
+  np.testing.assert_array_equal(span["decoder_input_tokens"][:, 1:],
+                                span["decoder_target_tokens"][:, :-1])
+  clm = benchmark.make_batch(benchmark.PRESETS["tiny_gpt2"])
+  np.testing.assert_array_equal(clm["decoder_input_tokens"][:, 1:],
+                                clm["decoder_target_tokens"][:, :-1])
+
+
+def test_gpt2_small_flops_per_token_by_hand():
+  """6 x 84.9M layer weights + attention + the 50257 x 768 head, per token."""
+  preset = benchmark.PRESETS["gpt2_small"]
+  cfg = benchmark.model_config(preset, "float32")
+  tokens = np.zeros((1, 8), np.int32)
+  params = nn.unbox(jax.eval_shape(build_model(cfg).init, jax.random.key(0), tokens))["params"]
+  layer = 4 * 768 * 768 + 2 * 768 * 3072
+  expected = 6 * 12 * layer + 12 * 12 * 768 * 1024 + 6 * 50257 * 768
+  got = perf.flops_per_example(cfg, params, 1024) / 1024
+  assert got == pytest.approx(expected, rel=1e-9)
+  # MLM: the head only at the masked positions; a task head: no LM head at all.
+  assert perf.flops_per_example(cfg, params, 1024, head_positions=0) == pytest.approx(
+      1024 * (expected - 6 * 50257 * 768))
+
+
+def test_unknown_names_are_refused():
+  with pytest.raises(ValueError, match="unknown benchmark presets"):
+    benchmark.benchmark(["gpt3"], torch_side=False, warmup=0, steps=1)
+  with pytest.raises(ValueError, match="FIELD=VALUE"):
+    benchmark._parse_overrides(["nope=1"])
+  assert benchmark._parse_overrides(["remat=full", "scan_layers=true", "num_layers=3"]) == {
+      "remat": "full", "scan_layers": True, "num_layers": 3}
