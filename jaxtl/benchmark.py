@@ -82,8 +82,11 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     # The issue's presets: GPT-2 small at 1024, BERT-base MLM at 512, T5-small
     # span corruption (512 inputs; 15% noise, mean span 3 -> 114 targets), and
-    # the TREC fine-tuning shape of the MiniLM recipe.
-    "gpt2_small": Preset("gpt2_small", "clm", 8, 1024, 50257),
+    # the TREC fine-tuning shape of the MiniLM recipe. GPT-2's 50257 tokens
+    # are padded to 50304 (a multiple of 128, as jaxtl's recipes pad
+    # vocabularies), which also lets the vocabulary shard over tensor axes;
+    # PyTorch runs the same padded model.
+    "gpt2_small": Preset("gpt2_small", "clm", 8, 1024, 50304),
     "bert_base": Preset("bert_base", "mlm", 16, 512, 30522),
     "t5_small": Preset("t5_small", "span", 32, 512, 32128, target_length=114),
     "minilm_cls": Preset("minilm_l6", "classify", 32, 64, 30522, num_labels=6),
@@ -327,6 +330,56 @@ def run_torch(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
 
 
 # ----------------------------------------------------------------------------
+# Memory per device under each mesh.
+
+MEMORY_MESHES = ((1, 1, 1), (8, 1, 1), (1, 8, 1), (1, 4, 2))
+
+
+def state_bytes_per_device(preset: Preset, cfg: TransformerConfig,
+                           mesh_shape: tuple[int, int, int],
+                           devices: list[jax.Device] | None = None) -> int:
+  """Parameter + optimizer bytes on the fullest device under ``mesh_shape``.
+
+  Computed from the shardings the train state is created with (the shards
+  ``create_sharded_state`` allocates), so no device memory is needed.
+  """
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  devices = list(devices or jax.devices())[:int(np.prod(mesh_shape))]
+  mesh, rules = sharding.make_mesh(mesh_shape, devices), sharding.make_rules()
+  model, _, _ = jaxtl_step(preset, cfg)
+  tx, _ = optim.make_optimizer(optimizer_config(), total_steps=1)
+  batch = make_batch(dataclasses.replace(preset, batch_size=1))
+  init = functools.partial(train.init_state, model, tx, _init_inputs(model, preset, batch))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    abstract = jax.eval_shape(init, jax.random.key(0))
+    shardings = sharding.logical_shardings(abstract, mesh, rules)
+  per_device = dict.fromkeys(devices, 0)
+
+  def add(x, s):
+    for device, index in s.devices_indices_map(x.shape).items():
+      shard = [len(range(*i.indices(n))) for i, n in zip(index, x.shape)]
+      per_device[device] += int(np.prod(shard)) * x.dtype.itemsize
+
+  jax.tree.map(add, nn.unbox(abstract), shardings)
+  return max(per_device.values())
+
+
+def memory_rows(names: list[str], dtype: str = "float32",
+                meshes: tuple[tuple[int, int, int], ...] = MEMORY_MESHES
+                ) -> list[dict[str, str]]:
+  """Per-device state MiB of each preset under each (data, fsdp, tensor) mesh."""
+  rows = []
+  for name in names:
+    preset = PRESETS[name]
+    cfg = model_config(preset, dtype)
+    sizes = {m: state_bytes_per_device(preset, cfg, m) for m in meshes}
+    one = sizes[(1, 1, 1)]
+    rows.append({"preset": name, **{
+        str(m): f"{sizes[m] / 2**20:,.1f} MiB (÷{one / sizes[m]:.2f})" for m in meshes}})
+  return rows
+
+
+# ----------------------------------------------------------------------------
 # Reporting.
 
 COLUMNS = ("preset", "batch x tokens", "dtype", "step ms", "tokens/s", "GFLOP/token",
@@ -382,8 +435,9 @@ def environment() -> str:
 
 
 def markdown(rows: list[dict[str, str]]) -> str:
-  lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-  lines += ["| " + " | ".join(r[c] for c in COLUMNS) + " |" for r in rows]
+  columns = list(rows[0]) if rows else list(COLUMNS)
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(r[c] for c in columns) + " |" for r in rows]
   return "\n".join(lines)
 
 
@@ -444,6 +498,12 @@ def main(argv: list[str]) -> None:
   del argv
   from absl import flags  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
+  if f.memory:
+    rows = memory_rows(f.presets)
+    print(markdown(rows))
+    if f.results:
+      append_results(f.results, rows, "python -m jaxtl.benchmark " + " ".join(sys.argv[1:]))
+    return
   rows = benchmark(f.presets, torch_side=f.torch, warmup=f.warmup, steps=f.steps,
                    dtype=f.dtype, batch_size=f.batch_size, num_devices=f.devices,
                    overrides=_parse_overrides(f.model))
@@ -465,6 +525,9 @@ def _define_flags() -> None:
   flags.DEFINE_integer("devices", 0, "Devices jaxtl runs on, data parallel (0: all). "
                        "PyTorch always runs on one: compare at --devices=1.")
   flags.DEFINE_list("model", [], "TransformerConfig overrides, e.g. remat=full,scan_layers=true.")
+  flags.DEFINE_boolean("memory", False, "Instead of timing: parameter + optimizer "
+                       f"bytes per device under the meshes {MEMORY_MESHES} "
+                       "(on a CPU, 8 host devices are made for it).")
   flags.DEFINE_string("results", "", "Markdown file to append the table to (empty: none).")
 
 
@@ -472,5 +535,8 @@ if __name__ == "__main__":
   from absl import app  # pylint: disable=g-import-not-at-top
   # Growing, not preallocating, device memory leaves PyTorch room on the GPU.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  if "--memory" in sys.argv:  # before the CPU backend starts
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=8")
   _define_flags()
   app.run(main)

@@ -48,18 +48,18 @@ def test_batches_have_the_layout_each_loss_reads():
 
 
 def test_gpt2_small_flops_per_token_by_hand():
-  """6 x 84.9M layer weights + attention + the 50257 x 768 head, per token."""
+  """6 x 84.9M layer weights + attention + the 50304 x 768 head, per token."""
   preset = benchmark.PRESETS["gpt2_small"]
   cfg = benchmark.model_config(preset, "float32")
   tokens = np.zeros((1, 8), np.int32)
   params = nn.unbox(jax.eval_shape(build_model(cfg).init, jax.random.key(0), tokens))["params"]
   layer = 4 * 768 * 768 + 2 * 768 * 3072
-  expected = 6 * 12 * layer + 12 * 12 * 768 * 1024 + 6 * 50257 * 768
+  expected = 6 * 12 * layer + 12 * 12 * 768 * 1024 + 6 * 50304 * 768
   got = perf.flops_per_example(cfg, params, 1024) / 1024
   assert got == pytest.approx(expected, rel=1e-9)
   # MLM: the head only at the masked positions; a task head: no LM head at all.
   assert perf.flops_per_example(cfg, params, 1024, head_positions=0) == pytest.approx(
-      1024 * (expected - 6 * 50257 * 768))
+      1024 * (expected - 6 * 50304 * 768))
 
 
 def test_unknown_names_are_refused():
@@ -69,3 +69,29 @@ def test_unknown_names_are_refused():
     benchmark._parse_overrides(["nope=1"])
   assert benchmark._parse_overrides(["remat=full", "scan_layers=true", "num_layers=3"]) == {
       "remat": "full", "scan_layers": True, "num_layers": 3}
+
+
+def test_fsdp_and_tensor_parallel_divide_the_state_over_devices():
+  """On 8 (fake) devices: the computed shard bytes are what the state
+  allocates, and FSDP over 8 holds <= 1/8 of the state (+10%) per device."""
+  preset = benchmark.PRESETS["tiny_bert"]
+  cfg = benchmark.model_config(preset, "float32")
+  sizes = {m: benchmark.state_bytes_per_device(preset, cfg, m)
+           for m in benchmark.MEMORY_MESHES}
+  one = sizes[(1, 1, 1)]
+  assert sizes[(8, 1, 1)] == one  # data parallel replicates the state
+  assert sizes[(1, 8, 1)] <= one / 8 * 1.1
+  assert sizes[(1, 4, 2)] <= one / 8 * 1.2
+  # The real state, created into the (1, 4, 2) shardings, matches.
+  from jaxtl import optim, sharding, train  # pylint: disable=g-import-not-at-top
+  mesh = sharding.make_mesh((1, 4, 2))
+  model, _, _ = benchmark.jaxtl_step(preset, cfg)
+  tx, _ = optim.make_optimizer(benchmark.optimizer_config(), total_steps=1)
+  batch = benchmark.make_batch(preset)
+  state, _ = train.create_sharded_state(model, tx, train.lm_init_inputs(model, batch),
+                                        jax.random.key(0), mesh, sharding.make_rules())
+  per_device = {}
+  for x in jax.tree.leaves(state):
+    for shard in x.addressable_shards:
+      per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+  assert max(per_device.values()) == sizes[(1, 4, 2)]
