@@ -22,7 +22,9 @@ else the compiled step's ``memory_analysis()``). The rows are printed and
 appended, with date, device, versions and command, to ``--results``.
 
 Batches are synthetic (uniform random token ids): this measures the step, not
-the input pipeline (``--pipeline`` measures that instead).
+the input pipeline; ``--pipeline=pretrain_mlm,...`` measures that instead, in
+tokens/s and tokens/s per core. ``--memory`` reports parameter + optimizer
+bytes per device under data-parallel, FSDP and tensor-parallel meshes.
 """
 
 from __future__ import annotations
@@ -380,6 +382,47 @@ def memory_rows(names: list[str], dtype: str = "float32",
 
 
 # ----------------------------------------------------------------------------
+# The host input pipeline.
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+  """(result, wall seconds, CPU seconds of every thread of this process)."""
+  wall, cpu = time.perf_counter(), time.process_time()
+  out = fn()
+  return out, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def pipeline_rows(recipe: str, workdir: str, max_docs: int = 5000,
+                  batches: int = 100) -> list[dict[str, str]]:
+  """Host throughput of a pretraining recipe's input pipeline, in two stages.
+
+  ``tokenize + pack``: reading the train and eval documents, tokenizing and
+  cutting or packing them into rows (what ``DataSetup`` does once per run,
+  or once per cache). ``objective``: the per-batch work on the prefetch
+  thread (masking, span corruption, shuffling, batching), in the tokens of
+  the batches it hands the step. tokens/s per core divides by the process's
+  CPU seconds, so it holds however many threads a library used.
+  """
+  from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
+  import importlib  # pylint: disable=g-import-not-at-top
+  module, _, arg = recipe.partition(":")
+  config = importlib.import_module(f"configs.{module}").get_config(arg or None)
+  config.data.update(max_docs=max_docs, cache=False)
+  pipeline.DataSetup(config, workdir)  # trains and saves the tokenizer: untimed
+  data, wall, cpu = _timed(lambda: pipeline.DataSetup(config, workdir))
+  tokens = sum(data.num_tokens(s) for s in (data.train_split, data.eval_split))
+  it = data.train_iterator()
+  next(it)
+  _, b_wall, b_cpu = _timed(lambda: [next(it) for _ in range(batches)])
+  b_tokens = batches * data.batch_size * sum(data.lengths.values())
+  fmt = lambda n, s: f"{n / s:,.0f}"
+  return [{"recipe": recipe, "stage": "tokenize + pack", "tokens": f"{tokens:,}",
+           "tokens/s": fmt(tokens, wall), "tokens/s per core": fmt(tokens, cpu)},
+          {"recipe": recipe, "stage": "objective (per batch)", "tokens": f"{b_tokens:,}",
+           "tokens/s": fmt(b_tokens, b_wall), "tokens/s per core": fmt(b_tokens, b_cpu)}]
+
+
+# ----------------------------------------------------------------------------
 # Reporting.
 
 COLUMNS = ("preset", "batch x tokens", "dtype", "step ms", "tokens/s", "GFLOP/token",
@@ -498,15 +541,15 @@ def main(argv: list[str]) -> None:
   del argv
   from absl import flags  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
-  if f.memory:
+  if f.pipeline:
+    rows = [r for recipe in f.pipeline
+            for r in pipeline_rows(recipe, f.workdir, f.pipeline_docs)]
+  elif f.memory:
     rows = memory_rows(f.presets)
-    print(markdown(rows))
-    if f.results:
-      append_results(f.results, rows, "python -m jaxtl.benchmark " + " ".join(sys.argv[1:]))
-    return
-  rows = benchmark(f.presets, torch_side=f.torch, warmup=f.warmup, steps=f.steps,
-                   dtype=f.dtype, batch_size=f.batch_size, num_devices=f.devices,
-                   overrides=_parse_overrides(f.model))
+  else:
+    rows = benchmark(f.presets, torch_side=f.torch, warmup=f.warmup, steps=f.steps,
+                     dtype=f.dtype, batch_size=f.batch_size, num_devices=f.devices,
+                     overrides=_parse_overrides(f.model))
   print(markdown(rows))
   if f.results:
     append_results(f.results, rows, "python -m jaxtl.benchmark " + " ".join(sys.argv[1:]))
@@ -528,6 +571,11 @@ def _define_flags() -> None:
   flags.DEFINE_boolean("memory", False, "Instead of timing: parameter + optimizer "
                        f"bytes per device under the meshes {MEMORY_MESHES} "
                        "(on a CPU, 8 host devices are made for it).")
+  flags.DEFINE_list("pipeline", [], "Instead of timing steps: the host input pipeline "
+                    "of these pretraining recipes (pretrain_mlm, pretrain_span:arg, ...).")
+  flags.DEFINE_integer("pipeline_docs", 5000, "Documents per split read by --pipeline.")
+  flags.DEFINE_string("workdir", "/tmp/jaxtl_benchmark", "--pipeline keeps its "
+                      "trained tokenizers here.")
   flags.DEFINE_string("results", "", "Markdown file to append the table to (empty: none).")
 
 

@@ -6,6 +6,9 @@ import numpy as np
 import pytest
 
 from jaxtl import benchmark, perf
+from jaxtl.data import corruption
+
+import datadir
 from jaxtl.models import build_model
 
 
@@ -95,3 +98,13 @@ def test_fsdp_and_tensor_parallel_divide_the_state_over_devices():
     for shard in x.addressable_shards:
       per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
   assert max(per_device.values()) == sizes[(1, 4, 2)]
+
+
+def test_pipeline_throughput_of_a_recipe(tmp_path):
+  datadir.require_data("wikitext2")
+  rows = benchmark.pipeline_rows("pretrain_span", str(tmp_path), max_docs=3000, batches=3)
+  assert [r["stage"] for r in rows] == ["tokenize + pack", "objective (per batch)"]
+  # 3 batches of 32 rows x (128 inputs + their span-corruption targets).
+  _, targets = corruption.span_corruption_lengths(128, 0.15, 3.0)
+  assert rows[1]["tokens"] == f"{3 * 32 * (128 + targets):,}"
+  assert all(float(r["tokens/s"].replace(",", "")) > 0 for r in rows)

@@ -421,3 +421,7 @@ class DataSetup:
 
   def num_rows(self, split: str) -> int:
     return len(self._rows[split]["tokens"])
+
+  def num_tokens(self, split: str) -> int:
+    """Token slots in the split's rows (padding of packed rows included)."""
+    return int(self._rows[split]["tokens"].size)
