@@ -427,11 +427,16 @@ def pipeline_rows(recipe: str, workdir: str, max_docs: int = 5000,
 
 COLUMNS = ("preset", "batch x tokens", "dtype", "step ms", "tokens/s", "GFLOP/token",
            "MFU", "compile s", "peak GiB", "PyTorch step ms", "PyTorch tokens/s",
-           "PyTorch MFU", "jaxtl / PyTorch")
+           "PyTorch MFU", "PyTorch peak GiB", "jaxtl / PyTorch")
 
 
-def _gib(n: int | None) -> str:
-  return "n/a" if n is None else f"{n / 2**30:.2f}"
+def _gib(m: Measurement) -> str:
+  """Peak memory; "(analysis)" marks XLA's estimate where the device keeps no
+  statistics (CPUs)."""
+  if m.peak_bytes is None:
+    return "n/a"
+  return f"{m.peak_bytes / 2**30:.2f}" + (
+      " (analysis)" if m.memory_source == "memory_analysis" else "")
 
 
 def _mfu(flops_per_s: float, peak: float | None) -> str:
@@ -449,13 +454,14 @@ def row(name: str, preset: Preset, dtype: str, ours: Measurement, flops_per_row:
          "tokens/s": f"{ours.tokens_per_s(preset):,.0f}",
          "GFLOP/token": f"{flops_per_row / preset.tokens_per_row / 1e9:.3f}",
          "MFU": _mfu(flops_per_s(ours), peak_flops),
-         "compile s": f"{ours.compile_s:.1f}", "peak GiB": _gib(ours.peak_bytes),
+         "compile s": f"{ours.compile_s:.1f}", "peak GiB": _gib(ours),
          "PyTorch step ms": "", "PyTorch tokens/s": "", "PyTorch MFU": "",
-         "jaxtl / PyTorch": ""}
+         "PyTorch peak GiB": "", "jaxtl / PyTorch": ""}
   if theirs is not None:
     out.update({"PyTorch step ms": f"{1e3 * theirs.step_s:.1f}",
                 "PyTorch tokens/s": f"{theirs.tokens_per_s(preset):,.0f}",
                 "PyTorch MFU": _mfu(flops_per_s(theirs), peak_flops),
+                "PyTorch peak GiB": _gib(theirs),
                 "jaxtl / PyTorch": f"{theirs.step_s / ours.step_s:.2f}x"})
   return out
 
