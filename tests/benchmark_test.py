@@ -1,5 +1,7 @@
 """The benchmark harness: tiny presets run on both sides; FLOPs by hand."""
 
+import importlib.util
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -7,18 +9,13 @@ import pytest
 
 from jaxtl import benchmark, perf
 from jaxtl.data import corruption
+from jaxtl.models import build_model
 
 import datadir
-from jaxtl.models import build_model
 
 
 def test_tiny_presets_run_and_append_a_results_table(tmp_path):
-  torch_side = True
-  try:
-    import torch  # pylint: disable=g-import-not-at-top,unused-import
-    import transformers  # pylint: disable=g-import-not-at-top,unused-import
-  except ImportError:
-    torch_side = False
+  torch_side = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
   names = ["tiny_gpt2", "tiny_bert", "tiny_t5", "tiny_cls"]
   rows = benchmark.benchmark(names, torch_side=torch_side, warmup=1, steps=2,
                              num_devices=1)

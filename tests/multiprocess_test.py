@@ -15,7 +15,10 @@ import sys
 
 import numpy as np
 
-from checkpoint_test import REPO, _train_losses, config_file  # pylint: disable=unused-import
+import checkpoint_test
+from checkpoint_test import REPO, _train_losses
+
+config_file = checkpoint_test.config_file  # the tiny CLM recipe (a fixture)
 
 MESH = "--config.mesh.shape=(1,-1,1)"  # FSDP over every device of every process
 
