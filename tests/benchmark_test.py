@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxtl import benchmark, perf
+from jaxtl import benchmark, footprint, perf
 from jaxtl.data import corruption
 from jaxtl.models import build_model
 
@@ -76,8 +76,8 @@ def test_fsdp_and_tensor_parallel_divide_the_state_over_devices():
   allocates, and FSDP over 8 holds <= 1/8 of the state (+10%) per device."""
   preset = benchmark.PRESETS["tiny_bert"]
   cfg = benchmark.model_config(preset, "float32")
-  sizes = {m: benchmark.state_bytes_per_device(preset, cfg, m)
-           for m in benchmark.MEMORY_MESHES}
+  sizes = {m: footprint.state_bytes_per_device(preset, cfg, m)
+           for m in footprint.MEMORY_MESHES}
   one = sizes[(1, 1, 1)]
   assert sizes[(8, 1, 1)] == one  # data parallel replicates the state
   assert sizes[(1, 8, 1)] <= one / 8 * 1.1
@@ -99,7 +99,7 @@ def test_fsdp_and_tensor_parallel_divide_the_state_over_devices():
 
 def test_pipeline_throughput_of_a_recipe(tmp_path):
   datadir.require_data("wikitext2")
-  rows = benchmark.pipeline_rows("pretrain_span", str(tmp_path), max_docs=3000, batches=3)
+  rows = footprint.pipeline_rows("pretrain_span", str(tmp_path), max_docs=3000, batches=3)
   assert [r["stage"] for r in rows] == ["tokenize + pack", "objective (per batch)"]
   # 3 batches of 32 rows x (128 inputs + their span-corruption targets).
   _, targets = corruption.span_corruption_lengths(128, 0.15, 3.0)
