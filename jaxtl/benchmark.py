@@ -202,7 +202,8 @@ def jaxtl_step(preset: Preset, cfg: TransformerConfig) -> tuple[Any, Any, Callab
   return model, loss_fn, functools.partial(objectives.loss_weight_total, family=cfg.family)
 
 
-def _init_inputs(model: Any, preset: Preset, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+def init_inputs(model: Any, preset: Preset, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+  """Keyword arguments of ``model.init`` for the preset's model."""
   if preset.objective == "classify":
     return {"tokens_BT": batch["encoder_input_tokens"][:1]}
   return train.lm_init_inputs(model, batch)
@@ -234,7 +235,7 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
   tx, schedule = optim.make_optimizer(optimizer_config(), total_steps=warmup + steps)
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   state, shardings = train.create_sharded_state(
-      model, tx, _init_inputs(model, preset, batch), jax.random.key(seed), mesh, rules)
+      model, tx, init_inputs(model, preset, batch), jax.random.key(seed), mesh, rules)
   step = jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx,
                                    schedule=schedule, weight_fn=weight_fn),
                  in_shardings=(shardings, sharding.batch_sharding(mesh), None),

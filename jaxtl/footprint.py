@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jaxtl import optim, sharding, train
-from jaxtl.benchmark import (PRESETS, Preset, _init_inputs, jaxtl_step, make_batch,
+from jaxtl.benchmark import (PRESETS, Preset, init_inputs, jaxtl_step, make_batch,
                              model_config, optimizer_config)
 from jaxtl.models import TransformerConfig
 
@@ -42,7 +42,7 @@ def state_bytes_per_device(preset: Preset, cfg: TransformerConfig,
   model, _, _ = jaxtl_step(preset, cfg)
   tx, _ = optim.make_optimizer(optimizer_config(), total_steps=1)
   batch = make_batch(dataclasses.replace(preset, batch_size=1))
-  init = functools.partial(train.init_state, model, tx, _init_inputs(model, preset, batch))
+  init = functools.partial(train.init_state, model, tx, init_inputs(model, preset, batch))
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     abstract = jax.eval_shape(init, jax.random.key(0))
     shardings = sharding.logical_shardings(abstract, mesh, rules)
