@@ -9,7 +9,6 @@ feed ``python -m jaxtl.benchmark --memory`` / ``--pipeline``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import time
 from typing import Any, Callable
@@ -42,10 +41,8 @@ def state_bytes_per_device(preset: Preset, cfg: TransformerConfig,
   model, _, _ = jaxtl_step(preset, cfg)
   tx, _ = optim.make_optimizer(optimizer_config(), total_steps=1)
   batch = make_batch(dataclasses.replace(preset, batch_size=1))
-  init = functools.partial(train.init_state, model, tx, init_inputs(model, preset, batch))
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    abstract = jax.eval_shape(init, jax.random.key(0))
-    shardings = sharding.logical_shardings(abstract, mesh, rules)
+  abstract, shardings = train.abstract_sharded_state(
+      model, tx, init_inputs(model, preset, batch), jax.random.key(0), mesh, rules)
   per_device = dict.fromkeys(devices, 0)
 
   def add(x, s):

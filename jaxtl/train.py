@@ -71,14 +71,23 @@ def abstract_state(state: Any, shardings: Any) -> Any:
                       state, shardings)
 
 
+def abstract_sharded_state(model: nn.Module, tx: optax.GradientTransformation,
+                           example_batch: Mapping[str, np.ndarray], rng: Array,
+                           mesh: jax.sharding.Mesh, rules) -> tuple[Any, Any]:
+  """(boxed abstract state, its shardings), with no device memory used."""
+  init_fn = functools.partial(init_state, model, tx, example_batch)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    abstract = jax.eval_shape(init_fn, rng)
+    return abstract, sharding.logical_shardings(abstract, mesh, rules)
+
+
 def create_sharded_state(model: nn.Module, tx: optax.GradientTransformation,
                          example_batch: Mapping[str, np.ndarray], rng: Array,
                          mesh: jax.sharding.Mesh, rules) -> tuple[TrainState, Any]:
   """Initialises the state directly into its shardings; returns (state, shardings)."""
+  _, shardings = abstract_sharded_state(model, tx, example_batch, rng, mesh, rules)
   init_fn = functools.partial(init_state, model, tx, example_batch)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    abstract = jax.eval_shape(init_fn, rng)
-    shardings = sharding.logical_shardings(abstract, mesh, rules)
     state = jax.jit(lambda r: nn.unbox(init_fn(r)), out_shardings=shardings)(rng)
   return state, shardings
 
