@@ -13,6 +13,7 @@ from typing import Any
 import ml_collections
 
 from configs import models
+from jaxtl import objectives
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
@@ -42,7 +43,9 @@ def base_config(model: str) -> ml_collections.ConfigDict:
   c.objective = ml_collections.ConfigDict(dict(
       name="clm",
       mask_rate=0.15, mask_token_rate=0.8, random_token_rate=0.1,  # mlm
-      noise_density=0.15, mean_noise_span_length=3.0))  # span
+      noise_density=0.15, mean_noise_span_length=3.0,  # span
+      # Positions whose logits exist at once in the loss (0: all of them).
+      loss_chunk_len=objectives.LOSS_CHUNK_LEN))
 
   c.data = ml_collections.ConfigDict()
   # kind: tfds | text | jsonl | tsv | mixture; file kinds map split -> list

@@ -189,7 +189,9 @@ def _time_steps(run_step: Callable[[], Any], warmup: int, steps: int) -> float:
   return statistics.median(times)
 
 
-def jaxtl_step(preset: Preset, cfg: TransformerConfig) -> tuple[Any, Any, Callable]:
+def jaxtl_step(preset: Preset, cfg: TransformerConfig,
+               loss_chunk_len: int = objectives.LOSS_CHUNK_LEN
+               ) -> tuple[Any, Any, Callable]:
   """(model, loss_fn, weight_fn) of the preset's objective, as training runs it."""
   if preset.objective == "classify":
     from jaxtl import finetune  # pylint: disable=g-import-not-at-top
@@ -198,7 +200,8 @@ def jaxtl_step(preset: Preset, cfg: TransformerConfig) -> tuple[Any, Any, Callab
     return model, finetune.make_task_loss_fn(model), lambda b: jnp.sum(b["label_weights"])
   model = build_model(cfg)
   loss_fn = objectives.make_loss_fn(
-      model, max_predictions(preset) if preset.objective == "mlm" else None)
+      model, max_predictions(preset) if preset.objective == "mlm" else None,
+      loss_chunk_len)
   return model, loss_fn, functools.partial(objectives.loss_weight_total, family=cfg.family)
 
 
@@ -222,7 +225,8 @@ def _peak_memory(compiled: Any) -> tuple[int | None, str]:
 
 
 def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
-              devices: list[jax.Device], seed: int = 0) -> tuple[Measurement, float]:
+              devices: list[jax.Device], seed: int = 0,
+              loss_chunk_len: int = objectives.LOSS_CHUNK_LEN) -> tuple[Measurement, float]:
   """Times jaxtl's train step, data-parallel over ``devices``; returns
   (measurement, model FLOPs per row)."""
   if preset.batch_size % len(devices):
@@ -230,7 +234,7 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
                      f"{len(devices)} devices: pass --batch_size or --devices")
   mesh = sharding.make_mesh((-1, 1, 1), devices)
   rules = sharding.make_rules()
-  model, loss_fn, weight_fn = jaxtl_step(preset, cfg)
+  model, loss_fn, weight_fn = jaxtl_step(preset, cfg, loss_chunk_len)
   batch = make_batch(preset, seed)
   tx, schedule = optim.make_optimizer(optimizer_config(), total_steps=warmup + steps)
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
@@ -412,8 +416,10 @@ def append_results(path: str, rows: list[dict[str, str]], command: str) -> None:
 
 
 def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
-              dtype: str = "auto", batch_size: int = 0, num_devices: int = 0,
-              overrides: dict[str, Any] | None = None) -> list[dict[str, str]]:
+              dtype: str = "auto", batch_size: int = 0, length: int = 0,
+              num_devices: int = 0,
+              overrides: dict[str, Any] | None = None,
+              loss_chunk_len: int = objectives.LOSS_CHUNK_LEN) -> list[dict[str, str]]:
   """Runs the named presets on ``num_devices`` devices (0: all); returns
   their table rows. PyTorch runs on one device."""
   unknown = sorted(set(names) - set(PRESETS))
@@ -429,6 +435,8 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
     preset = PRESETS[name]
     if batch_size:
       preset = dataclasses.replace(preset, batch_size=batch_size)
+    if length:
+      preset = dataclasses.replace(preset, length=length)
     cfg = model_config(preset, dtype, **(overrides or {}))
     # PyTorch first: its caching allocator hands memory back before jax
     # allocates, so the two never share the device's memory.
@@ -436,7 +444,8 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
     if torch_side:
       theirs = run_torch(preset, cfg, warmup, steps)
       _release_torch_memory()
-    ours, flops = run_jaxtl(preset, cfg, warmup, steps, devices)
+    ours, flops = run_jaxtl(preset, cfg, warmup, steps, devices,
+                            loss_chunk_len=loss_chunk_len)
     rows.append(row(name, preset, dtype, ours, flops, theirs, peak_flops))
     print(json.dumps(rows[-1]), flush=True)
   return rows
@@ -473,8 +482,9 @@ def main(argv: list[str]) -> None:
     rows = footprint.memory_rows(f.presets)
   else:
     rows = benchmark(f.presets, torch_side=f.torch, warmup=f.warmup, steps=f.steps,
-                     dtype=f.dtype, batch_size=f.batch_size, num_devices=f.devices,
-                     overrides=_parse_overrides(f.model))
+                     dtype=f.dtype, batch_size=f.batch_size, length=f.length,
+                     num_devices=f.devices,
+                     overrides=_parse_overrides(f.model), loss_chunk_len=f.loss_chunk_len)
   print(markdown(rows))
   if f.results:
     append_results(f.results, rows, "python -m jaxtl.benchmark " + " ".join(sys.argv[1:]))
@@ -491,9 +501,14 @@ def _define_flags() -> None:
   flags.DEFINE_string("dtype", "auto", "Compute dtype; auto: bfloat16 on accelerators, "
                       "float32 on CPU.")
   flags.DEFINE_integer("batch_size", 0, "Override every preset's batch size (0: keep).")
+  flags.DEFINE_integer("length", 0, "Override every preset's (input) sequence length "
+                       "(0: keep).")
   flags.DEFINE_integer("devices", 0, "Devices jaxtl runs on, data parallel (0: all). "
                        "PyTorch always runs on one: compare at --devices=1.")
   flags.DEFINE_list("model", [], "TransformerConfig overrides, e.g. remat=full,scan_layers=true.")
+  flags.DEFINE_integer("loss_chunk_len", objectives.LOSS_CHUNK_LEN, "Positions whose "
+                       "logits exist at once in the loss (0: all), as "
+                       "config.objective.loss_chunk_len.")
   flags.DEFINE_boolean("memory", False, "Instead of timing: parameter + optimizer "
                        f"bytes per device under the meshes {MEMORY_MESHES} "
                        "(on a CPU, 8 host devices are made for it).")

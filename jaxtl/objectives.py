@@ -17,6 +17,7 @@ accumulation and multi-batch evaluation give exactly the full-batch numbers.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
@@ -24,9 +25,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxtl.models import transformer
+
 Array = jax.Array
 Batch = Mapping[str, Array]
 LossFn = Callable[..., tuple[Array, dict[str, Array]]]
+
+# Default config.objective.loss_chunk_len: GPT-2's 1024 positions go in 4
+# chunks; shorter rows (and MLM's masked positions) in one.
+LOSS_CHUNK_LEN = 256
 
 OBJECTIVE_FAMILY = {"mlm": "encoder", "clm": "decoder", "span": "encoder_decoder"}
 
@@ -87,7 +94,85 @@ def loss_weight_total(batch: Batch, family: str) -> Array:
   return jnp.sum(batch[f"{target_prefix(family)}_loss_weights"].astype(jnp.float32))
 
 
-def make_loss_fn(model: nn.Module, max_predictions: int | None = None) -> LossFn:
+def _to_chunks(x_BT: Array, n: int, c: int) -> Array:
+  """[B, T, ...] -> [n, B, c, ...], zero-padding T to n * c."""
+  pad = [(0, 0), (0, n * c - x_BT.shape[1])] + [(0, 0)] * (x_BT.ndim - 2)
+  x = jnp.pad(x_BT, pad).reshape(x_BT.shape[0], n, c, *x_BT.shape[2:])
+  return jnp.moveaxis(x, 1, 0)
+
+
+def _from_chunks(x_nBc: Array, length: int) -> Array:
+  """[n, B, c, ...] -> [B, length, ...]: the inverse of ``_to_chunks``."""
+  x = jnp.moveaxis(x_nBc, 0, 1)
+  return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :length]
+
+
+def _chunked(logits_fn: Callable, head_params: Any, hidden_BTD: Array,
+             targets_BT: Array, weights_BT: Array, chunk_len: int, with_grads: bool):
+  """Cross-entropy sums, chunk by chunk along the length axis; with
+  ``with_grads`` also d loss_sum / d (head_params, hidden)."""
+  length = hidden_BTD.shape[1]
+  c = min(chunk_len or length, length)
+  n = -(-length // c)
+  xs = tuple(_to_chunks(x, n, c) for x in (hidden_BTD, targets_BT, weights_BT))
+  zero_sums = {k: jnp.zeros((), jnp.float32)
+               for k in ("loss_sum", "correct_sum", "weight_sum")}
+  add = lambda a, b: jax.tree.map(jnp.add, a, b)
+
+  def sums_only(carry, chunk):
+    h_BcD, t_Bc, w_Bc = chunk
+    return add(carry, token_cross_entropy(logits_fn(head_params, h_BcD), t_Bc, w_Bc)), None
+
+  def with_grad(carry, chunk):
+    h_BcD, t_Bc, w_Bc = chunk
+    logits_BcV, pull = jax.vjp(logits_fn, head_params, h_BcD)
+    loss_of = lambda z: (lambda s: (s["loss_sum"], s))(token_cross_entropy(z, t_Bc, w_Bc))
+    dlogits_BcV, sums = jax.grad(loss_of, has_aux=True)(logits_BcV)
+    dparams, dh_BcD = pull(dlogits_BcV.astype(logits_BcV.dtype))
+    return (add(carry[0], sums), add(carry[1], dparams)), dh_BcD
+
+  if not with_grads:
+    return jax.lax.scan(sums_only, zero_sums, xs)[0]
+  (sums, dparams), dh_nBcD = jax.lax.scan(
+      with_grad, (zero_sums, jax.tree.map(jnp.zeros_like, head_params)), xs)
+  return sums, dparams, _from_chunks(dh_nBcD, length)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 5))
+def chunked_cross_entropy(logits_fn: Callable, head_params: Any, hidden_BTD: Array,
+                          targets_BT: Array, weights_BT: Array,
+                          chunk_len: int) -> dict[str, Array]:
+  """``token_cross_entropy(logits_fn(head_params, hidden_BTD), ...)`` without
+  the whole [B, T, V] logits tensor.
+
+  Logits exist ``chunk_len`` positions at a time (0: all at once). The
+  gradient of each chunk is taken as soon as its logits are, so the backward
+  pass neither keeps nor recomputes them: the vocabulary projection, often the
+  biggest activation of a language model (float32 GPT-2 logits of 8 x 1024
+  tokens are 1.6 GB), costs one chunk of memory and no extra FLOPs.
+  """
+  return _chunked(logits_fn, head_params, hidden_BTD, targets_BT, weights_BT,
+                  chunk_len, with_grads=False)
+
+
+def _chunked_fwd(logits_fn, head_params, hidden_BTD, targets_BT, weights_BT, chunk_len):
+  sums, dparams, dhidden_BTD = _chunked(logits_fn, head_params, hidden_BTD, targets_BT,
+                                        weights_BT, chunk_len, with_grads=True)
+  return sums, (dparams, dhidden_BTD)
+
+
+def _chunked_bwd(logits_fn, chunk_len, residuals, g):  # pylint: disable=unused-argument
+  dparams, dhidden_BTD = residuals
+  scale = g["loss_sum"]  # only the loss is differentiable; counts are not
+  return (jax.tree.map(lambda d: (d * scale).astype(d.dtype), dparams),
+          (dhidden_BTD * scale).astype(dhidden_BTD.dtype), None, None)
+
+
+chunked_cross_entropy.defvjp(_chunked_fwd, _chunked_bwd)
+
+
+def make_loss_fn(model: nn.Module, max_predictions: int | None = None,
+                 chunk_len: int = LOSS_CHUNK_LEN) -> LossFn:
   """``loss_fn(params, batch, rng, normalizer=None) -> (loss, sums)``.
 
   ``loss`` is the summed token loss divided by ``normalizer`` (default: this
@@ -97,23 +182,30 @@ def make_loss_fn(model: nn.Module, max_predictions: int | None = None) -> LossFn
 
   ``max_predictions`` (encoder models): at most this many positions per row
   carry loss weight (MLM's masked tokens), so logits are computed only at
-  the ``max_predictions`` highest-weighted positions of each row.
+  the ``max_predictions`` highest-weighted positions of each row: MLM
+  predicts ~15% of tokens, and the vocabulary projection is most of a small
+  model's FLOPs. ``chunk_len``: see :func:`chunked_cross_entropy`.
   """
-  family = model.config.family
-  p = target_prefix(family)
+  if chunk_len < 0:
+    raise ValueError(f"loss chunk_len (config.objective.loss_chunk_len) must be "
+                     f">= 0 (0: all positions at once), got {chunk_len}")
+  cfg = model.config
+  p = target_prefix(cfg.family)
+  logits_fn = functools.partial(transformer.apply_lm_head, cfg)
 
   def loss_fn(params: Any, batch: Batch, rng: Array | None,
               normalizer: Array | None = None):
     targets, weights = batch[f"{p}_target_tokens"], batch[f"{p}_loss_weights"]
-    extra = {}
-    if max_predictions and family == "encoder":
+    out = forward(model, params, batch, deterministic=rng is None, rng=rng,
+                  lm_head=False)
+    hidden = out["last_hidden"]
+    if max_predictions and cfg.family == "encoder":
       _, idx_BK = jax.lax.top_k(weights, max_predictions)
-      extra["logits_at_BK"] = idx_BK
+      hidden = jnp.take_along_axis(hidden, idx_BK[..., None], axis=1)
       targets = jnp.take_along_axis(targets, idx_BK, axis=1)
       weights = jnp.take_along_axis(weights, idx_BK, axis=1)
-    out = forward(model, params, batch, deterministic=rng is None, rng=rng,
-                  **extra)
-    sums = token_cross_entropy(out["logits"], targets, weights)
+    sums = chunked_cross_entropy(logits_fn, transformer.lm_head_params(cfg, params),
+                                 hidden, targets, weights, chunk_len)
     return normalized_loss(sums, normalizer), sums
 
   return loss_fn

@@ -249,7 +249,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   rules = sharding.make_rules(config.mesh.get("rules"))
   total_steps = config.train.steps
   tx, schedule = optim.make_optimizer(config.optim, total_steps)
-  loss_fn = objectives.make_loss_fn(model, data.max_predictions)
+  loss_fn = objectives.make_loss_fn(model, data.max_predictions,
+                                    config.objective.loss_chunk_len)
 
   train_iter = data.train_iterator()
   rng = jax.random.key(config.seed)

@@ -80,8 +80,12 @@ def test_meshes_match_single_device(family):
   # The decoder tries each axis; the encoder-decoder (slow to compile on 8
   # devices) the mesh that uses all three at once.
   shapes = [(8, 1, 1), (2, 4, 1), (2, 2, 2)] if family == "decoder" else [(2, 2, 2)]
+  # The (2,2,2) run also computes logits in chunks (a scan over sharded
+  # activations and a vocabulary-sharded table).
+  chunked = objectives.make_loss_fn(build_model(cfg), chunk_len=5)
   for shape in shapes:
-    losses, state, _ = run_steps(cfg, shape, data)
+    losses, state, _ = run_steps(cfg, shape, data,
+                                 loss_fn=chunked if shape == (2, 2, 2) else None)
     np.testing.assert_allclose(losses, ref, rtol=2e-5, err_msg=str(shape))
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
       np.testing.assert_allclose(a, b, atol=2e-5, err_msg=str(shape))
@@ -198,3 +202,53 @@ def test_mlm_logits_only_at_masked_positions_give_the_same_loss():
   np.testing.assert_allclose(sparse[0], full[0], rtol=1e-6)
   for k in full[1]:
     np.testing.assert_allclose(sparse[1][k], full[1][k], rtol=1e-6)
+
+
+@pytest.mark.parametrize("family,kw", [
+    ("decoder", {}),  # tied head (GPT-2)
+    ("encoder", dict(lm_head_transform=True, lm_head_bias=True)),  # BERT
+    ("encoder_decoder", dict(tie_embeddings=False))])  # T5 v1.1
+def test_chunked_cross_entropy_equals_the_whole_logits_one(family, kw):
+  cfg = tiny(family, **kw)
+  model = build_model(cfg)
+  b = batches(family, 1, batch=4)[0]
+  params = nn.unbox(model.init(jax.random.key(0), **train.lm_init_inputs(model, b)))["params"]
+  p = objectives.target_prefix(family)
+
+  def direct(params):  # the plain way: every logit at once
+    logits = objectives.forward(model, params, b)["logits"]
+    sums = objectives.token_cross_entropy(logits, b[f"{p}_target_tokens"],
+                                          b[f"{p}_loss_weights"])
+    return objectives.normalized_loss(sums, None), sums
+
+  (ref, ref_sums), ref_grads = jax.value_and_grad(direct, has_aux=True)(params)
+  for chunk_len in (0, 5):  # one chunk; 4 uneven ones (T=16)
+    loss_fn = objectives.make_loss_fn(model, chunk_len=chunk_len)
+    (loss, sums), grads = jax.jit(jax.value_and_grad(
+        lambda q: loss_fn(q, b, None), has_aux=True))(params)
+    np.testing.assert_allclose(loss, ref, rtol=1e-6)
+    for k in ref_sums:
+      np.testing.assert_allclose(sums[k], ref_sums[k], rtol=1e-6, err_msg=k)
+    assert jax.tree.structure(grads) == jax.tree.structure(ref_grads)
+    for path, g in jax.tree_util.tree_leaves_with_path(grads):
+      r = functools.reduce(lambda t, k: t[k.key], path, ref_grads)
+      np.testing.assert_allclose(g, r, atol=1e-6, rtol=1e-5,
+                                 err_msg=f"{chunk_len} {jax.tree_util.keystr(path)}")
+
+
+def test_chunked_cross_entropy_holds_one_chunk_of_logits():
+  b, t, d, v = 4, 512, 64, 4096  # float32 logits: 32 MiB at once
+  logits_fn = lambda p, h: h @ p["w"].T
+  args = ({"w": jax.ShapeDtypeStruct((v, d), jnp.float32)},
+          jax.ShapeDtypeStruct((b, t, d), jnp.float32),
+          jax.ShapeDtypeStruct((b, t), jnp.int32), jax.ShapeDtypeStruct((b, t), jnp.float32))
+
+  def temp_bytes(chunk_len):
+    loss = lambda p, h, y, w: objectives.chunked_cross_entropy(
+        logits_fn, p, h, y, w, chunk_len)["loss_sum"]
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    return grad.lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+  whole = temp_bytes(0)
+  assert whole >= 2 * b * t * v * 4  # logits and their gradient
+  assert temp_bytes(64) < whole / 4  # 8 chunks

@@ -214,12 +214,12 @@ class EncoderOrDecoder(nn.Module):
                token_types_BT: Array | None = None, *,
                deterministic: bool = True, return_hidden: bool = False,
                return_attention: bool = False, lm_head: bool = True,
-               logits_at_BK: Array | None = None, decode: bool = False) -> dict[str, Any]:
-    """Runs the stack and LM head.
+               decode: bool = False) -> dict[str, Any]:
+    """Runs the stack and (``lm_head``) the LM head.
 
-    ``logits_at_BK`` (indices into the length axis) computes logits only at
-    those positions: MLM predicts ~15% of tokens, and the vocabulary
-    projection is most of a small model's FLOPs.
+    Training leaves the head out and applies it itself through
+    :func:`apply_lm_head`: at the masked positions only (MLM), a chunk of
+    positions at a time (:func:`jaxtl.objectives.chunked_cross_entropy`).
     """
     cfg = self.config
     embed = layers.token_embedding(cfg)
@@ -230,8 +230,6 @@ class EncoderOrDecoder(nn.Module):
                       return_attention=return_attention, decode=decode)
     out = {"last_hidden": hidden_BTD, **extras}
     if lm_head:
-      if logits_at_BK is not None:
-        hidden_BTD = jnp.take_along_axis(hidden_BTD, logits_at_BK[..., None], axis=1)
       out["logits"] = layers.LMHead(cfg, embed, name="lm_head")(hidden_BTD)
     return out
 
@@ -261,16 +259,18 @@ class EncoderDecoder(nn.Module):
              tokens_BT: Array, segment_ids_BT: Array | None = None,
              positions_BT: Array | None = None, *, deterministic: bool = True,
              return_hidden: bool = False, return_attention: bool = False,
-             decode: bool = False):
-    """Decoder logits. With ``decode`` (cached steps), ``enc_BSD`` is needed
-    only on the first call; later ones pass None and reuse its keys/values."""
+             decode: bool = False, lm_head: bool = True):
+    """(logits or None without ``lm_head``, last hidden, extras) of the decoder.
+
+    With ``decode`` (cached steps), ``enc_BSD`` is needed only on the first
+    call; later ones pass None and reuse its keys/values."""
     if enc_segment_ids_BS is None:
       enc_segment_ids_BS = jnp.ones(enc_BSD.shape[:2], jnp.int32)
     hidden_BTD, extras = self.decoder(
         tokens_BT, segment_ids_BT, positions_BT, None, enc_BSD,
         enc_segment_ids_BS, deterministic=deterministic,
         return_hidden=return_hidden, return_attention=return_attention, decode=decode)
-    return self.lm_head(hidden_BTD), hidden_BTD, extras
+    return (self.lm_head(hidden_BTD) if lm_head else None), hidden_BTD, extras
 
   def __call__(self, encoder_tokens_BS: Array, decoder_tokens_BT: Array,
                encoder_segment_ids_BS: Array | None = None,
@@ -278,19 +278,36 @@ class EncoderDecoder(nn.Module):
                encoder_positions_BS: Array | None = None,
                decoder_positions_BT: Array | None = None, *,
                deterministic: bool = True, return_hidden: bool = False,
-               return_attention: bool = False) -> dict[str, Any]:
+               return_attention: bool = False, lm_head: bool = True) -> dict[str, Any]:
     flags = dict(deterministic=deterministic, return_hidden=return_hidden,
                  return_attention=return_attention)
     enc_BSD, enc_extras = self.encode(encoder_tokens_BS, encoder_segment_ids_BS,
                                       encoder_positions_BS, **flags)
     logits_BTV, hidden_BTD, dec_extras = self.decode(
         enc_BSD, encoder_segment_ids_BS, decoder_tokens_BT,
-        decoder_segment_ids_BT, decoder_positions_BT, **flags)
-    out = {"logits": logits_BTV, "last_hidden": hidden_BTD,
-           "encoder_last_hidden": enc_BSD}
+        decoder_segment_ids_BT, decoder_positions_BT, lm_head=lm_head, **flags)
+    out = {"last_hidden": hidden_BTD, "encoder_last_hidden": enc_BSD}
+    if lm_head:
+      out["logits"] = logits_BTV
     out.update({f"encoder_{k}": v for k, v in enc_extras.items()})
     out.update(dec_extras)
     return out
+
+
+def lm_head_params(config: TransformerConfig, params: Any) -> dict[str, Any]:
+  """The part of a model's ``params`` its LM head reads (a tied head: the
+  token table too), as :func:`apply_lm_head` takes it."""
+  names = ("lm_head", "token_embed") if config.tie_embeddings else ("lm_head",)
+  return {name: params[name] for name in names if name in params}
+
+
+def apply_lm_head(config: TransformerConfig, head_params: Any, hidden_BTD: Array) -> Array:
+  """The model's LM head on ``hidden_BTD`` alone, outside the model's apply."""
+  embed = layers.token_embedding(config) if config.tie_embeddings else None
+  variables = dict(head_params.get("lm_head", {}))
+  if embed is not None:
+    variables["token_embed"] = head_params["token_embed"]
+  return layers.LMHead(config, embed).apply({"params": variables}, hidden_BTD)
 
 
 def build_model(config: TransformerConfig, **kwargs: Any) -> nn.Module:
