@@ -226,9 +226,11 @@ def _peak_memory(compiled: Any) -> tuple[int | None, str]:
 
 def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
               devices: list[jax.Device], seed: int = 0,
-              loss_chunk_len: int = objectives.LOSS_CHUNK_LEN) -> tuple[Measurement, float]:
+              loss_chunk_len: int = objectives.LOSS_CHUNK_LEN,
+              profile_dir: str = "") -> tuple[Measurement, float]:
   """Times jaxtl's train step, data-parallel over ``devices``; returns
-  (measurement, model FLOPs per row)."""
+  (measurement, model FLOPs per row). With ``profile_dir``, ``steps`` more
+  steps are traced there and their op breakdown is printed."""
   if preset.batch_size % len(devices):
     raise ValueError(f"batch {preset.batch_size} does not split over "
                      f"{len(devices)} devices: pass --batch_size or --devices")
@@ -257,6 +259,8 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
       jax.block_until_ready((holder[0], metrics))
 
     step_s = _time_steps(run_step, warmup, steps)
+    if profile_dir:
+      _profile(run_step, steps, profile_dir)
   params = holder[0].params
   if preset.objective == "classify":
     params = params["backbone"]
@@ -266,6 +270,19 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
                       else 0 if preset.objective == "classify" else None))
   peak, source = _peak_memory(compiled)
   return Measurement(step_s, compile_s, peak, source), flops
+
+
+def _profile(run_step: Callable[[], Any], steps: int, logdir: str) -> None:
+  """Traces ``steps`` steps into ``logdir``; prints and saves their op breakdown."""
+  from jaxtl import profiling  # pylint: disable=g-import-not-at-top
+  with jax.profiler.trace(logdir, create_perfetto_trace=True):
+    for _ in range(steps):
+      run_step()
+  breakdown = profiling.op_breakdown(logdir, steps)
+  with open(os.path.join(logdir, "op_breakdown.json"), "w") as f:
+    json.dump(breakdown, f, indent=1)
+  print(profiling.markdown(f"{os.path.basename(logdir)} on {jax.devices()[0].device_kind}",
+                           breakdown), flush=True)
 
 
 def run_torch(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
@@ -419,7 +436,8 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
               dtype: str = "auto", batch_size: int = 0, length: int = 0,
               num_devices: int = 0,
               overrides: dict[str, Any] | None = None,
-              loss_chunk_len: int = objectives.LOSS_CHUNK_LEN) -> list[dict[str, str]]:
+              loss_chunk_len: int = objectives.LOSS_CHUNK_LEN,
+              profile_dir: str = "") -> list[dict[str, str]]:
   """Runs the named presets on ``num_devices`` devices (0: all); returns
   their table rows. PyTorch runs on one device."""
   unknown = sorted(set(names) - set(PRESETS))
@@ -445,7 +463,8 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
       theirs = run_torch(preset, cfg, warmup, steps)
       _release_torch_memory()
     ours, flops = run_jaxtl(preset, cfg, warmup, steps, devices,
-                            loss_chunk_len=loss_chunk_len)
+                            loss_chunk_len=loss_chunk_len,
+                            profile_dir=profile_dir and os.path.join(profile_dir, name))
     rows.append(row(name, preset, dtype, ours, flops, theirs, peak_flops))
     print(json.dumps(rows[-1]), flush=True)
   return rows
@@ -484,7 +503,8 @@ def main(argv: list[str]) -> None:
     rows = benchmark(f.presets, torch_side=f.torch, warmup=f.warmup, steps=f.steps,
                      dtype=f.dtype, batch_size=f.batch_size, length=f.length,
                      num_devices=f.devices,
-                     overrides=_parse_overrides(f.model), loss_chunk_len=f.loss_chunk_len)
+                     overrides=_parse_overrides(f.model), loss_chunk_len=f.loss_chunk_len,
+                     profile_dir=f.profile)
   print(markdown(rows))
   if f.results:
     append_results(f.results, rows, "python -m jaxtl.benchmark " + " ".join(sys.argv[1:]))
@@ -517,6 +537,8 @@ def _define_flags() -> None:
   flags.DEFINE_integer("pipeline_docs", 5000, "Documents per split read by --pipeline.")
   flags.DEFINE_string("workdir", "/tmp/jaxtl_benchmark", "--pipeline keeps its "
                       "trained tokenizers here.")
+  flags.DEFINE_string("profile", "", "Also trace --steps more jaxtl steps into "
+                      "DIR/PRESET and print where their device time goes.")
   flags.DEFINE_string("results", "", "Markdown file to append the table to (empty: none).")
 
 
@@ -524,6 +546,9 @@ if __name__ == "__main__":
   from absl import app  # pylint: disable=g-import-not-at-top
   # Growing, not preallocating, device memory leaves PyTorch room on the GPU.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  if any(a.startswith("--profile=") for a in sys.argv):  # CPU thunks traced
+    from jaxtl.profiling import CPU_TRACE_FLAG  # pylint: disable=g-import-not-at-top
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " " + CPU_TRACE_FLAG
   if "--memory" in sys.argv:  # before the CPU backend starts
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + " --xla_force_host_platform_device_count=8")

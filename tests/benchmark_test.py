@@ -1,6 +1,8 @@
-"""The benchmark harness: tiny presets run on both sides; FLOPs by hand."""
+"""The benchmark harness: tiny presets run on both sides and are profiled;
+FLOPs by hand."""
 
 import importlib.util
+import json
 
 import flax.linen as nn
 import jax
@@ -18,8 +20,13 @@ def test_tiny_presets_run_and_append_a_results_table(tmp_path):
   torch_side = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
   names = ["tiny_gpt2", "tiny_bert", "tiny_t5", "tiny_cls"]
   rows = benchmark.benchmark(names, torch_side=torch_side, warmup=1, steps=2,
-                             num_devices=1)
+                             num_devices=1, profile_dir=str(tmp_path / "profile"))
   assert [r["preset"] for r in rows] == names
+  for name in names:  # each traced, its XLA:CPU thunks sorted by kind
+    breakdown = json.loads((tmp_path / "profile" / name / "op_breakdown.json").read_text())
+    kinds = {k["kind"]: k["ms_per_step"] for k in breakdown["kinds"]}
+    assert breakdown["source"].startswith("host") and kinds["matmul"] > 0, breakdown
+    assert sum(kinds.values()) == pytest.approx(breakdown["ms_per_step"], abs=0.1)
   for r in rows:
     assert float(r["step ms"]) > 0 and float(r["compile s"]) > 0
     assert r["MFU"] == "n/a"  # no peak FLOP/s is known for CPUs

@@ -6,8 +6,11 @@ anything imports jax.
 
 import os
 
+# The CPU thunk trace flag lets the benchmark's --profile test see XLA's ops
+# (jaxtl.profiling.CPU_TRACE_FLAG; nothing is recorded while no trace runs).
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=8")
+                           + " --xla_force_host_platform_device_count=8"
+                           + " --xla_cpu_enable_xprof_traceme=true")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # Readers take the data folder from $JAXTL_DATA_DIR; default it to the shared

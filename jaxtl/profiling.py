@@ -1,0 +1,110 @@
+"""Where a train step's device time goes, from a ``jax.profiler`` trace.
+
+``python -m jaxtl.benchmark --profile=DIR`` traces the timed steps and prints
+:func:`op_breakdown`: device time per step by kind of op (matmuls, attention
+kernels, collectives, layout copies, other fusions) and the costliest ops,
+so "what limits this preset" is read from a profile, not guessed. On GPUs the
+trace holds the device's kernels; on CPUs the XLA thunks, which XLA records
+only with ``--xla_cpu_enable_xprof_traceme=true`` in ``XLA_FLAGS`` (the
+benchmark sets it for ``--profile``).
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+from typing import Any
+
+CPU_TRACE_FLAG = "--xla_cpu_enable_xprof_traceme=true"
+
+# Kinds of op, tried in order on the lower-cased op or kernel name.
+KINDS = (
+    ("collective", ("all-reduce", "all_reduce", "allreduce", "all-gather", "all_gather",
+                    "reduce-scatter", "reduce_scatter", "all-to-all", "nccl",
+                    "collective-permute")),
+    ("attention", ("flash", "fmha", "cudnn", "dot_product_attention", "sdpa")),
+    ("matmul", ("ynn_fusion", "xnn_fusion", "dot", "gemm", "matmul", "cublas", "nvjet",
+                "cutlass", "xmma", "onednn")),
+    ("copy/transpose", ("copy", "transpose", "memcpy", "memset")),
+)
+# Host-side wrappers around the ops (they contain them, so they are not ops).
+_WRAPPERS = ("$", "ThunkExecutor", "SlinkyThreadPool", "PjitFunction", "PjRt",
+             "TfrtCpu", "Thunk::", "end-to-end")
+
+
+def kind_of(name: str) -> str:
+  lower = name.lower()
+  for kind, needles in KINDS:
+    if any(n in lower for n in needles):
+      return kind
+  return "other fusions"
+
+
+def _trace_events(logdir: str) -> tuple[list[dict[str, Any]], dict[int, str]]:
+  files = sorted(glob.glob(os.path.join(logdir, "**", "perfetto_trace.json.gz"),
+                           recursive=True), key=os.path.getmtime)
+  if not files:
+    raise FileNotFoundError(f"no perfetto_trace.json.gz under {logdir}: trace with "
+                            "jax.profiler.trace(..., create_perfetto_trace=True)")
+  with gzip.open(files[-1]) as f:
+    data = json.load(f)
+  events = data["traceEvents"] if isinstance(data, dict) else data
+  processes = {e["pid"]: e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "process_name"}
+  return events, processes
+
+
+def op_breakdown(logdir: str, steps: int, top: int = 12) -> dict[str, Any]:
+  """Per-step device time by kind of op, and the ``top`` costliest ops.
+
+  Ops are the events of the device processes (``/device:...``) when the trace
+  has any, else the host's XLA thunks. Names end in ``.N`` per instance
+  (``fusion.12``); instances are summed under one name.
+  """
+  events, processes = _trace_events(logdir)
+  device_pids = {pid for pid, name in processes.items() if name.startswith("/device:")}
+  by_op: collections.Counter = collections.Counter()
+  count: collections.Counter = collections.Counter()
+  for e in events:
+    if e.get("ph") != "X" or "dur" not in e:
+      continue
+    if device_pids and e["pid"] not in device_pids:
+      continue
+    if not device_pids and e["name"].startswith(_WRAPPERS):
+      continue
+    name = re.sub(r"\.\d+$", "", e["name"])
+    by_op[name] += e["dur"]
+    count[name] += 1
+  total = sum(by_op.values())
+  if not total:
+    raise ValueError(f"the trace in {logdir} has no op events (on a CPU, set "
+                     f"{CPU_TRACE_FLAG} in XLA_FLAGS before jax starts)")
+  by_kind: collections.Counter = collections.Counter()
+  for name, us in by_op.items():
+    by_kind[kind_of(name)] += us
+  ms = lambda us: round(us / steps / 1e3, 2)
+  return {
+      "source": "device" if device_pids else "host (XLA:CPU thunks)",
+      "ms_per_step": ms(total),
+      "kinds": [{"kind": k, "ms_per_step": ms(v), "share": round(v / total, 3)}
+                for k, v in by_kind.most_common()],
+      "ops": [{"op": k, "kind": kind_of(k), "ms_per_step": ms(v),
+               "share": round(v / total, 3), "per_step": count[k] // steps}
+              for k, v in by_op.most_common(top)],
+  }
+
+
+def markdown(title: str, breakdown: dict[str, Any]) -> str:
+  """The breakdown as two small markdown tables."""
+  lines = [f"**{title}**: {breakdown['ms_per_step']} ms of ops per step "
+           f"({breakdown['source']})", "", "| kind | ms/step | share |", "|---|---:|---:|"]
+  lines += [f"| {k['kind']} | {k['ms_per_step']} | {100 * k['share']:.1f}% |"
+            for k in breakdown["kinds"]]
+  lines += ["", "| op | kind | ms/step | share | per step |", "|---|---|---:|---:|---:|"]
+  lines += [f"| {o['op']} | {o['kind']} | {o['ms_per_step']} | {100 * o['share']:.1f}% "
+            f"| {o['per_step']} |" for o in breakdown["ops"]]
+  return "\n".join(lines)
