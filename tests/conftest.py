@@ -1,10 +1,20 @@
-"""Test setup: 8 fake CPU devices for the sharding tests.
+"""Test setup: 8 fake CPU devices, and one compilation cache for the run.
 
-XLA reads the flag once, when the backend starts, so it must be set before
+XLA reads the flags once, when the backend starts, so they must be set before
 anything imports jax.
+
+Many tests compile the same programs (every recipe's train step, the study's
+fine-tuning cells, the subprocesses of the resume tests). A persistent
+compilation cache shared by the run -- the pytest-xdist workers and the
+subprocesses inherit the environment of the process that loads this file
+first -- compiles each once. It lives in a fresh temporary folder, removed
+when the run ends, so no test sees a cache from an earlier run.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # The CPU thunk trace flag lets the benchmark's --profile test see XLA's ops
 # (jaxtl.profiling.CPU_TRACE_FLAG; nothing is recorded while no trace runs).
@@ -12,6 +22,13 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8"
                            + " --xla_cpu_enable_xprof_traceme=true")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _cache = tempfile.mkdtemp(prefix="jaxtl-test-jit-")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 # Readers take the data folder from $JAXTL_DATA_DIR; default it to the shared
 # copy beside the repository when there is one (tests skip without it).

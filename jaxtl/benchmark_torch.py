@@ -1,0 +1,95 @@
+"""The PyTorch side of :mod:`jaxtl.benchmark`: the same model, batch and
+optimizer in Hugging Face ``transformers``, timed the same way.
+
+The model is built from the config :func:`jaxtl.convert.hf.hf_config` exports
+for the jaxtl model, so both sides run one architecture. On GPUs it computes
+in bfloat16 autocast with SDPA attention and fused AdamW; on CPUs in float32.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from jaxtl.benchmark import Measurement, Preset, make_batch, optimizer_config, time_steps
+from jaxtl.models import TransformerConfig
+
+# Which transformers class trains each objective.
+HF_CLASSES = {"clm": "GPT2LMHeadModel", "mlm": "BertForMaskedLM",
+               "span": "T5ForConditionalGeneration",
+               "classify": "BertForSequenceClassification"}
+
+
+
+def run_torch(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
+              seed: int = 0) -> Measurement:
+  """Times the same model's step in transformers (PyTorch)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from jaxtl.convert import hf  # pylint: disable=g-import-not-at-top
+  cuda = torch.cuda.is_available()
+  device = torch.device("cuda" if cuda else "cpu")
+  hf_config = hf.hf_config(cfg)
+  if preset.objective == "classify":
+    hf_config["num_labels"] = preset.num_labels
+  if preset.objective == "clm":  # GPT-2's 50256 is outside tiny vocabularies
+    hf_config.update(bos_token_id=preset.vocab_size - 1, eos_token_id=preset.vocab_size - 1)
+  config = transformers.AutoConfig.for_model(**hf_config)
+  torch.manual_seed(seed)
+  model = getattr(transformers, HF_CLASSES[preset.objective])._from_config(
+      config, attn_implementation="sdpa").to(device).train()
+  # Token ids as int64: torch's losses take no other index type.
+  batch = {k: torch.from_numpy(np.ascontiguousarray(
+      v.astype(np.int64) if v.dtype.kind == "i" else v)).to(device)
+           for k, v in make_batch(preset, seed).items()}
+  if preset.objective == "clm":
+    inputs = {"input_ids": batch["decoder_input_tokens"],
+              "labels": batch["decoder_input_tokens"]}  # HF shifts labels itself
+  elif preset.objective == "mlm":
+    labels = torch.where(batch["encoder_loss_weights"] > 0,
+                         batch["encoder_target_tokens"], -100)
+    inputs = {"input_ids": batch["encoder_input_tokens"], "labels": labels}
+  elif preset.objective == "span":
+    inputs = {"input_ids": batch["encoder_input_tokens"],
+              "labels": batch["decoder_target_tokens"]}
+  else:
+    inputs = {"input_ids": batch["encoder_input_tokens"],
+              "attention_mask": batch["encoder_segment_ids"],
+              "labels": batch["labels"]}
+  # Decay on matrices only, as jaxtl's optimizer does.
+  no_decay = [p for p in model.parameters() if p.ndim < 2]
+  decay = [p for p in model.parameters() if p.ndim >= 2]
+  opt_cfg = optimizer_config()
+  opt = torch.optim.AdamW(
+      [{"params": decay, "weight_decay": opt_cfg.weight_decay},
+       {"params": no_decay, "weight_decay": 0.0}],
+      lr=opt_cfg.lr, betas=(opt_cfg.b1, opt_cfg.b2), eps=opt_cfg.eps,
+      **({"fused": True} if cuda else {}))
+  autocast = torch.autocast("cuda", torch.bfloat16, enabled=cuda and cfg.dtype == "bfloat16")
+
+  def run_step():
+    opt.zero_grad(set_to_none=True)
+    with autocast:
+      loss = model(**inputs).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.clip_norm)
+    opt.step()
+    if cuda:
+      torch.cuda.synchronize()
+
+  if cuda:
+    torch.cuda.reset_peak_memory_stats()
+  start = time.perf_counter()
+  run_step()  # the first step: allocation, kernel selection
+  first_s = time.perf_counter() - start
+  step_s = time_steps(run_step, max(warmup - 1, 0), steps)
+  peak = torch.cuda.max_memory_allocated() if cuda else None
+  return Measurement(step_s, first_s, peak, "torch.cuda" if cuda else "none")
+
+
+def release_memory() -> None:
+  """Hands PyTorch's cached device memory back (for jax, which runs next)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  if torch.cuda.is_available():
+    torch.cuda.empty_cache()
