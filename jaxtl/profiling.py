@@ -31,9 +31,9 @@ KINDS = (
                 "cutlass", "xmma", "onednn")),
     ("copy/transpose", ("copy", "transpose", "memcpy", "memset")),
 )
-# Host-side wrappers around the ops (they contain them, so they are not ops).
-_WRAPPERS = ("$", "ThunkExecutor", "SlinkyThreadPool", "PjitFunction", "PjRt",
-             "TfrtCpu", "Thunk::", "end-to-end")
+# Host events that are not XLA:CPU ops: Python frames ("$file:line name"),
+# and the runtime's executor, thread-pool and dispatch spans around the ops.
+_WRAPPERS = ("$", "ThunkExecutor", "SlinkyThreadPool", "PjitFunction")
 
 
 def kind_of(name: str) -> str:
