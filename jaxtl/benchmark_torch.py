@@ -17,9 +17,8 @@ from jaxtl.models import TransformerConfig
 
 # Which transformers class trains each objective.
 HF_CLASSES = {"clm": "GPT2LMHeadModel", "mlm": "BertForMaskedLM",
-               "span": "T5ForConditionalGeneration",
-               "classify": "BertForSequenceClassification"}
-
+              "span": "T5ForConditionalGeneration",
+              "classify": "BertForSequenceClassification"}
 
 
 def run_torch(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
