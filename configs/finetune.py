@@ -61,7 +61,9 @@ def get_config(arg: str | None = None):
       # ([CLS] + BERT's dense + tanh, loaded from HF BERT checkpoints) | ""
       # (the backbone's default: first for BERT-style encoders, mean otherwise)
       pooling="",
-      dev_fraction=0.1,  # held out of train when the task has no dev split
+      # Held out of train for model selection when the task has no dev
+      # split; 0: train on all of train and report the last epoch.
+      dev_fraction=0.1,
       num_train_examples=0,  # 0: all; else a fixed random subset
       max_eval_examples=0,  # 0: all; else the first N of dev and test (quick looks)
       on_error="raise", head_dropout=0.1,

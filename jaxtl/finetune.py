@@ -74,32 +74,32 @@ def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
   """train / dev / test Examples.
 
   Without a dev split (TREC, IMDB) ``task.dev_fraction`` of train is held
-  out deterministically for model selection; without public test labels
-  (GLUE) the dev split is also what is reported. SQuAD (only its dev file
-  is offline) trains on one article half, holds articles of it out as dev
-  and reports the other half.
+  out deterministically for model selection; ``dev_fraction=0`` trains on
+  all of train and "dev" is None: no selection, the last epoch is the model
+  (the final run once a recipe was chosen on a held-out dev). Without public
+  test labels (GLUE) the dev split is also what is reported. SQuAD (only its
+  dev file is offline) trains on one article half, holds articles of it out
+  as dev and reports the other half.
   """
   names = tasks.TASK_SPLITS[task.name]
   load = lambda split: tasks.load_task(task.name, split, on_error=task.on_error)
   train_ex = load("train")
-  if task.name == "squad":  # its "dev" is the whole file, both halves
+  dev_ex = None
+  if "dev" in names and task.name != "squad":  # SQuAD's "dev" is the whole file
+    dev_ex = load("dev")
+  elif task.dev_fraction:
     train_ex, dev_ex = _hold_out(train_ex, task.dev_fraction, seed)
-    test_ex = load("eval")
-  else:
-    if "dev" in names:
-      dev_ex = load("dev")
-    else:
-      train_ex, dev_ex = _hold_out(train_ex, task.dev_fraction, seed)
-    test_ex = load("test") if "test" in names else dev_ex
+  test_split = next((s for s in ("test", "eval") if s in names), None)
+  test_ex = load(test_split) if test_split else dev_ex
   for name, ex in (("train", train_ex), ("dev", dev_ex), ("test", test_ex)):
-    if ex.skipped:
+    if ex is not None and ex.skipped:
       logging.warning("%s %s: skipped %d bad rows", task.name, name, ex.skipped)
   if task.num_train_examples:
     order = np.random.default_rng(seed).permutation(len(train_ex))
     train_ex = train_ex.subset(np.sort(order[:task.num_train_examples]))
   if task.max_eval_examples:  # quick looks only: not comparable to full scores
-    dev_ex, test_ex = (ex.subset(range(min(len(ex), task.max_eval_examples)))
-                       for ex in (dev_ex, test_ex))
+    dev_ex, test_ex = (None if ex is None else ex.subset(range(min(
+        len(ex), task.max_eval_examples))) for ex in (dev_ex, test_ex))
   return {"train": train_ex, "dev": dev_ex, "test": test_ex}
 
 
@@ -267,7 +267,8 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     raise ValueError(f"config.adapt.scheme={adapt.scheme!r}; known: {sorted(SCHEMES)}")
   splits = load_task_splits(task, config.seed)
   cfg, tok, init_params = _backbone(config)
-  feats = {k: _features(v, tok, task, cfg.family) for k, v in splits.items()}
+  feats = {k: _features(v, tok, task, cfg.family) for k, v in splits.items()
+           if v is not None}
   for name, f in feats.items():
     if f.truncated:
       logging.info("%s: %d of %d examples longer than %d tokens (%s)", name,
@@ -307,7 +308,8 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   writer = train.MetricsWriter(workdir, enabled=jax.process_index() == 0)
   batches = pipeline.BatchIterator(feats["train"].arrays, lambda row, rng: row,
                                    batch_size=bs, seed=config.seed)
-  # Saved only when dev improves, keeping one: the best checkpoint by the metric.
+  # Saved only when dev improves, keeping one: the best checkpoint by the
+  # metric (without a dev split: the last epoch's).
   best_ckpt = checkpoint.Checkpointer(os.path.join(workdir, "best"), save_every=1,
                                       keep=1, async_save=False)
   # The newest epoch's state, data position and dev history: a run that is
@@ -332,15 +334,19 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
       train_metrics = objectives.summarize(jax.device_get(
           jax.tree.map(lambda *x: sum(x), *sums)))
       seconds = time.perf_counter() - start  # device_get waited for the last step
-      dev = score(task, predict(eval_fn, state.params, feats["dev"].arrays, bs, mesh,
-                                side, multiple), feats["dev"], splits["dev"])
       writer.write(int(state.step), "train", train_metrics)
-      writer.write(int(state.step), "dev", dev)
+      if "dev" in feats:
+        dev = score(task, predict(eval_fn, state.params, feats["dev"].arrays, bs, mesh,
+                                  side, multiple), feats["dev"], splits["dev"])
+        writer.write(int(state.step), "dev", dev)
+        key = next(iter(dev.values()))
+        improved = best is None or key > best
+        best = key if improved else best
+      else:  # no dev split to select on: the last epoch is the model
+        dev, improved = {}, epoch == config.train.epochs
       history.append({"epoch": epoch, "train_loss": train_metrics["loss"],
                       "train_seconds": round(seconds, 2), **dev})
-      key = next(iter(dev.values()))
-      if best is None or key > best:
-        best = key
+      if improved:
         best_ckpt.save(epoch, state, {"epoch": epoch, "dev": dev}, force=True)
       if last_ckpt:
         last_ckpt.save(epoch, state, {"data": batches.get_state(), "best": best,

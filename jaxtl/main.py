@@ -58,7 +58,9 @@ def _run_mode() -> None:
     logging.info("wrote %s/transfer.md and transfer.png", FLAGS.workdir)
   elif FLAGS.mode == "finetune":
     results = finetune.finetune_and_evaluate(FLAGS.config, FLAGS.workdir)
-    logging.info("best dev %s; test %s", results["best_dev"], results["test"])
+    best = results["best_dev"]
+    logging.info("best dev %s; test %s", "- (none held out: the last epoch)"
+                 if best is None else best, results["test"])
   else:
     metrics = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
     logging.info("final eval: %s", metrics)

@@ -73,6 +73,21 @@ def test_ulmfit_schedules_and_a_regression_and_a_tagging_task(pretrained, tmp_pa
   assert 0.0 <= results["test"]["token_accuracy"] <= 1.0
 
 
+def test_without_a_held_out_dev_all_of_train_is_used_and_the_last_epoch_reported(
+    pretrained, tmp_path):
+  config = _config(pretrained, "full", dev_fraction=0.0, num_train_examples=0)
+  splits = finetune.load_task_splits(config.task, config.seed)
+  assert splits["dev"] is None and len(splits["train"]) == 5452  # all of TREC train
+  config.task.num_train_examples = 48
+  results = finetune.finetune_and_evaluate(config, str(tmp_path))
+  assert results["best_dev"] is None and "accuracy" in results["test"]
+  assert [set(h) for h in results["history"]] == [{"epoch", "train_loss",
+                                                    "train_seconds"}] * 2
+  saved = checkpoint.Checkpointer(tmp_path / "best", save_every=1, keep=1)
+  assert saved.all_steps() == [2]  # the last epoch, the model that was tested
+  saved.close()
+
+
 def test_shape_mismatch_names_the_parameter(pretrained, tmp_path):
   config = _config(pretrained, "full")
   bad = tmp_path / "bad"
