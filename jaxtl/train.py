@@ -132,14 +132,20 @@ def train_step(state: TrainState, batch: Mapping[str, Array], rng: Array, *,
   (loss, sums), grads = _accumulate_grads(loss_fn, state.params, batch,
                                           step_rng, normalizer, accum_steps)
   grad_norm = optax.tree.norm(grads)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+  # A cond, not a select of new against old state: XLA then updates the
+  # donated parameters and optimizer state in place. A select keeps both
+  # alive and copies every parameter and both Adam moments each step (7% of
+  # the MiniLM CPU step, README "Performance").
+  def update(grads, params, opt_state):
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  params, opt_state = jax.lax.cond(finite, update, lambda g, p, o: (p, o),
+                                   grads, state.params, state.opt_state)
   new_state = state.replace(
-      step=state.step + 1, params=keep(params, state.params),
-      opt_state=keep(opt_state, state.opt_state),
+      step=state.step + 1, params=params, opt_state=opt_state,
       bad_steps=jnp.where(finite, 0, state.bad_steps + 1),
       skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32))
   metrics = {**sums, "grad_norm": grad_norm,
