@@ -11,9 +11,9 @@ The BERT-on-TREC result (the seeds' 96.8% with BERT-base), with a 6-layer,
 Hugging Face BERT folder (config.json + model.safetensors + vocab.txt) works
 (``--config.init_from=/path/to/bert``). The recipe is BERT's: AdamW at 5e-5,
 batch 32, 10% warmup then linear decay, max length 64 (128 for sentence
-pairs), dropout 0.1, a fixed 3 epochs (tasks without a dev split train on all
-of train and report the last epoch). Tasks as in ``configs/finetune.py`` (trec, sst2, cola,
-mrpc, rte, stsb, ...). Measured results and times: README, "Pretrained
+pairs), dropout 0.1, a fixed 3 epochs (tasks without a dev split train on
+all of train and report the last epoch). Tasks as in ``configs/finetune.py``
+(trec, sst2, cola, mrpc, rte, stsb, ...). Measured results and times: README, "Pretrained
 checkpoints".
 """
 

@@ -136,8 +136,8 @@ def train_step(state: TrainState, batch: Mapping[str, Array], rng: Array, *,
 
   # A cond, not a select of new against old state: XLA then updates the
   # donated parameters and optimizer state in place. A select keeps both
-  # alive and copies every parameter and both Adam moments each step (7% of
-  # the MiniLM CPU step, README "Performance").
+  # alive and copies every parameter and both Adam moments each step (4-7%
+  # of the MiniLM CPU step, README "Performance").
   def update(grads, params, opt_state):
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
