@@ -174,6 +174,39 @@ def test_dropout_is_random_in_training_and_off_in_eval():
                              run(model, params, x)["logits"])
 
 
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_dropout_drops_at_its_rate_and_keeps_the_mean(rate):
+  x = jnp.ones((64, 1001))  # an odd last axis: half of a last 32-bit word unused
+  y = np.asarray(layers.Dropout(rate).apply(
+      {}, x, deterministic=False, rngs={"dropout": jax.random.key(0)}))
+  dropped = np.mean(y == 0)
+  assert abs(dropped - rate) < 4 * np.sqrt(rate * (1 - rate) / y.size)
+  np.testing.assert_allclose(np.unique(y[y != 0]), 1 / (1 - rate), rtol=1e-4)
+  assert abs(y.mean() - 1) < 0.02
+
+
+def test_dropout_edge_rates_and_eval_mode():
+  x = jnp.arange(1.0, 7.0).reshape(2, 3)
+  apply = lambda rate, det: layers.Dropout(rate).apply(
+      {}, x, deterministic=det, rngs={"dropout": jax.random.key(0)})
+  np.testing.assert_array_equal(apply(0.0, False), x)
+  np.testing.assert_array_equal(apply(0.7, True), x)
+  np.testing.assert_array_equal(apply(1.0, False), jnp.zeros_like(x))
+  assert layers.Dropout(0.5).apply({}, jnp.float32(3.0), deterministic=False,
+                                   rngs={"dropout": jax.random.key(1)}).shape == ()
+
+
+def test_dropout_mask_is_the_same_however_it_is_sharded():
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
+  shape = (8, 8, 10)
+  draw = lambda spec: jax.jit(
+      lambda k: layers.dropout_keep_mask(k, 0.3, shape),
+      out_shardings=jax.sharding.NamedSharding(mesh, spec))(jax.random.key(3))
+  whole = np.asarray(draw(jax.sharding.PartitionSpec()))
+  np.testing.assert_array_equal(np.asarray(draw(jax.sharding.PartitionSpec("a", "b"))), whole)
+  np.testing.assert_array_equal(np.asarray(draw(jax.sharding.PartitionSpec(None, "a", "b"))), whole)
+
+
 def test_relative_position_buckets():
   rel = jnp.arange(-200, 201)
   bi = layers.relative_position_buckets(rel, True, 32, 128)

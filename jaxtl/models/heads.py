@@ -209,7 +209,7 @@ class ClassifierHead(nn.Module):
                               param_dtype=cfg.jnp_param_dtype,
                               kernel_init=layers.normal_init(cfg.init_std, ("embed", "mlp")),
                               bias_init=layers.zeros_init(("mlp",)), name="pooler")(x))
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    x = layers.Dropout(self.dropout_rate)(x, deterministic=deterministic)
     logits = nn.Dense(outputs, dtype=jnp.float32, param_dtype=cfg.jnp_param_dtype,
                       kernel_init=layers.normal_init(cfg.init_std, ("embed", "labels")),
                       bias_init=layers.zeros_init(("labels",)), name="out")(x)

@@ -61,6 +61,50 @@ def activation_fn(name: str) -> Callable[[Array], Array]:
   return table[name]
 
 
+# Random bits behind each dropout decision. Sixteen put the drop rate within
+# 2**-17 of the one asked for, and one 32-bit draw then serves two elements.
+DROPOUT_BITS = 16
+
+
+def dropout_keep_mask(rng: Array, rate: float, shape: tuple[int, ...]) -> Array:
+  """Boolean mask of ``shape``: True (kept) with probability ``1 - rate``,
+  rounded to a multiple of ``2**-DROPOUT_BITS``.
+
+  Each 32-bit random word is split into two 16-bit draws. Under JAX's default
+  (partitionable) threefry every word costs a full hash, so this halves the
+  hashing of a 32-bit draw per element (``nn.Dropout``), which was 14% of the
+  MiniLM fine-tuning step on a CPU. Words are drawn along the last axis only,
+  so leading (batch, head) axes keep their sharding.
+  """
+  shape = tuple(shape) or (1,)
+  *lead, last = shape
+  words = jax.random.bits(rng, (*lead, -(-last // 2)), jnp.uint32)
+  draws = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*lead, -1)
+  threshold = round(rate * 2**DROPOUT_BITS)
+  return draws[..., :last] >= threshold
+
+
+class Dropout(nn.Module):
+  """Inverted dropout (``nn.Dropout``'s contract) on 16-bit random draws.
+
+  Kept values are divided by the keep probability the 16-bit threshold really
+  gives, so the layer is unbiased exactly; see :func:`dropout_keep_mask`.
+  """
+  rate: float
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    drop_draws = round(self.rate * 2**DROPOUT_BITS)
+    if deterministic or drop_draws == 0:
+      return x
+    if drop_draws >= 2**DROPOUT_BITS:
+      return jnp.zeros_like(x)
+    keep_prob = 1.0 - drop_draws / 2**DROPOUT_BITS
+    keep = dropout_keep_mask(self.make_rng("dropout"), self.rate, x.shape)
+    return jnp.where(keep.reshape(x.shape), x / jnp.asarray(keep_prob, x.dtype),
+                     jnp.zeros((), x.dtype))
+
+
 # ----------------------------------------------------------------------------
 # Masks and position encodings.
 
@@ -217,7 +261,7 @@ class MultiHeadAttention(nn.Module):
                    shape[:n_in] + (cfg.lora_rank,), cfg.jnp_param_dtype)
     b = self.param(f"{name}_lora_b", zeros_init((None,) + axes[n_in:]),
                    (cfg.lora_rank,) + shape[n_in:], cfg.jnp_param_dtype)
-    x = nn.Dropout(cfg.lora_dropout)(x, deterministic=self.deterministic)
+    x = Dropout(cfg.lora_dropout)(x, deterministic=self.deterministic)
     h = jnp.einsum(f"{x_spec},{k_spec[:n_in]}r->{keep}r", x,
                    jnp.asarray(a, cfg.jnp_dtype))
     y = jnp.einsum(f"{keep}r,r{k_spec[n_in:]}->{out_spec}", h,
@@ -253,7 +297,7 @@ class MultiHeadAttention(nn.Module):
         logits_BHTS = jnp.where(mask_B1TS, logits_BHTS,
                                 jnp.finfo(logits_BHTS.dtype).min)
       weights_BHTS = jax.nn.softmax(logits_BHTS.astype(jnp.float32), axis=-1)
-      probs_BHTS = nn.Dropout(cfg.attention_dropout_rate)(
+      probs_BHTS = Dropout(cfg.attention_dropout_rate)(
           weights_BHTS, deterministic=self.deterministic)
       out_BTHK = jnp.einsum("bhts,bshk->bthk", probs_BHTS.astype(cfg.jnp_dtype),
                             v_BSHK)
@@ -368,7 +412,7 @@ class Embedder(nn.Module):
       x_BTD += jnp.asarray(table_YD, cfg.jnp_dtype)[token_types_BT]
     if cfg.embed_norm:
       x_BTD = make_norm(cfg, "norm")(x_BTD)
-    x_BTD = nn.Dropout(cfg.dropout_rate)(x_BTD, deterministic=self.deterministic)
+    x_BTD = Dropout(cfg.dropout_rate)(x_BTD, deterministic=self.deterministic)
     return constrain(x_BTD, ACT_BLD)
 
 

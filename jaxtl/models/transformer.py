@@ -42,7 +42,7 @@ class TransformerBlock(nn.Module):
 
   def _sublayer(self, x_BTD: Array, name: str, fn) -> tuple[Array, Any]:
     cfg = self.config
-    drop = nn.Dropout(cfg.dropout_rate, name=f"{name}_dropout")
+    drop = layers.Dropout(cfg.dropout_rate, name=f"{name}_dropout")
     adapt = (layers.Adapter(cfg, name=f"{name}_adapter") if cfg.adapter_dim
              and name != "cross_attention" else (lambda y: y))
     if cfg.pre_norm:
@@ -187,7 +187,7 @@ class Stack(nn.Module):
 
     if cfg.pre_norm:
       x_BTD = layers.make_norm(cfg, "final_norm")(x_BTD)
-      x_BTD = nn.Dropout(cfg.dropout_rate)(x_BTD,
+      x_BTD = layers.Dropout(cfg.dropout_rate)(x_BTD,
                                            deterministic=deterministic)
     extras = {}
     if return_hidden:
