@@ -185,6 +185,8 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+  from jaxtl import hugepages  # pylint: disable=g-import-not-at-top
+  hugepages.restart_with_huge_pages()
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string("init_from", None, "A jaxtl pretraining workdir or a Hugging Face folder.")
   flags.DEFINE_string("task", "trec", "probe: trec, sst2, cola, mrpc, rte, imdb or pos.")

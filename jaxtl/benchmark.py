@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxtl import objectives, optim, perf, sharding, train
+from jaxtl import hugepages, objectives, optim, perf, sharding, train
 from jaxtl.models import TransformerConfig, build_model
 from jaxtl.models.heads import TaskModel
 
@@ -328,7 +328,8 @@ def environment() -> str:
   import flax  # pylint: disable=g-import-not-at-top
   device = jax.devices()[0]
   kind = device.device_kind if device.platform != "cpu" else (
-      f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})")
+      f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()}; "
+      f"{hugepages.describe()})")
   versions = [f"jax {jax.__version__}", f"flax {flax.__version__}"]
   try:
     import torch  # pylint: disable=g-import-not-at-top
@@ -465,6 +466,7 @@ def _define_flags() -> None:
 
 
 if __name__ == "__main__":
+  hugepages.restart_with_huge_pages()
   from absl import app  # pylint: disable=g-import-not-at-top
   # Growing, not preallocating, device memory leaves PyTorch room on the GPU.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

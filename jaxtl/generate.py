@@ -338,6 +338,8 @@ def _define_flags() -> None:
 
 
 if __name__ == "__main__":
+  from jaxtl import hugepages  # pylint: disable=g-import-not-at-top
+  hugepages.restart_with_huge_pages()
   from absl import app  # pylint: disable=g-import-not-at-top
   _define_flags()
   app.run(main)

@@ -12,6 +12,8 @@ import logging as py_logging
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxtl import hugepages
+
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
                                 lock_config=True)
@@ -74,5 +76,6 @@ class _QuietLibraries(py_logging.Filter):
 
 
 if __name__ == "__main__":
+  hugepages.restart_with_huge_pages()
   logging.get_absl_handler().addFilter(_QuietLibraries())
   app.run(main)

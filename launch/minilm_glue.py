@@ -16,6 +16,8 @@ import os
 
 from absl import app, flags
 
+from jaxtl import hugepages
+
 flags.DEFINE_string("workdir", "/tmp/minilm_glue", "Output folder.")
 flags.DEFINE_list("tasks", ["sst2", "cola", "mrpc", "rte", "stsb"], "GLUE tasks.")
 flags.DEFINE_integer("seed", 0, "Seed.")
@@ -54,4 +56,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  hugepages.restart_with_huge_pages()
   app.run(main)

@@ -27,6 +27,8 @@ from typing import Any
 
 from absl import app, flags
 
+from jaxtl import hugepages
+
 flags.DEFINE_string("workdir", "/tmp/minilm_trec", "Output folder.")
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (data order, dropout, head).")
 flags.DEFINE_integer("epochs", 3, "Training epochs.")
@@ -152,4 +154,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  hugepages.restart_with_huge_pages()
   app.run(main)
