@@ -1,15 +1,15 @@
 """Restart an entry point with glibc's malloc on transparent huge pages.
 
-XLA:CPU allocates a step's temporaries afresh at every execution, and glibc
-serves large blocks with new ``mmap`` regions. On a Linux host whose
-transparent huge pages are in ``madvise`` mode (the common default) the
-kernel then faults those regions in 4 KiB at a time: about 195,000 page faults
-per MiniLM fine-tuning step on a CPU, a third of the process's CPU time spent
-in the kernel. glibc's ``glibc.malloc.hugetlb=1`` tunable makes malloc ask
-for huge pages, which cuts the faults 300-fold and the step by about a third
-(see the README's Performance section). Tunables are read only when a
-process starts, so the command-line entry points re-execute themselves once
-with it set; importing jaxtl as a library never does.
+XLA:CPU allocates a step's temporaries with malloc afresh at every
+execution, and the pages behind them come new from the kernel each time. On
+a Linux host whose transparent huge pages are in ``madvise`` mode (the
+common default) they are faulted in 4 KiB at a time: about 195,000 page
+faults per MiniLM fine-tuning step on a CPU, a quarter of the process's CPU
+time spent in the kernel. glibc's ``glibc.malloc.hugetlb=1`` tunable makes
+malloc ask for huge pages, which cuts the faults 300-fold and the step by a
+quarter or more (see the README's Performance section). Tunables are read
+only when a process starts, so the command-line entry points re-execute
+themselves once with it set; importing jaxtl as a library never does.
 
 ``JAXTL_HUGE_PAGES=0`` turns the restart off.
 """
