@@ -66,6 +66,11 @@ def activation_fn(name: str) -> Callable[[Array], Array]:
 DROPOUT_BITS = 16
 
 
+def dropout_threshold(rate: float) -> int:
+  """How many of the ``2**DROPOUT_BITS`` draw values drop an element."""
+  return round(rate * 2**DROPOUT_BITS)
+
+
 def dropout_keep_mask(rng: Array, rate: float, shape: tuple[int, ...]) -> Array:
   """Boolean mask of ``shape``: True (kept) with probability ``1 - rate``,
   rounded to a multiple of ``2**-DROPOUT_BITS``.
@@ -80,8 +85,7 @@ def dropout_keep_mask(rng: Array, rate: float, shape: tuple[int, ...]) -> Array:
   *lead, last = shape
   words = jax.random.bits(rng, (*lead, -(-last // 2)), jnp.uint32)
   draws = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*lead, -1)
-  threshold = round(rate * 2**DROPOUT_BITS)
-  return draws[..., :last] >= threshold
+  return draws[..., :last] >= dropout_threshold(rate)
 
 
 class Dropout(nn.Module):
@@ -94,7 +98,7 @@ class Dropout(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool) -> Array:
-    drop_draws = round(self.rate * 2**DROPOUT_BITS)
+    drop_draws = dropout_threshold(self.rate)
     if deterministic or drop_draws == 0:
       return x
     if drop_draws >= 2**DROPOUT_BITS:

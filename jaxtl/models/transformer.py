@@ -187,8 +187,7 @@ class Stack(nn.Module):
 
     if cfg.pre_norm:
       x_BTD = layers.make_norm(cfg, "final_norm")(x_BTD)
-      x_BTD = layers.Dropout(cfg.dropout_rate)(x_BTD,
-                                           deterministic=deterministic)
+      x_BTD = layers.Dropout(cfg.dropout_rate)(x_BTD, deterministic=deterministic)
     extras = {}
     if return_hidden:
       hidden = [p["hidden"] for p in per_layer]
