@@ -81,11 +81,10 @@ def dropout_keep_mask(rng: Array, rate: float, shape: tuple[int, ...]) -> Array:
   MiniLM fine-tuning step on a CPU. Words are drawn along the last axis only,
   so leading (batch, head) axes keep their sharding.
   """
-  shape = tuple(shape) or (1,)
-  *lead, last = shape
+  *lead, last = tuple(shape) or (1,)  # a scalar is drawn as one element
   words = jax.random.bits(rng, (*lead, -(-last // 2)), jnp.uint32)
   draws = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*lead, -1)
-  return draws[..., :last] >= dropout_threshold(rate)
+  return (draws[..., :last] >= dropout_threshold(rate)).reshape(shape)
 
 
 class Dropout(nn.Module):
@@ -105,7 +104,7 @@ class Dropout(nn.Module):
       return jnp.zeros_like(x)
     keep_prob = 1.0 - drop_draws / 2**DROPOUT_BITS
     keep = dropout_keep_mask(self.make_rng("dropout"), self.rate, x.shape)
-    return jnp.where(keep.reshape(x.shape), x / jnp.asarray(keep_prob, x.dtype),
+    return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype),
                      jnp.zeros((), x.dtype))
 
 
