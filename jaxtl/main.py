@@ -8,11 +8,12 @@ first; see ``launch/``.
 from __future__ import annotations
 
 import logging as py_logging
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxtl import hugepages
+from jaxtl import cli, hugepages
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
@@ -54,7 +55,9 @@ def main(argv: list[str]) -> None:
 
 
 def _run_mode() -> None:
-  from jaxtl import finetune, train, transfer_study  # pylint: disable=g-import-not-at-top
+  from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
+  from jaxtl import train
+  from jaxtl.tools import transfer_study
   if FLAGS.mode == "study":
     transfer_study.run_study(FLAGS.config, FLAGS.workdir)
     logging.info("wrote %s/transfer.md and transfer.png", FLAGS.workdir)
@@ -77,5 +80,6 @@ class _QuietLibraries(py_logging.Filter):
 
 if __name__ == "__main__":
   hugepages.restart_with_huge_pages()
+  sys.argv = cli.with_recipe_paths(sys.argv)
   logging.get_absl_handler().addFilter(_QuietLibraries())
   app.run(main)

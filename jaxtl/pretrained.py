@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxtl import checkpoint, convert, train
+from jaxtl.train import checkpoint
+from jaxtl import convert, train
 from jaxtl.data import pipeline, sources
 from jaxtl.data.tokenizers import Tokenizer, get_tokenizer
 from jaxtl.models import TransformerConfig

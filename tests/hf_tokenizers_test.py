@@ -5,7 +5,8 @@ offsets and errors."""
 import pytest
 
 import datadir
-from jaxtl.data import hf_tokenizers, tasks
+from jaxtl.data import hf_tokenizers
+from jaxtl.tasks import readers as tasks
 from jaxtl.data.tokenizers import get_tokenizer
 
 transformers = pytest.importorskip("transformers")

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxtl import optim
+from jaxtl.train import optim
 
 OPTIM = ml_collections.ConfigDict(dict(
     lr=1e-2, warmup_steps=0, schedule="constant", end_lr_ratio=1.0,

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from jaxtl.data import span_features, tasks
-from jaxtl.data.squad import Answer, SquadExample
+from jaxtl.tasks import span_features, readers as tasks
+from jaxtl.tasks.squad import Answer, SquadExample
 from jaxtl.data.tokenizers import train_sentencepiece
 
 import datadir

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from jaxtl.data import task_features, tasks
-from jaxtl.data.examples import Examples
+from jaxtl.tasks import features as task_features, readers as tasks
+from jaxtl.tasks.examples import Examples
 from jaxtl.data.tokenizers import train_sentencepiece
 
 import datadir

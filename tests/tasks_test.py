@@ -1,4 +1,4 @@
-"""Tests for jaxtl.data.tasks: synthetic error paths, then the real files."""
+"""Tests for jaxtl.tasks.readers: synthetic error paths, then the real files."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import json
 import pytest
 
 import datadir
-from jaxtl import evaluate
-from jaxtl.data import squad as squad_lib
-from jaxtl.data import tasks
+from jaxtl.tasks import metrics as evaluate
+from jaxtl.tasks import squad as squad_lib
+from jaxtl.tasks import readers as tasks
 
 
 def _write(root, rel, text, encoding="utf-8"):

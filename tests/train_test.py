@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxtl import objectives, optim, sharding, train
+from jaxtl import objectives, train
+from jaxtl.train import optim, sharding
 from jaxtl.models import TransformerConfig, build_model
 
 OPTIM = ml_collections.ConfigDict(dict(
@@ -55,12 +56,10 @@ def run_steps(cfg, mesh_shape, data, *, accum=1, loss_fn=None, optim_cfg=OPTIM):
   tx, schedule = optim.make_optimizer(optim_cfg, total_steps=10)
   state, shardings = train.create_sharded_state(
       model, tx, train.lm_init_inputs(model, data[0]), jax.random.key(0), mesh, rules)
-  step = jax.jit(functools.partial(
-      train.train_step, loss_fn=loss_fn or objectives.make_loss_fn(model), tx=tx,
-      schedule=schedule, accum_steps=accum,
-      weight_fn=functools.partial(objectives.loss_weight_total, family=cfg.family)),
-      in_shardings=(shardings, sharding.batch_sharding(mesh), None),
-      out_shardings=(shardings, None), donate_argnums=0)
+  step = train.jit_train_step(
+      loss_fn or objectives.make_loss_fn(model),
+      functools.partial(objectives.loss_weight_total, family=cfg.family), tx,
+      schedule, shardings, mesh, accum_steps=accum)
   losses, metrics = [], []
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     for b in data:
@@ -153,7 +152,7 @@ def test_non_finite_steps_are_skipped_and_counted():
   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(clean_state.params)):
     np.testing.assert_array_equal(a, b)
   with pytest.raises(FloatingPointError, match="max_bad_steps=2"):
-    train._check_bad_steps(metrics[-1]["bad_steps"], 2, 3)
+    train.loop.check_bad_steps(metrics[-1]["bad_steps"], 2, 3)
 
 
 def test_weight_decay_skips_norms_and_biases():

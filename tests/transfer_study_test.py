@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from jaxtl import transfer_study
+from jaxtl.tools import transfer_study
 
 import datadir
 
@@ -27,7 +27,7 @@ def test_study_pretrains_finetunes_and_reports(tmp_path):
   pytest.importorskip("matplotlib")
   data = datadir.require_data()
   datadir.require_data("trec", "train_5500.label")
-  config = importlib.import_module("configs.transfer_study").get_config()
+  config = importlib.import_module("jaxtl.configs.transfer_study").get_config()
   for name in ("clm", "mlm"):
     _tiny(config.pretrain[name], data)
   config.finetune.task.update(max_len=24, max_eval_examples=100)
@@ -70,6 +70,6 @@ def test_markdown_table_has_a_column_per_budget_and_averages_seeds():
 
 
 def test_learning_rates_accept_a_grid_or_one_value():
-  study = importlib.import_module("configs.transfer_study").get_config().study
+  study = importlib.import_module("jaxtl.configs.transfer_study").get_config().study
   assert transfer_study.learning_rates(study, "full") == (3e-4, 1e-3)
   assert transfer_study.learning_rates(types.SimpleNamespace(lr={"full": 1e-3}), "full") == (1e-3,)

@@ -5,7 +5,7 @@ Shape letters used in names (nanodo style):
   K head width, F MLP width, V vocabulary, N relative-position buckets.
 
 Every parameter carries logical axis names (t5x vocabulary: ``vocab, embed,
-mlp, heads, kv``) so that one rules table in :mod:`jaxtl.sharding` decides how
+mlp, heads, kv``) so that one rules table in :mod:`jaxtl.train.sharding` decides how
 it is laid out on a device mesh; layers never mention mesh axes.
 """
 

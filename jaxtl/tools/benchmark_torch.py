@@ -1,4 +1,4 @@
-"""The PyTorch side of :mod:`jaxtl.benchmark`: the same model, batch and
+"""The PyTorch side of :mod:`jaxtl.tools.benchmark`: the same model, batch and
 optimizer in Hugging Face ``transformers``, timed the same way.
 
 The model is built from the config :func:`jaxtl.convert.hf.hf_config` exports
@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from jaxtl.benchmark import Measurement, Preset, make_batch, optimizer_config, time_steps
+from jaxtl.tools.benchmark import Measurement, Preset, make_batch, optimizer_config, time_steps
 from jaxtl.models import TransformerConfig
 
 # Which transformers class trains each objective.

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxtl.data import task_features
-from jaxtl.data.squad import SquadExample
+from jaxtl.tasks import features as task_features
+from jaxtl.tasks.squad import SquadExample
 from jaxtl.data.tokenizers import Tokenizer
 
 

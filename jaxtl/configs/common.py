@@ -12,7 +12,7 @@ from typing import Any
 
 import ml_collections
 
-from configs import models
+from jaxtl.configs import models
 from jaxtl import objectives
 
 
@@ -74,7 +74,7 @@ def base_config(model: str) -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict(dict(
       steps=1000, log_every=50, eval_every=250, eval_batches=20,
       checkpoint_every=250, keep_checkpoints=3, max_bad_steps=20,
-      peak_flops=0.0))  # 0: look the device up in jaxtl.perf.PEAK_FLOPS.
+      peak_flops=0.0))  # 0: look the device up in jaxtl.train.perf.PEAK_FLOPS.
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the rest.

@@ -1,7 +1,7 @@
 r"""What is in a representation: layer-wise linear probes and attention maps.
 
-  python -m jaxtl.analysis probe --init_from=/tmp/mlm --task=trec --out=/tmp/probe
-  python -m jaxtl.analysis attention --init_from=/tmp/mlm --text="..." --out=/tmp/attn
+  python -m jaxtl.tools.analysis probe --init_from=/tmp/mlm --task=trec --out=/tmp/probe
+  python -m jaxtl.tools.analysis attention --init_from=/tmp/mlm --text="..." --out=/tmp/attn
 
 ``probe`` trains a linear softmax classifier on each layer's frozen states
 (mean-pooled per sentence, or the first sub-word of each word for ``pos``)
@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 from jaxtl import pretrained
-from jaxtl.data import task_features, tasks
+from jaxtl.tasks import features as task_features, readers as tasks
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import build_model
 from jaxtl.models.heads import pool
@@ -181,7 +181,7 @@ def main(argv: Sequence[str]) -> None:
     for path in attention_maps(f.init_from, f.text, f.out):
       print(path)
   else:
-    raise SystemExit("usage: python -m jaxtl.analysis {probe,attention} --init_from=DIR ...")
+    raise SystemExit("usage: python -m jaxtl.tools.analysis {probe,attention} --init_from=DIR ...")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ all of train and report the last epoch). Tasks as in ``configs/finetune.py``
 checkpoints".
 """
 
-from configs import finetune
+from jaxtl.configs import finetune
 
 
 def _minilm_folder() -> str:

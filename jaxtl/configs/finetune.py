@@ -24,7 +24,7 @@ Writes results.json (dev history, best dev, test metrics) in the workdir.
 
 import ml_collections
 
-from configs import common, models
+from jaxtl.configs import common, models
 
 # task -> (head kind, max length, epochs)
 TASKS = {
@@ -86,7 +86,11 @@ def get_config(arg: str | None = None):
       # Each batch is cut to its longest text rounded up to this many tokens
       # (0: always max_len); a few shapes to compile, far less padding.
       length_multiple=16,
-      checkpoint_every=1))  # epochs between resumable checkpoints; 0: none
+      log_every=50,  # steps between train-loss lines
+      # Epochs between resumable checkpoints (fractions save mid-epoch);
+      # 0: none but the last and on SIGTERM.
+      checkpoint_every=1.0,
+      max_bad_steps=20))  # consecutive non-finite steps that stop the run
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)
   c.mesh.rules = ml_collections.ConfigDict()

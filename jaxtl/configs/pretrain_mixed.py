@@ -31,7 +31,7 @@ transfer study uses) reaches 3.54 nats per masked token (perplexity 34) and
 transfers +10.9 points to TREC at 500 labels, against +1.3 after 3000.
 """
 
-from configs import common
+from jaxtl.configs import common
 
 MODELS = {"clm": "gpt2_tiny", "mlm": "bert_tiny"}
 

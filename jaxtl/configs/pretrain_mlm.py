@@ -16,7 +16,7 @@ Expected: validation MLM loss 9.02 -> 6.18 nats (accuracy 12.1%) after 2000
 steps, against a unigram entropy of 6.76 nats.
 """
 
-from configs import common
+from jaxtl.configs import common
 
 
 def get_config(arg: str | None = None):

@@ -16,7 +16,6 @@ import functools
 import json
 import logging
 import os
-import time
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
@@ -24,12 +23,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtl import checkpoint, evaluate, objectives, optim, pretrained, sharding, train
-from jaxtl.data import pipeline, sources, span_features, task_features, tasks
-from jaxtl.data.squad import SquadExamples, split_squad_by_article
+from jaxtl import objectives, pretrained, train
+from jaxtl.data import pipeline, sources
 from jaxtl.data.tokenizers import Tokenizer, get_tokenizer
 from jaxtl.models import TransformerConfig
 from jaxtl.models.heads import TaskModel, best_spans, context_only, default_pooling
+from jaxtl.tasks import features as task_features
+from jaxtl.tasks import metrics as evaluate
+from jaxtl.tasks import readers as tasks
+from jaxtl.tasks import span_features
+from jaxtl.tasks.squad import SquadExamples, split_squad_by_article
+from jaxtl.train import checkpoint, optim, sharding
 
 Array = jax.Array
 
@@ -247,20 +251,9 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:
   return cfg, tok, params
 
 
-def _with_pretrained(state: Any, shardings: Any, init_params: Any | None,
-                     source: str) -> tuple[Any, dict[str, list[str]]]:
-  """``state`` with the pretrained backbone (and head parts) loaded in, and
-  what was (not) used."""
-  if init_params is None:
-    return state, {}
-  merged, report = checkpoint.merge_pretrained(jax.device_get(state.params), init_params)
-  logging.info("from %s: loaded %d tensors; discarded %s; new %s", source,
-               len(report["loaded"]), report["discarded"], report["new"])
-  return state.replace(params=jax.device_put(merged, shardings.params)), report
-
-
 def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
-  """Fine-tunes per config; returns (and writes) the results dict."""
+  """Fine-tunes per config in the one training loop; returns (and writes)
+  the results dict."""
   os.makedirs(workdir, exist_ok=True)
   task, adapt = config.task, config.adapt
   if adapt.scheme not in SCHEMES:
@@ -279,92 +272,69 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   side = task_features.input_side(cfg.family)
   bs, multiple = config.train.batch_size, config.train.length_multiple
   steps_per_epoch = len(feats["train"]) // bs
+  if not steps_per_epoch:
+    raise ValueError(f"{task.name}: {len(feats['train'])} training examples, fewer "
+                     f"than one batch (config.train.batch_size={bs})")
   total = config.train.epochs * steps_per_epoch
   init_inputs = {"tokens_BT": feats["train"].arrays[f"{side}_input_tokens"][:1]}
-  rng = jax.random.key(config.seed)
-  abstract = nn.unbox(jax.eval_shape(model.init, rng, **init_inputs))["params"]
+  abstract = nn.unbox(jax.eval_shape(model.init, jax.random.key(0),
+                                     **init_inputs))["params"]
   freeze = SCHEMES[adapt.scheme] + tuple(adapt.freeze)
   tx, schedule = optim.make_finetune_optimizer(
       config.optim, total, abstract, cfg.num_layers, freeze=freeze,
       layer_decay=adapt.layer_decay,
       unfreeze_every=int(round(adapt.unfreeze_epochs * steps_per_epoch)))
   mesh = sharding.make_mesh(config.mesh.shape)
-  rules = sharding.make_rules(config.mesh.get("rules"))
-  state, shardings = train.create_sharded_state(model, tx, init_inputs, rng, mesh, rules)
-  state, report = _with_pretrained(state, shardings, init_params, config.init_from)
+  rules = sharding.make_rules(config.mesh.rules)
   trainable, n_params = optim.count_trainable(abstract, freeze)
   logging.info("trainable parameters: %d of %d (%.2f%%)", trainable, n_params,
                100 * trainable / n_params)
+  load_pretrained, report = None, {}
+  if init_params is not None:  # shapes checked (and reported) before training
+    _, report = checkpoint.merge_pretrained(abstract, init_params)
+    logging.info("from %s: loaded %d tensors; discarded %s; new %s", config.init_from,
+                 len(report["loaded"]), report["discarded"], report["new"])
+    load_pretrained = lambda params: checkpoint.merge_pretrained(params, init_params)[0]
 
-  step_fn = jax.jit(functools.partial(
-      train.train_step, loss_fn=make_task_loss_fn(model), tx=tx, schedule=schedule,
-      weight_fn=lambda b: jnp.sum(b["label_weights"])),
-      in_shardings=(shardings, sharding.batch_sharding(mesh), None),
-      out_shardings=(shardings, None), donate_argnums=0)
   outputs = lambda p, b: model.apply(
       {"params": p}, b[f"{side}_input_tokens"], b[f"{side}_segment_ids"],
       b[f"{side}_positions"], b.get(f"{side}_token_type_ids"))
   eval_fn = jax.jit(functools.partial(_predictions, outputs, task))
-  writer = train.MetricsWriter(workdir, enabled=jax.process_index() == 0)
-  batches = pipeline.BatchIterator(feats["train"].arrays, lambda row, rng: row,
-                                   batch_size=bs, seed=config.seed)
-  # Saved only when dev improves, keeping one: the best checkpoint by the
-  # metric (without a dev split: the last epoch's).
-  best_ckpt = checkpoint.Checkpointer(os.path.join(workdir, "best"), save_every=1,
-                                      keep=1, async_save=False)
-  # The newest epoch's state, data position and dev history: a run that is
-  # stopped resumes at the next epoch and ends exactly as if it never was.
-  every = config.train.checkpoint_every  # 0: off (runs too short to bother)
-  last_ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                      save_every=every, keep=1) if every else None
-  best, history, first_epoch = None, [], 1
-  restored = last_ckpt and last_ckpt.restore_latest(train.abstract_state(state, shardings))
-  if restored is not None:
-    state, extra, epoch = restored
-    batches.set_state(extra["data"])
-    best, history, first_epoch = extra["best"], extra["history"], epoch + 1
-    logging.info("resumed %s after epoch %d (best dev %s)", workdir, epoch, best)
+
+  def scores(params, split):
+    preds = predict(eval_fn, params, feats[split].arrays, bs, mesh, side, multiple)
+    return score(task, preds, feats[split], splits[split])
+
+  work = train.Workload(
+      model=model, loss_fn=make_task_loss_fn(model),
+      weight_fn=lambda b: jnp.sum(b["label_weights"]), init_inputs=init_inputs,
+      batches=pipeline.BatchIterator(feats["train"].arrays, lambda row, rng: row,
+                                     batch_size=bs, seed=config.seed),
+      # No dev split: nothing to select on, the last epoch is the model.
+      evaluate=functools.partial(scores, split="dev") if "dev" in feats else None,
+      eval_name="dev", select=lambda dev: next(iter(dev.values())),
+      prepare=lambda batch: trim_padding(batch, side, multiple),
+      init_params=load_pretrained, steps_per_epoch=steps_per_epoch)
+  t = config.train
+  loop_config = train.LoopConfig(
+      steps=total, batch_size=bs, log_every=t.log_every, eval_every=steps_per_epoch,
+      checkpoint_every=int(round(t.checkpoint_every * steps_per_epoch)),
+      save_last=t.checkpoint_every > 0, keep_checkpoints=1,
+      max_bad_steps=t.max_bad_steps,
+      accum_steps=config.optim.accum_steps, seed=config.seed)
+  out = train.run(work, loop_config, tx, schedule, mesh, rules, workdir)
+  history = [{"epoch": h.pop("step") // steps_per_epoch, **h} for h in out.history]
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    for epoch in range(first_epoch, config.train.epochs + 1):
-      sums, start = [], time.perf_counter()
-      for _ in range(steps_per_epoch):
-        batch = trim_padding(next(batches), side, multiple)
-        state, m = step_fn(state, sharding.shard_batch(batch, mesh), rng)
-        sums.append(m)
-      train_metrics = objectives.summarize(jax.device_get(
-          jax.tree.map(lambda *x: sum(x), *sums)))
-      seconds = time.perf_counter() - start  # device_get waited for the last step
-      writer.write(int(state.step), "train", train_metrics)
-      if "dev" in feats:
-        dev = score(task, predict(eval_fn, state.params, feats["dev"].arrays, bs, mesh,
-                                  side, multiple), feats["dev"], splits["dev"])
-        writer.write(int(state.step), "dev", dev)
-        key = next(iter(dev.values()))
-        improved = best is None or key > best
-        best = key if improved else best
-      else:  # no dev split to select on: the last epoch is the model
-        dev, improved = {}, epoch == config.train.epochs
-      history.append({"epoch": epoch, "train_loss": train_metrics["loss"],
-                      "train_seconds": round(seconds, 2), **dev})
-      if improved:
-        best_ckpt.save(epoch, state, {"epoch": epoch, "dev": dev}, force=True)
-      if last_ckpt:
-        last_ckpt.save(epoch, state, {"data": batches.get_state(), "best": best,
-                                      "history": history},
-                       force=epoch == config.train.epochs)
-    if last_ckpt:
-      last_ckpt.close()
-    best_ckpt.close()
-    best_params = jax.device_put(checkpoint.load_params(best_ckpt.directory),
-                                 shardings.params)
-    test = score(task, predict(eval_fn, best_params, feats["test"].arrays, bs, mesh,
-                               side, multiple), feats["test"], splits["test"])
-  writer.write(int(state.step), "test", test)
+    best_params = jax.device_put(checkpoint.load_params(out.best_dir),
+                                 out.shardings.params)
+    test = scores(best_params, "test")
+  writer = train.MetricsWriter(workdir, enabled=jax.process_index() == 0)
+  writer.write(total, "test", test)
   writer.close()
   results = {"task": task.name, "scheme": adapt.scheme, "init_from": config.init_from,
              "train_examples": len(feats["train"]), "epochs": config.train.epochs,
              "trainable_params": trainable, "total_params": n_params,
-             "best_dev": best, "test": test, "history": history,
+             "best_dev": out.best, "test": test, "history": history,
              "discarded": report.get("discarded", []), "new": report.get("new", [])}
   with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump(results, f, indent=1)

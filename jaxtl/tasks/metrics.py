@@ -338,7 +338,7 @@ def _answers_by_id(dataset: Any) -> dict[str, list[str]]:
       for paragraph in item["paragraphs"]:
         for qa in paragraph["qas"]:
           answers[qa["id"]] = [a["text"] for a in qa["answers"]]
-    else:  # A parsed example with .id and .answers (jaxtl.data.tasks).
+    else:  # A parsed example with .id and .answers (jaxtl.tasks.readers).
       answers[item.id] = [a.text for a in item.answers]
   return answers
 
@@ -351,7 +351,7 @@ def squad_metrics(predictions: Mapping[str, str],
     predictions: Question id -> predicted answer text.
     dataset: The official JSON (the whole dict, or its "data" list of
       articles), or parsed examples with `.id` and `.answers` such as
-      `jaxtl.data.tasks.SquadExample`s.
+      `jaxtl.tasks.readers.SquadExample`s.
 
   Returns:
     {"exact_match": ..., "f1": ...}: means over every question in `dataset`,

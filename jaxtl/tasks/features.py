@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from jaxtl.data import packing
-from jaxtl.data.examples import Examples
+from jaxtl.tasks.examples import Examples
 from jaxtl.data.tokenizers import Tokenizer
 
 

@@ -3,7 +3,7 @@
 ``state_bytes_per_device``: parameter + optimizer bytes on the fullest device
 under a (data, fsdp, tensor) mesh, from the shardings the state is created
 with. ``pipeline_rows``: tokens/s of a recipe's host input pipeline. Both
-feed ``python -m jaxtl.benchmark --memory`` / ``--pipeline``.
+feed ``python -m jaxtl.tools.benchmark --memory`` / ``--pipeline``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxtl import optim, sharding, train
-from jaxtl.benchmark import (PRESETS, Preset, init_inputs, jaxtl_step, make_batch,
-                             model_config, optimizer_config)
+from jaxtl.train import optim, sharding
+from jaxtl import train
+from jaxtl.tools.benchmark import PRESETS, Preset, init_inputs, jaxtl_step, make_batch, model_config, optimizer_config
 from jaxtl.models import TransformerConfig
 
 # ----------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def pipeline_rows(recipe: str, workdir: str, max_docs: int = 5000,
   """
   from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
   module, _, arg = recipe.partition(":")
-  config = importlib.import_module(f"configs.{module}").get_config(arg or None)
+  config = importlib.import_module(f"jaxtl.configs.{module}").get_config(arg or None)
   config.data.update(max_docs=max_docs, cache=False)
   pipeline.DataSetup(config, workdir)  # trains and saves the tokenizer: untimed
   data, wall, cpu = _timed(lambda: pipeline.DataSetup(config, workdir))

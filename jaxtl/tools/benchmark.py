@@ -1,7 +1,7 @@
 r"""Training-step benchmarks, with Hugging Face PyTorch side by side.
 
-  python -m jaxtl.benchmark --presets=tiny_gpt2,tiny_bert,tiny_t5,tiny_cls --torch
-  python -m jaxtl.benchmark --presets=gpt2_small,bert_base,t5_small,minilm_cls --torch
+  python -m jaxtl.tools.benchmark --presets=tiny_gpt2,tiny_bert,tiny_t5,tiny_cls --torch
+  python -m jaxtl.tools.benchmark --presets=gpt2_small,bert_base,t5_small,minilm_cls --torch
 
 Each preset is one model, objective, batch and length. jaxtl runs its real
 train step (``train.train_step``: AdamW, global-norm clipping, dropout,
@@ -14,7 +14,7 @@ attention); on a CPU both in float32.
 
 Reported per preset and side: step time (median over ``--steps`` steps after
 ``--warmup``, each step synchronised with the device), tokens/s, model FLOPs
-per token and MFU (``jaxtl.perf``: 6 FLOPs per matmul weight per token plus
+per token and MFU (``jaxtl.train.perf``: 6 FLOPs per matmul weight per token plus
 attention's score and value products; PyTorch is credited the same model
 FLOPs), compile time (lowering + XLA compilation, and the first PyTorch
 step), and peak device memory (``memory_stats()`` where the device keeps them,
@@ -45,7 +45,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxtl import hugepages, objectives, optim, perf, sharding, train
+from jaxtl import hugepages, objectives, train
+from jaxtl.train import optim, perf, sharding
 from jaxtl.models import TransformerConfig, build_model
 from jaxtl.models.heads import TaskModel
 
@@ -58,7 +59,7 @@ class Preset:
   """One benchmark: a ``configs/models.py`` model, an objective and a shape.
 
   Attributes:
-    model: Name in ``configs.models.PRESETS``.
+    model: Name in ``jaxtl.configs.models.PRESETS``.
     objective: ``clm`` (decoder), ``mlm`` (encoder), ``span`` (T5 span
       corruption: ``length`` inputs, ``target_length`` targets) or
       ``classify`` (an encoder with BERT's pooler and a classifier).
@@ -105,7 +106,7 @@ def on_accelerator() -> bool:
 
 def model_config(preset: Preset, dtype: str, **overrides: Any) -> TransformerConfig:
   """The preset's TransformerConfig, computing in ``dtype``."""
-  from configs import models  # pylint: disable=g-import-not-at-top
+  from jaxtl.configs import models  # pylint: disable=g-import-not-at-top
   if preset.model not in models.PRESETS:
     raise ValueError(f"preset model {preset.model!r} is not in configs/models.py; "
                      f"known: {sorted(models.PRESETS)}")
@@ -188,7 +189,7 @@ def jaxtl_step(preset: Preset, cfg: TransformerConfig,
                ) -> tuple[Any, Any, Callable]:
   """(model, loss_fn, weight_fn) of the preset's objective, as training runs it."""
   if preset.objective == "classify":
-    from jaxtl import finetune  # pylint: disable=g-import-not-at-top
+    from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
     model = TaskModel(cfg, kind="classification", num_labels=preset.num_labels,
                       pooling="pooler", dropout_rate=cfg.dropout_rate)
     return model, finetune.make_task_loss_fn(model), lambda b: jnp.sum(b["label_weights"])
@@ -236,10 +237,7 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   state, shardings = train.create_sharded_state(
       model, tx, init_inputs(model, preset, batch), jax.random.key(seed), mesh, rules)
-  step = jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx,
-                                   schedule=schedule, weight_fn=weight_fn),
-                 in_shardings=(shardings, sharding.batch_sharding(mesh), None),
-                 out_shardings=(shardings, None), donate_argnums=0)
+  step = train.jit_train_step(loss_fn, weight_fn, tx, schedule, shardings, mesh)
   rng = jax.random.key(seed + 1)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     device_batch = sharding.shard_batch(batch, mesh)
@@ -268,7 +266,7 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
 
 def _profile(run_step: Callable[[], Any], steps: int, logdir: str) -> None:
   """Traces ``steps`` steps into ``logdir``; prints and saves their op breakdown."""
-  from jaxtl import profiling  # pylint: disable=g-import-not-at-top
+  from jaxtl.tools import profiling  # pylint: disable=g-import-not-at-top
   with jax.profiler.trace(logdir, create_perfetto_trace=True):
     for _ in range(steps):
       run_step()
@@ -382,7 +380,7 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
     # allocates, so the two never share the device's memory.
     theirs = None
     if torch_side:
-      from jaxtl import benchmark_torch  # pylint: disable=g-import-not-at-top
+      from jaxtl.tools import benchmark_torch  # pylint: disable=g-import-not-at-top
       theirs = benchmark_torch.run_torch(preset, cfg, warmup, steps)
       benchmark_torch.release_memory()
     ours, flops = run_jaxtl(preset, cfg, warmup, steps, devices,
@@ -415,7 +413,7 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
 def main(argv: list[str]) -> None:
   del argv
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from jaxtl import footprint  # pylint: disable=g-import-not-at-top
+  from jaxtl.tools import footprint  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
   if f.pipeline:
     rows = [r for recipe in f.pipeline
@@ -430,12 +428,12 @@ def main(argv: list[str]) -> None:
                      profile_dir=f.profile)
   print(markdown(rows))
   if f.results:
-    append_results(f.results, rows, "python -m jaxtl.benchmark " + " ".join(sys.argv[1:]))
+    append_results(f.results, rows, "python -m jaxtl.tools.benchmark " + " ".join(sys.argv[1:]))
 
 
 def _define_flags() -> None:
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from jaxtl.footprint import MEMORY_MESHES  # pylint: disable=g-import-not-at-top
+  from jaxtl.tools.footprint import MEMORY_MESHES  # pylint: disable=g-import-not-at-top
   flags.DEFINE_list("presets", ["tiny_gpt2", "tiny_bert", "tiny_t5", "tiny_cls"],
                     f"Presets: {', '.join(PRESETS)}.")
   flags.DEFINE_boolean("torch", False, "Also time transformers (PyTorch) side by side.")
@@ -471,7 +469,7 @@ if __name__ == "__main__":
   # Growing, not preallocating, device memory leaves PyTorch room on the GPU.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   if any(a.startswith("--profile=") for a in sys.argv):  # CPU thunks traced
-    from jaxtl.profiling import CPU_TRACE_FLAG  # pylint: disable=g-import-not-at-top
+    from jaxtl.tools.profiling import CPU_TRACE_FLAG  # pylint: disable=g-import-not-at-top
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " " + CPU_TRACE_FLAG
   if "--memory" in sys.argv:  # before the CPU backend starts
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")

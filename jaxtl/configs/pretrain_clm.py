@@ -14,7 +14,7 @@ Variants: ``--config=configs/pretrain_clm.py:model=gpt2_small`` (GPU),
 ``--config.data.packing=pack`` (documents kept apart with segment ids).
 """
 
-from configs import common
+from jaxtl.configs import common
 
 
 def get_config(arg: str | None = None):

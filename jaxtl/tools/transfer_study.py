@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxtl import finetune, train
+from jaxtl.tasks import finetune
+from jaxtl import train
 from jaxtl.data import pipeline
 
 # Named adaptation recipes: a fine-tuning scheme plus ``config.adapt``

@@ -2,8 +2,8 @@
 
 Each reader turns one split of a task's local files into an `Examples`
 (sentence or sentence-pair classification, regression, word tagging) or,
-for SQuAD, a `SquadExamples` (see `jaxtl.data.squad`); `load_task` picks
-the reader by the task names `jaxtl.evaluate.TASK_METRICS` uses. The files
+for SQuAD, a `SquadExamples` (see `jaxtl.tasks.squad`); `load_task` picks
+the reader by the task names `jaxtl.tasks.metrics.TASK_METRICS` uses. The files
 are those of the shared data README; `data_dir` defaults to $JAXTL_DATA_DIR.
 
 Errors name the file and 1-based line (SQuAD, one line of JSON, names the
@@ -23,11 +23,10 @@ import os
 from collections.abc import Mapping, Sequence
 
 from jaxtl.data import sources
-from jaxtl.data.examples import BadRows, Examples, iter_lines
+from jaxtl.tasks.examples import BadRows, Examples, iter_lines
 # SQuAD lives in its own module; re-exported so tasks.py is the one entry.
 # pylint: disable-next=unused-import
-from jaxtl.data.squad import (Answer, SquadExample, SquadExamples, read_squad,
-                              read_squad_json, split_squad_by_article)
+from jaxtl.tasks.squad import Answer, SquadExample, SquadExamples, read_squad, read_squad_json, split_squad_by_article
 
 # TREC-6 coarse classes, alphabetical: the order class ids follow.
 TREC_LABELS = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from jaxtl.data import sources
-from jaxtl.data.examples import BadRows
+from jaxtl.tasks.examples import BadRows
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,7 @@ A quicker look: ``--config.study.recipes='("full",)'``,
 
 import ml_collections
 
-from configs import finetune, pretrain_mixed
+from jaxtl.configs import finetune, pretrain_mixed
 
 
 def get_config(arg: str | None = None):

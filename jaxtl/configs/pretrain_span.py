@@ -20,7 +20,7 @@ Expected: validation loss 8.32 -> 4.87 nats (accuracy 18.6%) after 800
 steps, against a unigram entropy of 5.71 nats.
 """
 
-from configs import common
+from jaxtl.configs import common
 
 
 def get_config(arg: str | None = None):

@@ -1,1 +1,0 @@
-"""jaxtl config files: model presets, the shared skeleton, and recipes."""

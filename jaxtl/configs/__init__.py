@@ -1,0 +1,1 @@
+"""ml_collections recipes shipped with jaxtl (``--config=configs/NAME.py``)."""

@@ -1,0 +1,1 @@
+"""Labeled tasks: readers, features per task kind, metrics, fine-tuning."""

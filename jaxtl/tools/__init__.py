@@ -1,0 +1,1 @@
+"""Tools on top of the library: benchmarks, footprint, profiling, analysis, the transfer study."""

@@ -1,0 +1,300 @@
+"""The one training loop: pretraining, fine-tuning, the transfer study.
+
+``run(workload, loop_config, ...)`` does what every run needs, the same way
+for all of them: sharded init (or resume), the one jitted train step
+(gradient accumulation, the non-finite guard, donation), evaluation every N
+steps, Orbax checkpoints with exact resume (mid-epoch too: the data
+position is saved with the state), keeping the best state, SIGTERM
+save-and-exit, stopping after repeated non-finite steps, and metrics
+(JSON lines, TensorBoard, a progress bar). What differs between pretraining
+and a task is the :class:`Workload`: plain data and functions, no subclassing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+import tqdm
+
+from jaxtl.train import checkpoint, sharding
+from jaxtl.train import metrics as metrics_lib
+from jaxtl.train import step as step_lib
+
+Array = jax.Array
+Batch = Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """What a run trains and how it is judged: all that differs between
+  pretraining and fine-tuning a task.
+
+  Attributes:
+    model: the Flax module.
+    loss_fn: ``(params, batch, rng, normalizer) -> (loss, sums)``; ``sums``
+      holds ``loss_sum``, ``correct_sum`` and ``weight_sum``.
+    weight_fn: a batch's total loss weight (the accumulation normaliser).
+    init_inputs: keyword arguments of ``model.init``.
+    batches: resumable host batches (``next``, ``get_state``, ``set_state``).
+    evaluate: ``params -> metrics``, run every ``eval_every`` steps; None
+      for no evaluation.
+    eval_name: the split name metrics are logged under ("eval", "dev").
+    select: what "best" means: a score of the eval metrics to maximise.
+      The best state is kept in ``workdir/best``; without ``evaluate`` the
+      last state is. None: no best state is kept.
+    prepare: host-side change to each batch before the step (e.g. cutting
+      padding).
+    init_params: ``params -> params`` applied to a fresh (not resumed)
+      state's host parameters: where pretrained weights come in.
+    steps_per_epoch: for the progress display only (0: no epochs).
+    flops_per_example, tokens_per_example: for tokens/s and MFU.
+    info: written once to the metrics at the start of a fresh run.
+  """
+  model: nn.Module
+  loss_fn: Callable
+  weight_fn: Callable[[Batch], Array]
+  init_inputs: Mapping[str, Any]
+  batches: Any
+  evaluate: Callable[[Any], dict[str, float]] | None = None
+  eval_name: str = "eval"
+  select: Callable[[Mapping[str, float]], float] | None = None
+  prepare: Callable[[Batch], Batch] | None = None
+  init_params: Callable[[Any], Any] | None = None
+  steps_per_epoch: int = 0
+  flops_per_example: float = 0.0
+  tokens_per_example: int = 0
+  info: Mapping[str, float] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+  """How long and how often: plain numbers, in steps."""
+  steps: int
+  batch_size: int
+  log_every: int = 50
+  eval_every: int = 0  # 0: only at the end
+  eval_at_start: bool = False
+  checkpoint_every: int = 0  # 0: only at the end (see save_last) and on SIGTERM
+  save_last: bool = True  # False: the last state only goes to best/
+  keep_checkpoints: int = 1
+  max_bad_steps: int = 20
+  accum_steps: int = 1
+  prefetch: int = 2
+  peak_flops: float = 0.0  # per device; 0: look the device up
+  seed: int = 0
+
+
+@dataclasses.dataclass
+class Outcome:
+  """What a finished run hands back."""
+  state: step_lib.TrainState
+  shardings: Any
+  history: list[dict[str, Any]]  # one entry per evaluation point
+  best: float | None  # the best select() score, None without selection
+  eval_metrics: dict[str, float]  # the last evaluation's
+  best_dir: str | None  # where the best (or last) state was kept
+
+
+class Preempted(RuntimeError):
+  """Training stopped early on SIGTERM, after saving a checkpoint."""
+
+
+class _SigtermFlag:
+  """Turns SIGTERM (preemption) into a flag the loop checks between steps."""
+
+  def __init__(self):
+    self.flag = False
+    self._previous = None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):  # pylint: disable=unused-argument
+    logging.warning("SIGTERM received: saving a checkpoint, then stopping")
+    self.flag = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def check_bad_steps(bad_steps: Array, limit: int, step: int) -> None:
+  """Stops the run after ``limit`` consecutive skipped (non-finite) steps."""
+  bad = int(bad_steps)
+  if bad and limit and bad >= limit:
+    raise FloatingPointError(
+        f"{bad} consecutive steps up to step {step} had a non-finite loss or "
+        f"gradient norm (limit config.train.max_bad_steps={limit}); their "
+        "updates were skipped. Lower the learning rate or check the data.")
+  if bad:
+    logging.warning("step %d: non-finite loss or gradient; update skipped "
+                    "(%d in a row)", step, bad)
+
+
+def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
+        schedule: optax.Schedule, mesh: jax.sharding.Mesh, rules: Any,
+        workdir: str) -> Outcome:
+  """Trains ``work`` for ``loop.steps`` steps, resuming from ``workdir``.
+
+  Started again on the same workdir it continues from the newest readable
+  checkpoint (state, RNG, data position, evaluation history) and ends
+  exactly as an uninterrupted run. Raises :class:`Preempted` after a
+  SIGTERM (a checkpoint was saved first).
+  """
+  os.makedirs(workdir, exist_ok=True)
+  init_rng, step_rng = jax.random.split(jax.random.key(loop.seed))
+  state, shardings = step_lib.create_sharded_state(
+      work.model, tx, work.init_inputs, init_rng, mesh, rules)
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                 save_every=loop.checkpoint_every or loop.steps + 1,
+                                 keep=max(loop.keep_checkpoints, 1))
+  keep_best = work.select is not None or work.evaluate is None
+  best_ckpt = checkpoint.Checkpointer(
+      os.path.join(workdir, "best"), save_every=1, keep=1,
+      async_save=False) if keep_best else None
+  history, best = [], None
+  restored = ckpt.restore_latest(step_lib.abstract_state(state, shardings))
+  if restored is not None:
+    state, extra, at = restored
+    work.batches.set_state(extra["data"])
+    step_rng = jax.random.wrap_key_data(np.asarray(extra["rng"], np.uint32))
+    history, best = list(extra.get("history", [])), extra.get("best")
+    logging.info("resumed from checkpoint step %d in %s", at, workdir)
+  elif work.init_params is not None:
+    params = work.init_params(jax.device_get(state.params))
+    state = state.replace(params=jax.device_put(params, shardings.params))
+
+  p_step = step_lib.jit_train_step(work.loss_fn, work.weight_fn, tx, schedule,
+                                   shardings, mesh, loop.accum_steps)
+  writer = metrics_lib.MetricsWriter(workdir, enabled=jax.process_index() == 0)
+  peak = loop.peak_flops or None
+  if peak is None:
+    from jaxtl.train import perf  # pylint: disable=g-import-not-at-top
+    peak = perf.peak_flops_per_device(dtype=work.model.config.dtype)
+  start = int(state.step)
+  rng_data = np.asarray(jax.random.key_data(step_rng)).tolist()
+  eval_metrics: dict[str, float] = {}
+
+  def run_eval(at: int) -> dict[str, float]:
+    out = work.evaluate(state.params)
+    writer.write(at, work.eval_name, out)
+    return out
+
+  prefetch = None
+  try:
+    with _SigtermFlag() as sigterm, jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      if start == 0 and work.info:
+        writer.write(0, "info", work.info)
+      if start == 0 and loop.eval_at_start and work.evaluate is not None:
+        eval_metrics = run_eval(0)
+      prefetch = _prefetcher(work.batches, loop.prefetch)
+      bar = _progress(loop.steps, start, work.steps_per_epoch,
+                      enabled=writer.enabled)
+      window, window_since, prev_bad, at = [], [], None, start
+      t_last = t_since = time.perf_counter()
+      for at in range(start + 1, loop.steps + 1):
+        batch = next(prefetch)
+        if work.prepare is not None:
+          batch = work.prepare(batch)
+        state, m = p_step(state, sharding.shard_batch(batch, mesh), step_rng)
+        window.append(m)
+        if prev_bad is not None:  # the previous step's: keeps dispatch async
+          check_bad_steps(prev_bad, loop.max_bad_steps, at - 1)
+        prev_bad = m["bad_steps"]
+        _advance(bar, at, work.steps_per_epoch, loop.steps)
+        if at % loop.log_every == 0 or at == loop.steps:
+          now = time.perf_counter()
+          host = jax.device_get(window)
+          summary = metrics_lib.summarize_train(
+              host, now - t_last, loop.batch_size, work.flops_per_example, peak,
+              work.tokens_per_example)
+          writer.write(at, "train", summary, total=loop.steps)
+          bar.set_postfix(loss=f"{summary['loss']:.3f}", refresh=False)
+          window_since.extend(host)
+          window, t_last = [], time.perf_counter()
+        if (loop.eval_every and at % loop.eval_every == 0) or at == loop.steps:
+          window_since.extend(jax.device_get(window))
+          seconds = time.perf_counter() - t_since
+          entry = {"step": at, "train_loss": mean_loss(window_since),
+                   "train_seconds": round(seconds, 2)}
+          improved = work.evaluate is None and at == loop.steps
+          if work.evaluate is not None:
+            eval_metrics = run_eval(at)
+            entry.update(eval_metrics)
+            if work.select is not None:
+              score = float(work.select(eval_metrics))
+              improved = best is None or score > best
+              best = score if improved else best
+          history.append(entry)
+          if keep_best and improved:
+            best_ckpt.save(at, state, {"step": at, work.eval_name: eval_metrics},
+                           force=True)
+          window_since, window = [], []
+          t_since = t_last = time.perf_counter()
+        last = (at == loop.steps and loop.save_last) or sigterm.flag
+        ckpt.save(at, state, {"data": prefetch.get_state(), "rng": rng_data,
+                              "history": history, "best": best}, force=last)
+        if sigterm.flag:
+          logging.warning("stopped at step %d after SIGTERM; checkpoint saved", at)
+          break
+      bar.close()
+      if prev_bad is not None:
+        check_bad_steps(prev_bad, loop.max_bad_steps, at)
+      if not eval_metrics and start >= loop.steps and work.evaluate is not None:
+        eval_metrics = run_eval(loop.steps)  # already trained: just evaluate
+  finally:
+    if prefetch is not None:
+      prefetch.close()
+    ckpt.close()
+    if best_ckpt is not None:
+      best_ckpt.close()
+    writer.close()
+  if sigterm.flag:  # callers (the transfer study) must not go on as if done
+    raise Preempted(f"stopped by SIGTERM at step {at} of {loop.steps} (checkpoint "
+                    f"saved in {workdir}); rerun the same command to resume")
+  return Outcome(state, shardings, history, best, eval_metrics,
+                 best_ckpt.directory if keep_best else None)
+
+
+def mean_loss(window: list[Mapping[str, Any]]) -> float | None:
+  """Mean training loss (per unit of loss weight) over a window of steps."""
+  if not window:
+    return None
+  weight = sum(float(m["weight_sum"]) for m in window)
+  return sum(float(m["loss_sum"]) for m in window) / max(weight, 1.0)
+
+
+def _prefetcher(batches: Any, size: int) -> Any:
+  from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
+  return pipeline.Prefetcher(batches, size)
+
+
+def _progress(total: int, start: int, steps_per_epoch: int, enabled: bool) -> tqdm.tqdm:
+  """A progress bar on a terminal; nothing when output goes to a file (the
+  log lines say the step and the loss there)."""
+  bar = tqdm.tqdm(total=total, initial=start, dynamic_ncols=True, unit="step",
+                  disable=not enabled or not sys.stderr.isatty(), desc="train")
+  _advance(bar, start, steps_per_epoch, total, update=False)
+  return bar
+
+
+def _advance(bar: tqdm.tqdm, at: int, steps_per_epoch: int, total: int,
+             update: bool = True) -> None:
+  if update:
+    bar.update(1)
+  if steps_per_epoch:
+    epoch = min(at // steps_per_epoch + 1, -(-total // steps_per_epoch))
+    bar.set_description(f"epoch {epoch}/{-(-total // steps_per_epoch)}", refresh=False)
