@@ -9,7 +9,8 @@ from typing import Any
 from jaxtl.train import checkpoint
 from jaxtl import convert, train
 from jaxtl.data import pipeline, sources
-from jaxtl.data.tokenizers import Tokenizer, get_tokenizer
+from jaxtl.data.tokenizer_files import get_tokenizer
+from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig
 
 

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxtl.tools import benchmark, footprint
+from jaxtl.tools import benchmark, footprint, presets
 from jaxtl.train import perf
 from jaxtl.data import corruption
 from jaxtl.models import build_model
@@ -44,21 +44,21 @@ def test_tiny_presets_run_and_append_a_results_table(tmp_path):
 
 
 def test_batches_have_the_layout_each_loss_reads():
-  mlm = benchmark.make_batch(benchmark.PRESETS["bert_base"])
+  mlm = presets.make_batch(presets.PRESETS["bert_base"])
   # 15% of 512 positions carry loss, as the MLM pipeline bounds them.
   assert (mlm["encoder_loss_weights"].sum(1) == 77).all()
-  span = benchmark.make_batch(benchmark.PRESETS["tiny_t5"])
+  span = presets.make_batch(presets.PRESETS["tiny_t5"])
   np.testing.assert_array_equal(span["decoder_input_tokens"][:, 1:],
                                 span["decoder_target_tokens"][:, :-1])
-  clm = benchmark.make_batch(benchmark.PRESETS["tiny_gpt2"])
+  clm = presets.make_batch(presets.PRESETS["tiny_gpt2"])
   np.testing.assert_array_equal(clm["decoder_input_tokens"][:, 1:],
                                 clm["decoder_target_tokens"][:, :-1])
 
 
 def test_gpt2_small_flops_per_token_by_hand():
   """6 x 84.9M layer weights + attention + the 50304 x 768 head, per token."""
-  preset = benchmark.PRESETS["gpt2_small"]
-  cfg = benchmark.model_config(preset, "float32")
+  preset = presets.PRESETS["gpt2_small"]
+  cfg = presets.model_config(preset, "float32")
   tokens = np.zeros((1, 8), np.int32)
   params = nn.unbox(jax.eval_shape(build_model(cfg).init, jax.random.key(0), tokens))["params"]
   layer = 4 * 768 * 768 + 2 * 768 * 3072
@@ -82,8 +82,8 @@ def test_unknown_names_are_refused():
 def test_fsdp_and_tensor_parallel_divide_the_state_over_devices():
   """On 8 (fake) devices: the computed shard bytes are what the state
   allocates, and FSDP over 8 holds <= 1/8 of the state (+10%) per device."""
-  preset = benchmark.PRESETS["tiny_bert"]
-  cfg = benchmark.model_config(preset, "float32")
+  preset = presets.PRESETS["tiny_bert"]
+  cfg = presets.model_config(preset, "float32")
   sizes = {m: footprint.state_bytes_per_device(preset, cfg, m)
            for m in footprint.MEMORY_MESHES}
   one = sizes[(1, 1, 1)]
@@ -94,9 +94,9 @@ def test_fsdp_and_tensor_parallel_divide_the_state_over_devices():
   from jaxtl.train import optim, sharding  # pylint: disable=g-import-not-at-top
   from jaxtl import train
   mesh = sharding.make_mesh((1, 4, 2))
-  model, _, _ = benchmark.jaxtl_step(preset, cfg)
-  tx, _ = optim.make_optimizer(benchmark.optimizer_config(), total_steps=1)
-  batch = benchmark.make_batch(preset)
+  model, _, _ = presets.jaxtl_step(preset, cfg)
+  tx, _ = optim.make_optimizer(presets.optimizer_config(), total_steps=1)
+  batch = presets.make_batch(preset)
   state, _ = train.create_sharded_state(model, tx, train.lm_init_inputs(model, batch),
                                         jax.random.key(0), mesh, sharding.make_rules())
   per_device = {}

@@ -26,7 +26,7 @@ def test_every_recipe_and_preset_builds(recipe, preset):
   module = importlib.import_module(f"jaxtl.configs.{recipe}")
   config = module.get_config(f"model={preset}")
   assert config.model.num_layers == models.PRESETS[preset]["num_layers"]
-  if objectives.OBJECTIVE_FAMILY[config.objective.name] != config.model.family:
+  if objectives.get(config.objective.name).family != config.model.family:
     with pytest.raises(ValueError, match="needs a"):
       objectives.check_objective(config.objective.name, config.model.family)
     return

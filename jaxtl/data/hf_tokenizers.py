@@ -37,7 +37,7 @@ class HuggingFaceTokenizer(Tokenizer):
 
   Build one with :meth:`wordpiece`, :meth:`byte_level_bpe` or
   :meth:`from_json` (a ``tokenizer.json``), or let
-  :func:`jaxtl.data.tokenizers.get_tokenizer` pick from a path. BERT has no
+  :func:`jaxtl.data.tokenizer_files.get_tokenizer` pick from a path. BERT has no
   end-of-sequence token, so its ``eos_id`` is ``[SEP]``; GPT-2 has only
   ``<|endoftext|>``, which serves as bos, eos, unk and pad.
   """

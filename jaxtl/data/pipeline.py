@@ -23,8 +23,10 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from jaxtl.data import corruption, packing, sources
-from jaxtl.data.tokenizers import Tokenizer, get_tokenizer, train_sentencepiece
+from jaxtl import objectives
+from jaxtl.data import packing, sources
+from jaxtl.data.tokenizer_files import get_tokenizer
+from jaxtl.data.tokenizers import Tokenizer, train_sentencepiece
 
 log = logging.getLogger(__name__)
 
@@ -150,56 +152,7 @@ def unigram_entropy(rows: Rows, vocab_size: int) -> float:
 
 
 # ----------------------------------------------------------------------------
-# Objectives: one row -> one example with t5x feature names.
-
-
-def clm_example(row: Mapping[str, np.ndarray]) -> Example:
-  """Next-token prediction; a target in another segment (or padding) has weight 0."""
-  tokens, seg, pos = row["tokens"], row["segment_ids"], row["positions"]
-  same_segment = (seg[1:] == seg[:-1]) & (seg[1:] > 0)
-  return {"decoder_input_tokens": tokens[:-1],
-          "decoder_target_tokens": tokens[1:],
-          "decoder_loss_weights": same_segment.astype(np.float32),
-          "decoder_segment_ids": seg[:-1], "decoder_positions": pos[:-1]}
-
-
-def mlm_example(row: Mapping[str, np.ndarray], rng: np.random.Generator,
-                tokenizer: Tokenizer, objective: Mapping[str, Any],
-                special_ids: np.ndarray) -> Example:
-  """BERT masking of a row (special tokens and padding are never chosen)."""
-  tokens, seg, pos = row["tokens"], row["segment_ids"], row["positions"]
-  inputs, targets, weights = corruption.mlm_mask(
-      tokens, rng, mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size,
-      special_ids=special_ids, mask_rate=objective["mask_rate"],
-      mask_token_rate=objective["mask_token_rate"],
-      random_token_rate=objective["random_token_rate"], can_mask=seg > 0)
-  return {"encoder_input_tokens": inputs, "encoder_target_tokens": targets,
-          "encoder_loss_weights": weights, "encoder_segment_ids": seg,
-          "encoder_positions": pos}
-
-
-def span_example(row: Mapping[str, np.ndarray], rng: np.random.Generator,
-                 tokenizer: Tokenizer, objective: Mapping[str, Any],
-                 sentinels: np.ndarray, inputs_length: int, targets_length: int
-                 ) -> Example:
-  """T5 span corruption; decoder inputs are targets shifted right (start = pad)."""
-  inputs, targets = corruption.span_corrupt(
-      row["tokens"], rng, sentinel_ids=sentinels, eos_id=tokenizer.eos_id,
-      noise_density=objective["noise_density"],
-      mean_noise_span_length=objective["mean_noise_span_length"])
-  ex = packing.pad_batch([{"encoder": inputs, "decoder": targets}],
-                         {"encoder": inputs_length, "decoder": targets_length},
-                         pad_id=tokenizer.pad_id)
-  ex = {k: v[0] for k, v in ex.items()}
-  dec = ex["decoder"]
-  return {"encoder_input_tokens": ex["encoder"],
-          "encoder_segment_ids": ex["encoder_segment_ids"],
-          "encoder_positions": ex["encoder_positions"],
-          "decoder_input_tokens": np.concatenate([[tokenizer.pad_id], dec[:-1]]).astype(np.int32),
-          "decoder_target_tokens": dec,
-          "decoder_loss_weights": (ex["decoder_segment_ids"] > 0).astype(np.float32),
-          "decoder_segment_ids": ex["decoder_segment_ids"],
-          "decoder_positions": ex["decoder_positions"]}
+# Rows: objectives (jaxtl.objectives) make one example from each.
 
 
 def frame_rows(rows: Rows, first_id: int, last_id: int) -> Rows:
@@ -331,20 +284,22 @@ class DataSetup:
   def __init__(self, config: Any, workdir: str | None, *, process_index: int = 0,
                process_count: int = 1):
     data = config.data
-    self.objective = config.objective.name
+    self.objective = objectives.get(config.objective.name)
     self.batch_size, self.seed = data.batch_size, config.seed
     self.process_index, self.process_count = process_index, process_count
     self.train_split, self.eval_split = data.train_split, data.eval_split
     self._texts: dict[str, list[str]] = {}
     self.tokenizer = self._load_tokenizer(data, workdir)
-    row_length, eos = self._setup_objective(config.objective, data)
+    prepared = self.objective.prepare(self.tokenizer, config.objective, data)
+    self.make_example, self.lengths = prepared.make_example, prepared.lengths
+    self.max_predictions = prepared.max_predictions
     cache = os.path.join(workdir, "data_cache") if workdir and data.cache else None
     tok = self.tokenizer
     self._rows = {}
     for split in (data.train_split, data.eval_split):
-      rows = tokenized_rows(data, split, tok, row_length, eos=eos,
+      rows = tokenized_rows(data, split, tok, prepared.row_length, eos=prepared.eos,
                             cache_dir=cache, texts=self._texts.get(split))
-      if self.objective == "mlm" and data.packing == "chunk":
+      if prepared.framed:
         first = tok.cls_id if tok.cls_id is not None else tok.bos_id
         last = tok.sep_id if tok.sep_id is not None else tok.eos_id
         rows = frame_rows(rows, first, last)
@@ -363,37 +318,6 @@ class DataSetup:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       multihost_utils.sync_global_devices("jaxtl_tokenizer")
     return tokenizer or build_tokenizer(data, workdir, train_texts)
-
-  def _setup_objective(self, objective: Any, data: Any) -> tuple[int, bool]:
-    """Sets make_example, lengths, max_predictions; returns (row length, eos)."""
-    tok, L = self.tokenizer, data.seq_len
-    self.max_predictions = None  # MLM: a bound on loss positions per row.
-    if self.objective == "clm":
-      self.make_example = lambda row, rng: clm_example(row)
-      self.lengths = {"decoder": L}
-      return L + 1, True
-    if self.objective == "mlm":
-      if tok.mask_id is None:
-        raise ValueError("the mlm objective needs a [MASK] token; the tokenizer "
-                         f"{data.tokenizer.path or 'trained'} has none")
-      specials = tok.special_ids
-      self.make_example = lambda row, rng: mlm_example(row, rng, tok, objective,
-                                                       specials)
-      self.lengths = {"encoder": L}
-      # mlm_mask chooses round(rate * maskable) <= ceil(rate * L) positions.
-      self.max_predictions = int(np.ceil(objective.mask_rate * L))
-      framed = data.packing == "chunk"  # room for [CLS] ... [SEP]
-      return (L - 2 if framed else L), not framed
-    if self.objective == "span":
-      raw_length, targets_len = corruption.span_corruption_lengths(
-          L, objective.noise_density, objective.mean_noise_span_length)
-      sentinels = np.array([tok.sentinel_id(i) for i in range(tok.num_sentinels)],
-                           np.int32)
-      self.make_example = lambda row, rng: span_example(
-          row, rng, tok, objective, sentinels, L, targets_len)
-      self.lengths = {"encoder": L, "decoder": targets_len}
-      return raw_length, False
-    raise ValueError(f"unknown objective {self.objective!r}")
 
   def _split_texts(self, data: Any, split: str) -> list[str]:
     if split not in self._texts:

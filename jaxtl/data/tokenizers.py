@@ -4,7 +4,7 @@ Every tokenizer exposes the ids that the data pipeline needs (pad, eos, the
 MLM mask, T5 sentinels, ...) and the set of ids that must never be chosen
 for masking. SentencePiece lives here; WordPiece and byte-level BPE, through
 the `tokenizers` library, in :mod:`jaxtl.data.hf_tokenizers`;
-:func:`get_tokenizer` picks by file name.
+:func:`jaxtl.data.tokenizer_files.get_tokenizer` picks by file name.
 """
 
 from __future__ import annotations
@@ -419,27 +419,3 @@ def train_sentencepiece(
   _write_atomically(f"{prefix}.vocab", "".join(vocab_lines).encode("utf-8"))
   _write_atomically(f"{prefix}.model", writer.data)
   return SentencePieceTokenizer(f"{prefix}.model")
-
-
-def get_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
-  """Loads the tokenizer at `path`, choosing the class by file name.
-
-  SentencePiece ``.model``; WordPiece ``vocab.txt``; byte-level BPE
-  ``*vocab.json`` (with ``*merges.txt`` beside it); ``tokenizer.json``; or a
-  Hugging Face model folder holding one of them (or T5's ``spiece.model``).
-  """
-  from jaxtl.data import hf_tokenizers  # pylint: disable=g-import-not-at-top
-  path = os.fspath(path)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"tokenizer not found: {path}")
-  if path.endswith(".model"):
-    return SentencePieceTokenizer(path)
-  tok = hf_tokenizers.load(path)
-  if tok is not None:
-    return tok
-  if os.path.isfile(os.path.join(path, "spiece.model")):
-    return SentencePieceTokenizer(os.path.join(path, "spiece.model"))
-  raise ValueError(
-      f"unsupported tokenizer {path!r}: expected a SentencePiece .model, "
-      "vocab.txt, *vocab.json + *merges.txt, tokenizer.json, or a folder "
-      "holding one")

@@ -1,11 +1,35 @@
-"""Pretraining objectives: what each one's batches hold and how it is scored."""
+"""Pretraining objectives, registered by name once.
 
-from jaxtl.objectives.losses import (LOSS_CHUNK_LEN, OBJECTIVE_FAMILY,
-                                     check_objective, chunked_cross_entropy,
-                                     forward, loss_weight_total, make_loss_fn,
-                                     normalized_loss, summarize, target_prefix,
-                                     token_cross_entropy)
+Adding an objective is one new module here that defines an
+:class:`~jaxtl.objectives.base.Objective` (its family and how a row becomes
+an example), and one entry in ``REGISTRY`` below; the pipeline, the loss,
+the loop and the config checks then take it by ``config.objective.name``.
+"""
 
-__all__ = ["LOSS_CHUNK_LEN", "OBJECTIVE_FAMILY", "check_objective",
-           "chunked_cross_entropy", "forward", "loss_weight_total", "make_loss_fn",
-           "normalized_loss", "summarize", "target_prefix", "token_cross_entropy"]
+from jaxtl.objectives import clm, mlm, span
+from jaxtl.objectives.base import Objective, Prepared
+from jaxtl.objectives.losses import (LOSS_CHUNK_LEN, chunked_cross_entropy, forward,
+                                     loss_weight_total, make_loss_fn, normalized_loss,
+                                     summarize, target_prefix, token_cross_entropy)
+
+REGISTRY: dict[str, Objective] = {o.name: o for o in (clm.OBJECTIVE, mlm.OBJECTIVE,
+                                                       span.OBJECTIVE)}
+
+
+def get(name: str) -> Objective:
+  """The objective called ``name`` (config.objective.name)."""
+  if name not in REGISTRY:
+    raise ValueError(f"unknown objective {name!r} (config.objective.name); known: "
+                     + ", ".join(f"{o.name} ({o.description})" for o in REGISTRY.values()))
+  return REGISTRY[name]
+
+
+def check_objective(name: str, family: str) -> None:
+  """Fails early, naming both, when an objective is paired with the wrong model."""
+  get(name).check_family(family)
+
+
+__all__ = ["LOSS_CHUNK_LEN", "Objective", "Prepared", "REGISTRY", "check_objective",
+           "chunked_cross_entropy", "forward", "get", "loss_weight_total",
+           "make_loss_fn", "normalized_loss", "summarize", "target_prefix",
+           "token_cross_entropy"]

@@ -35,17 +35,6 @@ LossFn = Callable[..., tuple[Array, dict[str, Array]]]
 # chunks; shorter rows (and MLM's masked positions) in one.
 LOSS_CHUNK_LEN = 256
 
-OBJECTIVE_FAMILY = {"mlm": "encoder", "clm": "decoder", "span": "encoder_decoder"}
-
-
-def check_objective(objective: str, family: str) -> None:
-  """Fails early, naming both, when an objective is paired with the wrong model."""
-  if objective not in OBJECTIVE_FAMILY:
-    raise ValueError(f"unknown objective {objective!r}; known: {sorted(OBJECTIVE_FAMILY)}")
-  if OBJECTIVE_FAMILY[objective] != family:
-    raise ValueError(f"objective {objective!r} needs a {OBJECTIVE_FAMILY[objective]!r} "
-                     f"model, but config.model.family is {family!r}")
-
 
 def target_prefix(family: str) -> str:
   """Which side of the batch carries targets for a model family."""

@@ -25,13 +25,13 @@ import numpy as np
 
 from jaxtl import objectives, pretrained, train
 from jaxtl.data import pipeline, sources
-from jaxtl.data.tokenizers import Tokenizer, get_tokenizer
+from jaxtl.data.tokenizer_files import get_tokenizer
+from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig
-from jaxtl.models.heads import TaskModel, best_spans, context_only, default_pooling
+from jaxtl.models.heads import TaskModel, default_pooling
 from jaxtl.tasks import features as task_features
-from jaxtl.tasks import metrics as evaluate
+from jaxtl.tasks import kinds
 from jaxtl.tasks import readers as tasks
-from jaxtl.tasks import span_features
 from jaxtl.tasks.squad import SquadExamples, split_squad_by_article
 from jaxtl.train import checkpoint, optim, sharding
 
@@ -51,24 +51,15 @@ def make_task_loss_fn(model: TaskModel) -> Callable:
   """``loss_fn(params, batch, rng, normalizer=None) -> (loss, sums)`` for a head."""
   side = task_features.input_side(model.config.family)
 
+  loss_sums = kinds.get(model.kind).loss_sums
+
   def loss_fn(params, batch, rng, normalizer=None):
-    logits = model.apply(
+    out = model.apply(
         {"params": params}, batch[f"{side}_input_tokens"],
         batch[f"{side}_segment_ids"], batch[f"{side}_positions"],
         batch.get(f"{side}_token_type_ids"), deterministic=rng is None,
         rngs=None if rng is None else {"dropout": rng})
-    labels, w = batch["labels"], batch["label_weights"]
-    if model.kind == "span_qa":  # [B, T, 2] -> start and end "tokens" over T
-      logits = context_only(jnp.swapaxes(logits, 1, 2), batch["context_mask"])
-    if model.kind == "regression":
-      sums = {"loss_sum": jnp.sum(jnp.square(logits - labels) * w),
-              "weight_sum": jnp.sum(w), "correct_sum": jnp.zeros(())}
-    elif model.kind == "text_to_text":  # [B, C] log p(label text): T5's MLE on the gold text
-      gold_B = jnp.take_along_axis(logits, labels[:, None], 1)[:, 0]
-      sums = {"loss_sum": -jnp.sum(gold_B * w), "weight_sum": jnp.sum(w),
-              "correct_sum": jnp.sum((jnp.argmax(logits, -1) == labels) * w)}
-    else:  # classes (or tags, or span boundaries) are "tokens" here
-      sums = objectives.token_cross_entropy(logits, labels, w)
+    sums = loss_sums(out, batch)
     return objectives.normalized_loss(sums, normalizer), sums
 
   return loss_fn
@@ -147,15 +138,6 @@ def task_model(task: Any, scheme: str, cfg: TransformerConfig, tok: Tokenizer,
                    label_tokens=targets, pad_id=tok.pad_id)
 
 
-def _features(ex: Any, tok: Tokenizer, task: Any, family: str) -> task_features.Features:
-  if task.kind == "span_qa":
-    return span_features.encode_spans(ex, tok, task.max_len, family,
-                                      doc_stride=task.doc_stride)
-  encode = (task_features.encode_tagging if task.kind == "token_classification"
-            else task_features.encode_sequences)
-  return encode(ex, tok, task.max_len, family)
-
-
 def _pad_rows(arrays: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
   """Pads to a whole number of batches with zero-weight rows (eval sees all)."""
   n = len(arrays["labels"])
@@ -205,29 +187,13 @@ def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
 
 def score(task: Any, preds: np.ndarray, feats: task_features.Features,
           examples: Any) -> dict[str, float]:
-  """Task metrics; tagging compares only labelled (first sub-word) positions,
-  span QA compares answer texts (best window per question)."""
-  if task.kind == "span_qa":
-    return evaluate.squad_metrics(span_features.span_texts(examples, feats, preds),
-                                  examples)
-  labels = feats.arrays["labels"]
-  if task.kind == "token_classification":
-    keep = feats.arrays["label_weights"] > 0
-    preds = [p[k] for p, k in zip(preds, keep)]
-    labels = [l[k] for l, k in zip(labels, keep)]
-  return evaluate.compute_metrics(task.metrics, preds, labels)
+  """The task's metrics of ``preds`` (see :mod:`jaxtl.tasks.kinds`)."""
+  return kinds.get(task.kind).score(task, preds, feats, examples)
 
 
 def _predictions(outputs: Callable, task: Any, params: Any, batch: Any) -> Array:
   """Scores (regression), class or tag ids, or span (start, end, score) rows."""
-  out = outputs(params, batch)
-  if task.kind == "regression":
-    return out
-  if task.kind != "span_qa":
-    return jnp.argmax(out, -1)
-  spans = best_spans(out[..., 0], out[..., 1], batch["context_mask"],
-                     task.max_answer_tokens)
-  return jnp.stack(spans, -1).astype(jnp.float32)
+  return kinds.get(task.kind).predict(outputs(params, batch), batch, task)
 
 
 def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:
@@ -260,13 +226,13 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     raise ValueError(f"config.adapt.scheme={adapt.scheme!r}; known: {sorted(SCHEMES)}")
   splits = load_task_splits(task, config.seed)
   cfg, tok, init_params = _backbone(config)
-  feats = {k: _features(v, tok, task, cfg.family) for k, v in splits.items()
+  kind = kinds.get(task.kind)
+  feats = {k: kind.encode(v, tok, task, cfg.family) for k, v in splits.items()
            if v is not None}
   for name, f in feats.items():
     if f.truncated:
       logging.info("%s: %d of %d examples longer than %d tokens (%s)", name,
-                   f.truncated, len(splits[name]), task.max_len,
-                   "split into windows" if task.kind == "span_qa" else "truncated")
+                   f.truncated, len(splits[name]), task.max_len, kind.too_long)
   model = task_model(task, adapt.scheme, cfg, tok,
                      getattr(splits["train"], "label_names", None))
   side = task_features.input_side(cfg.family)

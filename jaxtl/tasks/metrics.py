@@ -351,7 +351,7 @@ def squad_metrics(predictions: Mapping[str, str],
     predictions: Question id -> predicted answer text.
     dataset: The official JSON (the whole dict, or its "data" list of
       articles), or parsed examples with `.id` and `.answers` such as
-      `jaxtl.tasks.readers.SquadExample`s.
+      `jaxtl.tasks.squad.SquadExample`s.
 
   Returns:
     {"exact_match": ..., "f1": ...}: means over every question in `dataset`,

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from jaxtl.tools.benchmark import Measurement, Preset, make_batch, optimizer_config, time_steps
+from jaxtl.tools.presets import Measurement, Preset, make_batch, optimizer_config, time_steps
 from jaxtl.models import TransformerConfig
 
 # Which transformers class trains each objective.

@@ -18,7 +18,8 @@ import numpy as np
 
 from jaxtl.train import optim, sharding
 from jaxtl import train
-from jaxtl.tools.benchmark import PRESETS, Preset, init_inputs, jaxtl_step, make_batch, model_config, optimizer_config
+from jaxtl.tools.presets import (PRESETS, Preset, init_inputs, jaxtl_step, make_batch,
+                                 model_config, optimizer_config)
 from jaxtl.models import TransformerConfig
 
 # ----------------------------------------------------------------------------

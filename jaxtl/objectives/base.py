@@ -1,0 +1,65 @@
+"""What a pretraining objective is: one object that the pipeline, the loss
+and the training loop all ask, instead of each branching on its name.
+
+An :class:`Objective` says which model family it trains and, given the
+tokenizer and the config, how a row of token ids becomes one example with
+t5x feature names (:class:`Prepared`). The loss is the same weighted token
+cross-entropy for every objective (:mod:`jaxtl.objectives.losses`); an
+objective only chooses which positions carry weight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from jaxtl.data.tokenizers import Tokenizer
+
+Example = dict[str, np.ndarray]
+Row = Mapping[str, np.ndarray]  # "tokens", "segment_ids", "positions": [L]
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """An objective bound to a tokenizer and a sequence length.
+
+  Attributes:
+    make_example: ``(row, rng) -> example``, a pure function of its inputs
+      (the pipeline makes the rng from (seed, epoch, example id)).
+    lengths: the batch's length per side, e.g. ``{"encoder": 128}``.
+    row_length: tokens per row cut from the corpus, before framing.
+    eos: whether documents end with EOS before packing.
+    framed: whether chunked rows get [CLS] ... [SEP] around them.
+    max_predictions: a bound on loss positions per row (the loss computes
+      logits only there), or None for every position.
+  """
+  make_example: Callable[[Row, np.random.Generator], Example]
+  lengths: dict[str, int]
+  row_length: int
+  eos: bool
+  framed: bool = False
+  max_predictions: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """A pretraining objective, registered once by name.
+
+  Attributes:
+    name: what ``config.objective.name`` says.
+    family: the model family it trains.
+    prepare: ``(tokenizer, config.objective, config.data) -> Prepared``.
+    description: one line for error messages and docs.
+  """
+  name: str
+  family: str
+  prepare: Callable[[Tokenizer, Any, Any], Prepared]
+  description: str = ""
+
+  def check_family(self, family: str) -> None:
+    """Fails early, naming both, when paired with the wrong model."""
+    if family != self.family:
+      raise ValueError(f"objective {self.name!r} needs a {self.family!r} model, but "
+                       f"config.model.family is {family!r}")

@@ -1,0 +1,44 @@
+"""Masked LM (BERT): predict 15% of tokens, 80% of them shown as [MASK]."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from jaxtl.data import corruption
+from jaxtl.data.tokenizers import Tokenizer
+from jaxtl.objectives.base import Example, Objective, Prepared, Row
+
+
+def mlm_example(row: Row, rng: np.random.Generator, tokenizer: Tokenizer,
+                objective: Mapping[str, Any], special_ids: np.ndarray) -> Example:
+  """BERT masking of a row (special tokens and padding are never chosen)."""
+  tokens, seg, pos = row["tokens"], row["segment_ids"], row["positions"]
+  inputs, targets, weights = corruption.mlm_mask(
+      tokens, rng, mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size,
+      special_ids=special_ids, mask_rate=objective["mask_rate"],
+      mask_token_rate=objective["mask_token_rate"],
+      random_token_rate=objective["random_token_rate"], can_mask=seg > 0)
+  return {"encoder_input_tokens": inputs, "encoder_target_tokens": targets,
+          "encoder_loss_weights": weights, "encoder_segment_ids": seg,
+          "encoder_positions": pos}
+
+
+def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
+  if tokenizer.mask_id is None:
+    raise ValueError("the mlm objective needs a [MASK] token; the tokenizer "
+                     f"{data.tokenizer.path or '(trained)'} has none")
+  specials, length = tokenizer.special_ids, data.seq_len
+  framed = data.packing == "chunk"  # room for [CLS] ... [SEP]
+  return Prepared(
+      make_example=lambda row, rng: mlm_example(row, rng, tokenizer, objective,
+                                                specials),
+      lengths={"encoder": length}, row_length=length - 2 if framed else length,
+      eos=not framed, framed=framed,
+      # mlm_mask chooses round(rate * maskable) <= ceil(rate * L) positions.
+      max_predictions=int(np.ceil(objective.mask_rate * length)))
+
+
+OBJECTIVE = Objective("mlm", "encoder", prepare,
+                      "masked LM: 15% of tokens, 80/10/10 [MASK]/random/kept")

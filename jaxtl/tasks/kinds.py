@@ -1,0 +1,142 @@
+"""Task kinds, registered by name once: how a kind of labeled task becomes
+head inputs, a loss, predictions and scores.
+
+Fine-tuning asks the kind named by ``config.task.kind`` instead of branching
+on it. Adding a kind is one :class:`TaskKind` here (and, if it needs a new
+output shape, a head in :mod:`jaxtl.models.heads`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxtl.data.tokenizers import Tokenizer
+from jaxtl.models.heads import best_spans, context_only
+from jaxtl.objectives import token_cross_entropy
+from jaxtl.tasks import features as task_features
+from jaxtl.tasks import metrics as task_metrics
+from jaxtl.tasks import span_features
+
+Array = jax.Array
+Batch = Mapping[str, Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskKind:
+  """One kind of labeled task.
+
+  Attributes:
+    name: what ``config.task.kind`` says (and :class:`~jaxtl.models.heads.TaskModel`'s kind).
+    encode: ``(examples, tokenizer, task config, family) -> Features``.
+    loss_sums: ``(head output, batch) -> {loss_sum, correct_sum, weight_sum}``.
+    predict: ``(head output, batch, task config) -> predictions`` (jitted).
+    score: ``(task config, predictions, features, examples) -> metrics``.
+    too_long: what happens to inputs longer than ``task.max_len``.
+  """
+  name: str
+  encode: Callable[[Any, Tokenizer, Any, str], task_features.Features]
+  loss_sums: Callable[[Array, Batch], dict[str, Array]]
+  predict: Callable[[Array, Batch, Any], Array]
+  score: Callable[[Any, np.ndarray, task_features.Features, Any], dict[str, float]]
+  too_long: str = "truncated"
+
+
+def _encode_sequences(examples, tok, task, family):
+  return task_features.encode_sequences(examples, tok, task.max_len, family)
+
+
+def _encode_tagging(examples, tok, task, family):
+  return task_features.encode_tagging(examples, tok, task.max_len, family)
+
+
+def _encode_spans(examples, tok, task, family):
+  return span_features.encode_spans(examples, tok, task.max_len, family,
+                                    doc_stride=task.doc_stride)
+
+
+def _cross_entropy(logits: Array, batch: Batch) -> dict[str, Array]:
+  """Classes (or tags) are "tokens" here."""
+  return token_cross_entropy(logits, batch["labels"], batch["label_weights"])
+
+
+def _squared_error(scores: Array, batch: Batch) -> dict[str, Array]:
+  w = batch["label_weights"]
+  return {"loss_sum": jnp.sum(jnp.square(scores - batch["labels"]) * w),
+          "weight_sum": jnp.sum(w), "correct_sum": jnp.zeros(())}
+
+
+def _gold_text_likelihood(log_p_BC: Array, batch: Batch) -> dict[str, Array]:
+  """T5's MLE on the gold label text; [B, C] log p(label text)."""
+  labels, w = batch["labels"], batch["label_weights"]
+  gold_B = jnp.take_along_axis(log_p_BC, labels[:, None], 1)[:, 0]
+  return {"loss_sum": -jnp.sum(gold_B * w), "weight_sum": jnp.sum(w),
+          "correct_sum": jnp.sum((jnp.argmax(log_p_BC, -1) == labels) * w)}
+
+
+def _span_boundaries(logits_BT2: Array, batch: Batch) -> dict[str, Array]:
+  """Start and end are "tokens" over the context positions."""
+  logits = context_only(jnp.swapaxes(logits_BT2, 1, 2), batch["context_mask"])
+  return _cross_entropy(logits, batch)
+
+
+def _argmax(out: Array, batch: Batch, task: Any) -> Array:
+  del batch, task
+  return jnp.argmax(out, -1)
+
+
+def _as_is(out: Array, batch: Batch, task: Any) -> Array:
+  del batch, task
+  return out
+
+
+def _best_spans(out: Array, batch: Batch, task: Any) -> Array:
+  """(start, end, score) rows: the best span of each window."""
+  spans = best_spans(out[..., 0], out[..., 1], batch["context_mask"],
+                     task.max_answer_tokens)
+  return jnp.stack(spans, -1).astype(jnp.float32)
+
+
+def _metrics(task, preds, feats, examples):
+  del examples
+  return task_metrics.compute_metrics(task.metrics, preds, feats.arrays["labels"])
+
+
+def _tag_metrics(task, preds, feats, examples):
+  """Only labelled (first sub-word) positions count."""
+  del examples
+  keep = feats.arrays["label_weights"] > 0
+  return task_metrics.compute_metrics(
+      task.metrics, [p[k] for p, k in zip(preds, keep)],
+      [l[k] for l, k in zip(feats.arrays["labels"], keep)])
+
+
+def _answer_metrics(task, preds, feats, examples):
+  """Answer texts (the best window per question) against the gold answers."""
+  del task
+  return task_metrics.squad_metrics(span_features.span_texts(examples, feats, preds),
+                                    examples)
+
+
+REGISTRY: dict[str, TaskKind] = {k.name: k for k in (
+    TaskKind("classification", _encode_sequences, _cross_entropy, _argmax, _metrics),
+    TaskKind("regression", _encode_sequences, _squared_error, _as_is, _metrics),
+    TaskKind("token_classification", _encode_tagging, _cross_entropy, _argmax,
+             _tag_metrics),
+    TaskKind("span_qa", _encode_spans, _span_boundaries, _best_spans, _answer_metrics,
+             too_long="split into windows"),
+    TaskKind("text_to_text", _encode_sequences, _gold_text_likelihood, _argmax,
+             _metrics),
+)}
+
+
+def get(name: str) -> TaskKind:
+  """The task kind called ``name`` (config.task.kind)."""
+  if name not in REGISTRY:
+    raise ValueError(f"unknown task kind {name!r} (config.task.kind); known: "
+                     f"{', '.join(REGISTRY)}")
+  return REGISTRY[name]

@@ -1,0 +1,77 @@
+"""The package's import graph: no cycles, and the core never imports the
+tools, the recipes or the tasks built on it."""
+
+import ast
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxtl"
+# The layers of the house, bottom up: a module may import its own layer and
+# those below it, never one above.
+LAYERS = [
+    ("jaxtl.models", "jaxtl.data", "jaxtl.objectives", "jaxtl.convert",
+     "jaxtl.train", "jaxtl.hugepages"),
+    ("jaxtl.pretrained", "jaxtl.generate", "jaxtl.tasks"),
+    ("jaxtl.tools", "jaxtl.configs"),
+    ("jaxtl.main", "jaxtl.cli"),
+]
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  out = {}
+  for path in PACKAGE.rglob("*.py"):
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    if parts[-1] != "__main__":
+      out[name] = path
+  return out
+
+
+def import_graph() -> dict[str, set[str]]:
+  """module -> the jaxtl modules it imports, at any depth of its code."""
+  modules = _modules()
+  graph = {}
+  for name, path in modules.items():
+    edges = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Import):
+        targets = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom) and node.module:
+        targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules
+                   else node.module for a in node.names]
+      else:
+        continue
+      edges.update(t for t in targets if t in modules and t != name)
+    graph[name] = edges
+  return graph
+
+
+def _layer(module: str) -> int:
+  for i, prefixes in enumerate(LAYERS):
+    if any(module == p or module.startswith(p + ".") for p in prefixes):
+      return i
+  raise AssertionError(f"{module} is in no layer of LAYERS: add it")
+
+
+def test_the_import_graph_has_no_cycles():
+  graph = import_graph()
+  state, cycles = {}, []
+
+  def visit(node, stack):
+    state[node] = "open"
+    for nxt in sorted(graph[node]):
+      if state.get(nxt) == "open":
+        cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+      elif nxt not in state:
+        visit(nxt, stack + [nxt])
+    state[node] = "done"
+
+  for node in sorted(graph):
+    if node not in state:
+      visit(node, [node])
+  assert not cycles, "import cycles:\n  " + "\n  ".join(cycles)
+
+
+def test_no_module_imports_a_layer_above_its_own():
+  upward = [f"{a} imports {b}" for a, edges in import_graph().items() for b in edges
+            if a != "jaxtl" and _layer(b) > _layer(a)]
+  assert not upward, "\n".join(upward)
