@@ -26,7 +26,7 @@ import numpy as np
 from jaxtl import objectives, pretrained, train
 from jaxtl.data import pipeline, sources
 from jaxtl.data.tokenizers import Tokenizer, get_tokenizer
-from jaxtl.models import TransformerConfig
+from jaxtl.models import TransformerConfig, paths
 from jaxtl.models.heads import TaskModel, best_spans, context_only, default_pooling
 from jaxtl.tasks import features as task_features
 from jaxtl.tasks import metrics as evaluate
@@ -40,10 +40,11 @@ Array = jax.Array
 # Parameters that each scheme trains; everything else is frozen.
 SCHEMES: dict[str, tuple[str, ...]] = {
     "full": (),
-    "features": (r"^backbone/",),  # linear probe on frozen features
-    "scalar_mix": (r"^backbone/",),  # probe on a learned mix of all layers
-    "adapters": (r"^backbone/(?!.*(adapter|norm))",),  # adapters + norms + head
-    "lora": (r"^backbone/(?!.*_lora_)",),  # LoRA matrices + head
+    "features": (paths.under(paths.BACKBONE),),  # linear probe on frozen features
+    "scalar_mix": (paths.under(paths.BACKBONE),),  # probe on a learned mix of all layers
+    # adapters + norms + head
+    "adapters": (paths.under(paths.BACKBONE, (paths.ADAPTER_RE, paths.NORM_RE)),),
+    "lora": (paths.under(paths.BACKBONE, (paths.LORA_RE,)),),  # LoRA matrices + head
 }
 
 

@@ -47,7 +47,7 @@ import numpy as np
 
 from jaxtl import hugepages, objectives, train
 from jaxtl.train import optim, perf, sharding
-from jaxtl.models import TransformerConfig, build_model
+from jaxtl.models import TransformerConfig, build_model, paths
 from jaxtl.models.heads import TaskModel
 
 OBJECTIVES = ("clm", "mlm", "span", "classify")
@@ -255,7 +255,7 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
       _profile(run_step, steps, profile_dir)
   params = holder[0].params
   if preset.objective == "classify":
-    params = params["backbone"]
+    params = params[paths.BACKBONE]
   flops = perf.flops_per_example(
       cfg, params, preset.length, preset.target_length,
       head_positions=(max_predictions(preset) if preset.objective == "mlm"
