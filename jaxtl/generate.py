@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtl.models import TransformerConfig, build_model
+from jaxtl.models import TransformerConfig, build_model, paths
 
 Array = jax.Array
 
@@ -190,7 +190,8 @@ def _gather_beams(cache: Any, rows: Array, scanned: bool) -> Any:
   def take(path, x):
     if x.ndim == 0:
       return x
-    axis = 1 if scanned and any(getattr(k, "key", None) == "layers" for k in path) else 0
+    in_scan = any(getattr(k, "key", None) == paths.LAYERS for k in path)
+    axis = 1 if scanned and in_scan else 0
     return jnp.take(x, rows, axis=axis)
   return jax.tree_util.tree_map_with_path(take, cache)
 

@@ -11,7 +11,7 @@ from jaxtl import convert, train
 from jaxtl.data import pipeline, sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.models import TransformerConfig
+from jaxtl.models import TransformerConfig, paths
 
 
 @dataclasses.dataclass
@@ -37,7 +37,7 @@ def load(init_from: str, tokenizer_path: str = "") -> Pretrained:
   tok = get_tokenizer(sources.expand_path(tokenizer_path)) if tokenizer_path else None
   if convert.is_hf_folder(path):
     imported = convert.import_hf(path)
-    head = {k: v for k, v in imported.head.items() if k == "pooler"}
+    head = {k: v for k, v in imported.head.items() if k == paths.POOLER}
     return Pretrained(imported.config, tok or get_tokenizer(path), imported.params, head)
   return Pretrained(train.load_model_config(path), tok or pipeline.workdir_tokenizer(path),
                     checkpoint.load_params(path), {})

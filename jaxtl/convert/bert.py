@@ -12,6 +12,7 @@ from typing import Any
 
 from jaxtl.convert import rules as R
 from jaxtl.convert.family import Family, activation_from_hf, get
+from jaxtl.models import paths as P
 from jaxtl.models.config import TransformerConfig
 
 
@@ -52,31 +53,35 @@ def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
 
 
 def rules(cfg: TransformerConfig) -> list[R.Rule]:
+  embedder = P.join(P.STACK, P.EMBEDDER)
   out = [
-      R.Rule("embeddings.word_embeddings.weight", "token_embed/embedding", "copy"),
+      R.Rule("embeddings.word_embeddings.weight", P.TOKEN_TABLE, "copy"),
       R.Rule("embeddings.position_embeddings.weight",
-             "stack/embedder/position_embedding", "copy"),
+             P.join(embedder, P.POSITION_EMBEDDING), "copy"),
       R.Rule("embeddings.token_type_embeddings.weight",
-             "stack/embedder/token_type_embedding", "copy"),
-      *R.norm_rules("embeddings.LayerNorm", "stack/embedder/norm", bias=True),
+             P.join(embedder, P.TOKEN_TYPE_EMBEDDING), "copy"),
+      *R.norm_rules("embeddings.LayerNorm", P.join(embedder, P.EMBED_NORM), bias=True),
   ]
+  qkvo = {P.QUERY: "self.query", P.KEY: "self.key", P.VALUE: "self.value",
+          P.OUT: "output.dense"}
   for i in range(cfg.num_layers):
-    hf, ours = f"encoder.layer.{i}", f"stack/layer_{i}"
-    out += R.attention_rules(f"{hf}.attention", f"{ours}/self_attention",
-                             {"query": "self.query", "key": "self.key",
-                              "value": "self.value", "out": "output.dense"}, bias=True)
-    out += R.norm_rules(f"{hf}.attention.output.LayerNorm", f"{ours}/self_attention_norm",
-                        bias=True)
-    out += R.dense_rules(f"{hf}.intermediate.dense", f"{ours}/mlp/wi", bias=True)
-    out += R.dense_rules(f"{hf}.output.dense", f"{ours}/mlp/wo", bias=True)
-    out += R.norm_rules(f"{hf}.output.LayerNorm", f"{ours}/mlp_norm", bias=True)
-  out += R.dense_rules("pooler.dense", "head/pooler", bias=True, group="pooler")
-  out += R.dense_rules("cls.predictions.transform.dense", "lm_head/transform",
+    hf, ours = f"encoder.layer.{i}", P.join(P.STACK, P.layer(i))
+    out += R.attention_rules(f"{hf}.attention", P.join(ours, P.SELF_ATTENTION), qkvo,
+                             bias=True)
+    out += R.norm_rules(f"{hf}.attention.output.LayerNorm",
+                        P.join(ours, P.norm(P.SELF_ATTENTION)), bias=True)
+    out += R.dense_rules(f"{hf}.intermediate.dense", P.join(ours, P.MLP, P.WI), bias=True)
+    out += R.dense_rules(f"{hf}.output.dense", P.join(ours, P.MLP, P.WO), bias=True)
+    out += R.norm_rules(f"{hf}.output.LayerNorm", P.join(ours, P.norm(P.MLP)), bias=True)
+  out += R.dense_rules("pooler.dense", P.join(P.HEAD, P.POOLER), bias=True,
+                       group="pooler")
+  out += R.dense_rules("cls.predictions.transform.dense", P.join(P.LM_HEAD, P.TRANSFORM),
                        bias=True, group="mlm")
-  out += R.norm_rules("cls.predictions.transform.LayerNorm", "lm_head/transform_norm",
-                      bias=True, group="mlm")
-  out.append(R.Rule("cls.predictions.bias", "lm_head/bias", "vector", "mlm"))
-  out += R.dense_rules("classifier", "head/out", bias=True, group="classifier")
+  out += R.norm_rules("cls.predictions.transform.LayerNorm",
+                      P.join(P.LM_HEAD, P.TRANSFORM_NORM), bias=True, group="mlm")
+  out.append(R.Rule("cls.predictions.bias", P.join(P.LM_HEAD, P.BIAS), "vector", "mlm"))
+  out += R.dense_rules("classifier", P.join(P.HEAD, P.HEAD_OUT), bias=True,
+                       group="classifier")
   return out
 
 

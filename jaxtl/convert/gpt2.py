@@ -11,6 +11,7 @@ from typing import Any
 
 from jaxtl.convert import rules as R
 from jaxtl.convert.family import Family, activation_from_hf, get
+from jaxtl.models import paths as P
 from jaxtl.models.config import TransformerConfig
 
 
@@ -48,24 +49,27 @@ def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
 
 
 def rules(cfg: TransformerConfig) -> list[R.Rule]:
-  out = [R.Rule("wte.weight", "token_embed/embedding", "copy"),
-         R.Rule("wpe.weight", "stack/embedder/position_embedding", "copy")]
+  out = [R.Rule("wte.weight", P.TOKEN_TABLE, "copy"),
+         R.Rule("wpe.weight", P.join(P.STACK, P.EMBEDDER, P.POSITION_EMBEDDING), "copy")]
   for i in range(cfg.num_layers):
-    hf, attn = f"h.{i}", f"stack/layer_{i}/self_attention"
-    for j, name in enumerate(("query", "key", "value")):
-      out += [R.Rule(f"{hf}.attn.c_attn.weight", f"{attn}/{name}_kernel", "conv1d",
+    hf, ours = f"h.{i}", P.join(P.STACK, P.layer(i))
+    attn = P.join(ours, P.SELF_ATTENTION)
+    for j, name in enumerate((P.QUERY, P.KEY, P.VALUE)):
+      projection = P.join(attn, name)
+      out += [R.Rule(f"{hf}.attn.c_attn.weight", P.kernel(projection), "conv1d",
                      part=(j, 3)),
-              R.Rule(f"{hf}.attn.c_attn.bias", f"{attn}/{name}_bias", "vector",
+              R.Rule(f"{hf}.attn.c_attn.bias", P.bias(projection), "vector",
                      part=(j, 3))]
-    out += [R.Rule(f"{hf}.attn.c_proj.weight", f"{attn}/out_kernel", "conv1d", n_in=2),
-            R.Rule(f"{hf}.attn.c_proj.bias", f"{attn}/out_bias", "vector")]
-    out += R.norm_rules(f"{hf}.ln_1", f"stack/layer_{i}/self_attention_norm", bias=True)
-    out += R.norm_rules(f"{hf}.ln_2", f"stack/layer_{i}/mlp_norm", bias=True)
-    out += R.dense_rules(f"{hf}.mlp.c_fc", f"stack/layer_{i}/mlp/wi", bias=True,
+    out_proj = P.join(attn, P.OUT)
+    out += [R.Rule(f"{hf}.attn.c_proj.weight", P.kernel(out_proj), "conv1d", n_in=2),
+            R.Rule(f"{hf}.attn.c_proj.bias", P.bias(out_proj), "vector")]
+    out += R.norm_rules(f"{hf}.ln_1", P.join(ours, P.norm(P.SELF_ATTENTION)), bias=True)
+    out += R.norm_rules(f"{hf}.ln_2", P.join(ours, P.norm(P.MLP)), bias=True)
+    out += R.dense_rules(f"{hf}.mlp.c_fc", P.join(ours, P.MLP, P.WI), bias=True,
                          kind="conv1d")
-    out += R.dense_rules(f"{hf}.mlp.c_proj", f"stack/layer_{i}/mlp/wo", bias=True,
+    out += R.dense_rules(f"{hf}.mlp.c_proj", P.join(ours, P.MLP, P.WO), bias=True,
                          kind="conv1d")
-  out += R.norm_rules("ln_f", "stack/final_norm", bias=True)
+  out += R.norm_rules("ln_f", P.join(P.STACK, P.FINAL_NORM), bias=True)
   return out
 
 

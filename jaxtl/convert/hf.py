@@ -27,6 +27,7 @@ from flax import traverse_util
 
 from jaxtl.convert import bert, gpt2, rules, t5
 from jaxtl.convert.family import Family
+from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
 
 log = logging.getLogger(__name__)
@@ -138,8 +139,10 @@ def _jax_shapes(cfg: TransformerConfig, labels: int) -> dict[str, tuple[int, ...
   shapes = {k: tuple(v.shape) for k, v in
             traverse_util.flatten_dict(tree["params"], sep="/").items()}
   d = cfg.d_model
-  shapes.update({"head/pooler/kernel": (d, d), "head/pooler/bias": (d,),
-                 "head/out/kernel": (d, labels), "head/out/bias": (labels,)})
+  for name, outputs in ((paths.POOLER, d), (paths.HEAD_OUT, labels)):
+    dense = paths.join(paths.HEAD, name)
+    shapes[paths.join(dense, paths.KERNEL)] = (d, outputs)
+    shapes[paths.join(dense, paths.BIAS)] = (outputs,)
   return shapes
 
 
@@ -171,9 +174,10 @@ def import_hf(path: str | os.PathLike) -> Imported:
   table = family.rules(cfg)
   tensors = _untie(family, tensors, {r.hf for r in table}, path)
   flat, groups = rules.load(table, tensors, _jax_shapes(cfg, num_labels(hf_config)), path)
+  in_head = paths.HEAD + "/"
   split = lambda head: traverse_util.unflatten_dict(
-      {k.removeprefix("head/"): v for k, v in flat.items()
-       if k.startswith("head/") == head}, sep="/")
+      {k.removeprefix(in_head): v for k, v in flat.items()
+       if k.startswith(in_head) == head}, sep="/")
   architecture = (hf_config.get("architectures") or ["?"])[0]
   log.info("%s: %s (%s) -> jaxtl %s; groups %s", path, architecture,
            family.model_type, cfg.family, groups)
@@ -185,13 +189,13 @@ def _unscan(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   """``.../layers/...`` tensors with a leading layer axis -> ``.../layer_{i}/...``."""
   out = {}
   for key, value in flat.items():
-    parts = key.split("/")
-    if "layers" not in parts:
+    if not paths.is_scanned(key):
       out[key] = value
       continue
-    at = parts.index("layers")
+    parts = key.split("/")
+    at = parts.index(paths.LAYERS)
     for i in range(value.shape[0]):
-      out["/".join(parts[:at] + [f"layer_{i}"] + parts[at + 1:])] = value[i]
+      out[paths.join(*parts[:at], paths.layer(i), *parts[at + 1:])] = value[i]
   return out
 
 
@@ -242,8 +246,8 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
   hf_config = _check_exportable(family, config)
   flat = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(
       jax.device_get(params), sep="/").items()}
-  flat.update({f"head/{k}": np.asarray(v) for k, v in traverse_util.flatten_dict(
-      jax.device_get(head), sep="/").items()})
+  flat.update({paths.join(paths.HEAD, k): np.asarray(v) for k, v in
+               traverse_util.flatten_dict(jax.device_get(head), sep="/").items()})
   flat = _unscan(flat)
   table = family.rules(config)
   have = {g for g in {r.group for r in table}
@@ -267,7 +271,7 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
   tensors = {(prefix + k if k in in_base else k): v for k, v in tensors.items()}
   hf_config["architectures"] = [architecture]
   if "classifier" in groups:
-    n = flat["head/out/kernel"].shape[-1]
+    n = flat[paths.join(paths.HEAD, paths.HEAD_OUT, paths.KERNEL)].shape[-1]
     names = label_names or tuple(f"LABEL_{i}" for i in range(n))
     hf_config["id2label"] = {str(i): name for i, name in enumerate(names)}
     hf_config["label2id"] = {name: i for i, name in enumerate(names)}

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from jaxtl.models import paths
+
 KINDS = ("copy", "vector", "linear", "conv1d")
 
 
@@ -29,8 +31,8 @@ class Rule:
 
   Attributes:
     hf: The HF name, without the architecture's base prefix (``bert.``).
-    jax: The jaxtl path, ``/``-joined; ``head/...`` is a task-head parameter,
-      anything else belongs to the backbone.
+    jax: The jaxtl path (:mod:`jaxtl.models.paths`); ``head/...`` is a
+      task-head parameter, anything else belongs to the backbone.
     kind: ``copy`` (same layout), ``vector`` (1-D in HF, any shape here),
       ``linear`` (transposed) or ``conv1d`` (reshaped only).
     group: Rules are loaded group by group: ``base`` must be complete; any
@@ -77,35 +79,39 @@ def attention_rules(hf_prefix: str, jax_prefix: str, names: Mapping[str, str], *
                     bias: bool, group: str = "base") -> list[Rule]:
   """q, k, v and output projections stored as separate ``nn.Linear`` s.
 
-  ``names`` maps jaxtl's ``query, key, value, out`` to the HF module names.
+  ``names`` maps jaxtl's ``paths.PROJECTIONS`` to the HF module names.
   """
   rules = []
   for ours, theirs in names.items():
-    n_in = 2 if ours == "out" else 1
-    rules.append(Rule(f"{hf_prefix}.{theirs}.weight", f"{jax_prefix}/{ours}_kernel",
-                      "linear", group, n_in))
+    hf, projection = f"{hf_prefix}.{theirs}", paths.join(jax_prefix, ours)
+    n_in = 2 if ours == paths.OUT else 1
+    rules.append(Rule(f"{hf}.weight", paths.kernel(projection), "linear", group, n_in))
     if bias:
-      rules.append(Rule(f"{hf_prefix}.{theirs}.bias", f"{jax_prefix}/{ours}_bias",
-                        "vector", group))
+      rules.append(Rule(f"{hf}.bias", paths.bias(projection), "vector", group))
   return rules
 
 
 def norm_rules(hf_prefix: str, jax_prefix: str, *, bias: bool,
                group: str = "base") -> list[Rule]:
   """A LayerNorm (weight, bias) or an RMSNorm (weight only)."""
-  rules = [Rule(f"{hf_prefix}.weight", f"{jax_prefix}/scale", "vector", group)]
-  if bias:
-    rules.append(Rule(f"{hf_prefix}.bias", f"{jax_prefix}/bias", "vector", group))
-  return rules
+  weight = Rule(f"{hf_prefix}.weight", paths.join(jax_prefix, paths.SCALE), "vector",
+                group)
+  return _with_bias(weight, hf_prefix, jax_prefix, bias)
 
 
 def dense_rules(hf_prefix: str, jax_prefix: str, *, bias: bool, kind: str = "linear",
                 group: str = "base") -> list[Rule]:
   """A dense layer: ``kernel`` (+ ``bias``) under ``jax_prefix``."""
-  rules = [Rule(f"{hf_prefix}.weight", f"{jax_prefix}/kernel", kind, group)]
-  if bias:
-    rules.append(Rule(f"{hf_prefix}.bias", f"{jax_prefix}/bias", "vector", group))
-  return rules
+  kernel = Rule(f"{hf_prefix}.weight", paths.join(jax_prefix, paths.KERNEL), kind, group)
+  return _with_bias(kernel, hf_prefix, jax_prefix, bias)
+
+
+def _with_bias(weight: Rule, hf_prefix: str, jax_prefix: str, bias: bool) -> list[Rule]:
+  """``weight``'s rule and, with ``bias``, the one of the bias vector beside it."""
+  if not bias:
+    return [weight]
+  return [weight, Rule(f"{hf_prefix}.bias", paths.join(jax_prefix, paths.BIAS), "vector",
+                       weight.group)]
 
 
 def _describe(names: Iterable[str], limit: int = 20) -> str:

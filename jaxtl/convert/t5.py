@@ -15,6 +15,7 @@ from typing import Any
 
 from jaxtl.convert import rules as R
 from jaxtl.convert.family import Family, activation_from_hf, get
+from jaxtl.models import paths as P
 from jaxtl.models.config import TransformerConfig
 
 
@@ -64,33 +65,37 @@ def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
   }
 
 
-def _block_rules(cfg: TransformerConfig, stack: str, i: int) -> list[R.Rule]:
-  hf, ours = f"{stack}.block.{i}.layer", f"{stack}/layer_{i}"
-  qkvo = {"query": "q", "key": "k", "value": "v", "out": "o"}
-  sublayers = [("SelfAttention", "self_attention")]
-  if stack == "decoder":
-    sublayers.append(("EncDecAttention", "cross_attention"))
+def _block_rules(cfg: TransformerConfig, hf_stack: str, stack: str, i: int
+                 ) -> list[R.Rule]:
+  hf, ours = f"{hf_stack}.block.{i}.layer", P.join(stack, P.layer(i))
+  qkvo = {P.QUERY: "q", P.KEY: "k", P.VALUE: "v", P.OUT: "o"}
+  sublayers = [("SelfAttention", P.SELF_ATTENTION)]
+  if stack == P.DECODER:
+    sublayers.append(("EncDecAttention", P.CROSS_ATTENTION))
   out = []
   for j, (theirs, mine) in enumerate(sublayers):
-    out += R.attention_rules(f"{hf}.{j}.{theirs}", f"{ours}/{mine}", qkvo, bias=False)
-    out += R.norm_rules(f"{hf}.{j}.layer_norm", f"{ours}/{mine}_norm", bias=False)
+    out += R.attention_rules(f"{hf}.{j}.{theirs}", P.join(ours, mine), qkvo, bias=False)
+    out += R.norm_rules(f"{hf}.{j}.layer_norm", P.join(ours, P.norm(mine)), bias=False)
   ff = f"{hf}.{len(sublayers)}"
-  for name in (("wi_0", "wi_1") if cfg.gated_mlp else ("wi",)) + ("wo",):
-    out += R.dense_rules(f"{ff}.DenseReluDense.{name}", f"{ours}/mlp/{name}", bias=False)
-  out += R.norm_rules(f"{ff}.layer_norm", f"{ours}/mlp_norm", bias=False)
+  mlp = ((("wi_0", P.WI_0), ("wi_1", P.WI_1)) if cfg.gated_mlp else (("wi", P.WI),))
+  for theirs, mine in mlp + (("wo", P.WO),):
+    out += R.dense_rules(f"{ff}.DenseReluDense.{theirs}", P.join(ours, P.MLP, mine),
+                         bias=False)
+  out += R.norm_rules(f"{ff}.layer_norm", P.join(ours, P.norm(P.MLP)), bias=False)
   return out
 
 
 def rules(cfg: TransformerConfig) -> list[R.Rule]:
-  out = [R.Rule("shared.weight", "token_embed/embedding", "copy")]
-  for stack, n in (("encoder", cfg.num_layers), ("decoder", cfg.decoder_layers)):
-    out.append(R.Rule(f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias"
-                      ".weight", f"{stack}/relative_bias/rel_embedding", "copy"))
+  out = [R.Rule("shared.weight", P.TOKEN_TABLE, "copy")]
+  for hf, stack, n in (("encoder", P.ENCODER, cfg.num_layers),
+                       ("decoder", P.DECODER, cfg.decoder_layers)):
+    out.append(R.Rule(f"{hf}.block.0.layer.0.SelfAttention.relative_attention_bias"
+                      ".weight", P.join(stack, P.RELATIVE_BIAS, P.REL_EMBEDDING), "copy"))
     for i in range(n):
-      out += _block_rules(cfg, stack, i)
-    out += R.norm_rules(f"{stack}.final_layer_norm", f"{stack}/final_norm", bias=False)
+      out += _block_rules(cfg, hf, stack, i)
+    out += R.norm_rules(f"{hf}.final_layer_norm", P.join(stack, P.FINAL_NORM), bias=False)
   if not cfg.tie_embeddings:
-    out += R.dense_rules("lm_head", "lm_head/logits", bias=False)
+    out += R.dense_rules("lm_head", P.join(P.LM_HEAD, P.LOGITS), bias=False)
   return out
 
 

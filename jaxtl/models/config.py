@@ -11,6 +11,8 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from jaxtl.models import paths
+
 FAMILIES = ("encoder", "decoder", "encoder_decoder")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
@@ -60,7 +62,7 @@ class TransformerConfig:
   lora_rank: int = 0
   lora_alpha: float = 16.0  # LoRA update scale is alpha / rank.
   lora_dropout: float = 0.0
-  lora_targets: tuple[str, ...] = ("query", "value")  # of query/key/value/out
+  lora_targets: tuple[str, ...] = (paths.QUERY, paths.VALUE)  # of paths.PROJECTIONS
 
   def __post_init__(self):
     checks = {
@@ -73,10 +75,10 @@ class TransformerConfig:
     for name, (value, allowed) in checks.items():
       if value not in allowed:
         raise ValueError(f"TransformerConfig.{name}={value!r}; expected one of {allowed}")
-    bad_targets = set(self.lora_targets) - {"query", "key", "value", "out"}
+    bad_targets = set(self.lora_targets) - set(paths.PROJECTIONS)
     if bad_targets:
       raise ValueError(f"TransformerConfig.lora_targets has {sorted(bad_targets)}; "
-                       "LoRA applies to query, key, value, out")
+                       f"LoRA applies to {', '.join(paths.PROJECTIONS)}")
     for name in ("vocab_size", "d_model", "num_heads", "head_dim", "mlp_dim",
                  "num_layers", "max_len"):
       if getattr(self, name) <= 0:

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxtl.models import layers
+from jaxtl.models import layers, paths
 from jaxtl.models.config import TransformerConfig
 from jaxtl.models.transformer import build_model
 
@@ -76,9 +76,9 @@ class ScalarMix(nn.Module):
     if self.normalize:
       stacked_LBTD = nn.LayerNorm(use_bias=False, use_scale=False, epsilon=1e-6,
                                   dtype=stacked_LBTD.dtype)(stacked_LBTD)
-    logits_L = self.param("weights", nn.initializers.zeros_init(),
+    logits_L = self.param(paths.MIX_WEIGHTS, nn.initializers.zeros_init(),
                           (len(hidden_states),))
-    gamma = self.param("gamma", nn.initializers.ones_init(), ())
+    gamma = self.param(paths.MIX_GAMMA, nn.initializers.ones_init(), ())
     w_L = jax.nn.softmax(logits_L).astype(stacked_LBTD.dtype)
     return gamma * jnp.einsum("l,lbtd->btd", w_L, stacked_LBTD)
 
@@ -162,7 +162,7 @@ class TaskModel(nn.Module):
       raise ValueError(f"unknown task kind {self.kind!r}; expected one of {TASK_KINDS}")
     if segment_ids_BT is None:
       segment_ids_BT = jnp.ones_like(tokens_BT)
-    backbone = build_model(self.config, name="backbone")
+    backbone = build_model(self.config, name=paths.BACKBONE)
     flags = dict(deterministic=deterministic, return_hidden=self.scalar_mix)
     if self.kind == "text_to_text" and self.config.family != "encoder_decoder":
       raise ValueError("text_to_text needs an encoder-decoder (T5) backbone; "
@@ -180,9 +180,9 @@ class TaskModel(nn.Module):
                      lm_head=False, **flags)
       hidden_BTD, states = out["last_hidden"], out.get("hidden_states")
     if self.scalar_mix:
-      hidden_BTD = ScalarMix(name="scalar_mix")(states)
+      hidden_BTD = ScalarMix(name=paths.SCALAR_MIX)(states)
     return ClassifierHead(self.config, self.kind, self.num_labels, self.pooling,
-                          self.dropout_rate, name="head")(
+                          self.dropout_rate, name=paths.HEAD)(
                               hidden_BTD, segment_ids_BT,
                               deterministic=deterministic)
 
@@ -208,11 +208,12 @@ class ClassifierHead(nn.Module):
         x = jnp.tanh(nn.Dense(cfg.d_model, dtype=cfg.jnp_dtype,
                               param_dtype=cfg.jnp_param_dtype,
                               kernel_init=layers.normal_init(cfg.init_std, ("embed", "mlp")),
-                              bias_init=layers.zeros_init(("mlp",)), name="pooler")(x))
+                              bias_init=layers.zeros_init(("mlp",)),
+                              name=paths.POOLER)(x))
     x = layers.Dropout(self.dropout_rate)(x, deterministic=deterministic)
     logits = nn.Dense(outputs, dtype=jnp.float32, param_dtype=cfg.jnp_param_dtype,
                       kernel_init=layers.normal_init(cfg.init_std, ("embed", "labels")),
-                      bias_init=layers.zeros_init(("labels",)), name="out")(x)
+                      bias_init=layers.zeros_init(("labels",)), name=paths.HEAD_OUT)(x)
     if self.kind == "regression":
       return logits[..., 0]
     return logits  # [B, C], [B, T, C], or [B, T, 2] (start, end) for span_qa

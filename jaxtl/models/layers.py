@@ -12,12 +12,14 @@ it is laid out on a device mesh; layers never mention mesh axes.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
 
 Array = jax.Array
@@ -171,7 +173,7 @@ class RelativePositionBias(nn.Module):
   def __call__(self, q_positions_BT: Array, kv_positions_BS: Array) -> Array:
     cfg = self.config
     table_NH = self.param(
-        "rel_embedding", normal_init(cfg.init_std, ("relpos_buckets", "heads")),
+        paths.REL_EMBEDDING, normal_init(cfg.init_std, ("relpos_buckets", "heads")),
         (cfg.relative_buckets, cfg.num_heads), cfg.jnp_param_dtype)
     rel_BTS = kv_positions_BS[:, None, :] - q_positions_BT[:, :, None]
     buckets_BTS = relative_position_buckets(
@@ -238,13 +240,13 @@ class MultiHeadAttention(nn.Module):
                bias_axes: tuple[str, ...]) -> Array:
     """A multi-dimensional dense layer as one einsum (kernel keeps its axes)."""
     cfg = self.config
-    kernel = self.param(f"{name}_kernel", normal_init(cfg.init_std, axes), shape,
+    kernel = self.param(paths.kernel(name), normal_init(cfg.init_std, axes), shape,
                         cfg.jnp_param_dtype)
     y = jnp.einsum(equation, x, jnp.asarray(kernel, cfg.jnp_dtype))
     if cfg.lora_rank and name in cfg.lora_targets:
       y += self._lora(name, x, equation, shape, axes)
     if cfg.use_bias:
-      bias = self.param(f"{name}_bias", zeros_init(bias_axes), bias_shape,
+      bias = self.param(paths.bias(name), zeros_init(bias_axes), bias_shape,
                         cfg.jnp_param_dtype)
       y += jnp.asarray(bias, cfg.jnp_dtype)
     return y
@@ -260,9 +262,9 @@ class MultiHeadAttention(nn.Module):
     x_spec, k_spec = ins.split(",")
     n_in = sum(c in x_spec for c in k_spec)  # kernel dims contracted with x
     keep = "".join(c for c in x_spec if c not in k_spec)
-    a = self.param(f"{name}_lora_a", normal_init(1.0 / cfg.lora_rank, axes[:n_in] + (None,)),
+    a = self.param(paths.lora_a(name), normal_init(1.0 / cfg.lora_rank, axes[:n_in] + (None,)),
                    shape[:n_in] + (cfg.lora_rank,), cfg.jnp_param_dtype)
-    b = self.param(f"{name}_lora_b", zeros_init((None,) + axes[n_in:]),
+    b = self.param(paths.lora_b(name), zeros_init((None,) + axes[n_in:]),
                    (cfg.lora_rank,) + shape[n_in:], cfg.jnp_param_dtype)
     x = Dropout(cfg.lora_dropout)(x, deterministic=self.deterministic)
     h = jnp.einsum(f"{x_spec},{k_spec[:n_in]}r->{keep}r", x,
@@ -278,13 +280,13 @@ class MultiHeadAttention(nn.Module):
     """``kv_BSD`` is None only for cached cross-attention after its first step."""
     cfg = self.config
     hk = (cfg.num_heads, cfg.head_dim)
-    q_BTHK = self._project("query", x_BTD, "btd,dhk->bthk", (cfg.d_model, *hk),
+    q_BTHK = self._project(paths.QUERY, x_BTD, "btd,dhk->bthk", (cfg.d_model, *hk),
                            ("embed", "heads", "kv"), hk, ("heads", "kv"))
     k_BSHK = v_BSHK = None
     if kv_BSD is not None:
-      k_BSHK = self._project("key", kv_BSD, "bsd,dhk->bshk", (cfg.d_model, *hk),
+      k_BSHK = self._project(paths.KEY, kv_BSD, "bsd,dhk->bshk", (cfg.d_model, *hk),
                              ("embed", "heads", "kv"), hk, ("heads", "kv"))
-      v_BSHK = self._project("value", kv_BSD, "bsd,dhk->bshk", (cfg.d_model, *hk),
+      v_BSHK = self._project(paths.VALUE, kv_BSD, "bsd,dhk->bshk", (cfg.d_model, *hk),
                              ("embed", "heads", "kv"), hk, ("heads", "kv"))
     if self.decode:
       k_BSHK, v_BSHK = self._cached(k_BSHK, v_BSHK, cache_index)
@@ -310,7 +312,7 @@ class MultiHeadAttention(nn.Module):
           implementation=cfg.attention_impl)
     out_BTHK = constrain(out_BTHK, ("activation_batch", "activation_length",
                                     "activation_heads", "activation_kv"))
-    out_BTD = self._project("out", out_BTHK, "bthk,hkd->btd",
+    out_BTD = self._project(paths.OUT, out_BTHK, "bthk,hkd->btd",
                             (*hk, cfg.d_model), ("heads", "kv", "embed"),
                             (cfg.d_model,), ("embed",))
     return out_BTD, weights_BHTS
@@ -329,12 +331,12 @@ class Adapter(nn.Module):
     cfg = self.config
     h = nn.Dense(cfg.adapter_dim, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
                  kernel_init=normal_init(cfg.init_std, ("embed", "mlp")),
-                 bias_init=zeros_init(("mlp",)), name="down")(x_BTD)
+                 bias_init=zeros_init(("mlp",)), name=paths.ADAPTER_DOWN)(x_BTD)
     h = activation_fn(cfg.activation)(h)
     return x_BTD + nn.Dense(cfg.d_model, dtype=cfg.jnp_dtype,
                             param_dtype=cfg.jnp_param_dtype,
                             kernel_init=zeros_init(("mlp", "embed")),
-                            bias_init=zeros_init(("embed",)), name="up")(h)
+                            bias_init=zeros_init(("embed",)), name=paths.ADAPTER_UP)(h)
 
 
 def merge_lora(params: Any, config: TransformerConfig) -> Any:
@@ -345,21 +347,21 @@ def merge_lora(params: Any, config: TransformerConfig) -> Any:
   """
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
   flat = traverse_util.flatten_dict(params, sep="/")
-  out = {k: v for k, v in flat.items() if "_lora_" not in k}
+  out = {k: v for k, v in flat.items() if not re.search(paths.LORA_RE, k)}
   scale = config.lora_alpha / max(config.lora_rank, 1)
   for key, a in flat.items():
-    if not key.endswith("_lora_a"):
+    projection = paths.lora_projection(key)
+    if projection is None:
       continue
-    base = key[:-len("_lora_a")]
-    b = flat[base + "_lora_b"]
-    kernel = out[base + "_kernel"]
+    b, name = flat[paths.lora_b(projection)], paths.kernel(projection)
+    kernel = out[name]
     # Scanned layers carry a leading layer axis on a, b and the kernel.
     stacked = kernel.ndim == a.ndim + b.ndim - 3
     rank = a.shape[-1]
     a3 = a.reshape(a.shape[0] if stacked else 1, -1, rank)  # [L, in, r]
     b3 = b.reshape(a3.shape[0], rank, -1)  # [L, r, out]
     delta = scale * jnp.einsum("lir,lro->lio", a3, b3)
-    out[base + "_kernel"] = kernel + delta.reshape(kernel.shape).astype(kernel.dtype)
+    out[name] = kernel + delta.reshape(kernel.shape).astype(kernel.dtype)
   return traverse_util.unflatten_dict(out, sep="/")
 
 
@@ -376,13 +378,13 @@ class Mlp(nn.Module):
         bias_init=zeros_init(axes[1:]), name=name)
     act = activation_fn(cfg.activation)
     if cfg.gated_mlp:
-      h_BTF = (act(dense(cfg.mlp_dim, ("embed", "mlp"), "wi_0")(x_BTD))
-               * dense(cfg.mlp_dim, ("embed", "mlp"), "wi_1")(x_BTD))
+      h_BTF = (act(dense(cfg.mlp_dim, ("embed", "mlp"), paths.WI_0)(x_BTD))
+               * dense(cfg.mlp_dim, ("embed", "mlp"), paths.WI_1)(x_BTD))
     else:
-      h_BTF = act(dense(cfg.mlp_dim, ("embed", "mlp"), "wi")(x_BTD))
+      h_BTF = act(dense(cfg.mlp_dim, ("embed", "mlp"), paths.WI)(x_BTD))
     h_BTF = constrain(h_BTF, ("activation_batch", "activation_length",
                               "activation_mlp"))
-    return dense(cfg.d_model, ("mlp", "embed"), "wo")(h_BTF)
+    return dense(cfg.d_model, ("mlp", "embed"), paths.WO)(h_BTF)
 
 
 class Embedder(nn.Module):
@@ -401,25 +403,25 @@ class Embedder(nn.Module):
     cfg = self.config
     x_BTD = self.token_embed(tokens_BT)
     if cfg.position == "learned":
-      table_PD = self.param("position_embedding",
+      table_PD = self.param(paths.POSITION_EMBEDDING,
                             normal_init(cfg.init_std, ("positions", "embed")),
                             (cfg.max_len, cfg.d_model), cfg.jnp_param_dtype)
       x_BTD += jnp.asarray(table_PD, cfg.jnp_dtype)[positions_BT]
     if cfg.type_vocab_size:
       if token_types_BT is None:
         token_types_BT = jnp.zeros_like(tokens_BT)
-      table_YD = self.param("token_type_embedding",
+      table_YD = self.param(paths.TOKEN_TYPE_EMBEDDING,
                             normal_init(cfg.init_std, ("type_vocab", "embed")),
                             (cfg.type_vocab_size, cfg.d_model),
                             cfg.jnp_param_dtype)
       x_BTD += jnp.asarray(table_YD, cfg.jnp_dtype)[token_types_BT]
     if cfg.embed_norm:
-      x_BTD = make_norm(cfg, "norm")(x_BTD)
+      x_BTD = make_norm(cfg, paths.EMBED_NORM)(x_BTD)
     x_BTD = Dropout(cfg.dropout_rate)(x_BTD, deterministic=self.deterministic)
     return constrain(x_BTD, ACT_BLD)
 
 
-def token_embedding(cfg: TransformerConfig, name: str = "token_embed") -> nn.Embed:
+def token_embedding(cfg: TransformerConfig, name: str = paths.TOKEN_EMBED) -> nn.Embed:
   return nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.jnp_dtype,
                   param_dtype=cfg.jnp_param_dtype,
                   embedding_init=normal_init(cfg.init_std, ("vocab", "embed")),
@@ -442,8 +444,8 @@ class LMHead(nn.Module):
       x_BTD = nn.Dense(cfg.d_model, dtype=cfg.jnp_dtype,
                        param_dtype=cfg.jnp_param_dtype,
                        kernel_init=normal_init(cfg.init_std, ("embed", "mlp")),
-                       bias_init=zeros_init(("mlp",)), name="transform")(x_BTD)
-      x_BTD = make_norm(cfg, "transform_norm")(activation_fn(cfg.activation)(x_BTD))
+                       bias_init=zeros_init(("mlp",)), name=paths.TRANSFORM)(x_BTD)
+      x_BTD = make_norm(cfg, paths.TRANSFORM_NORM)(activation_fn(cfg.activation)(x_BTD))
     if cfg.tie_embeddings:
       if cfg.scale_tied_logits:
         x_BTD = x_BTD * cfg.d_model**-0.5
@@ -452,9 +454,9 @@ class LMHead(nn.Module):
       logits_BTV = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.jnp_dtype,
                             param_dtype=cfg.jnp_param_dtype,
                             kernel_init=normal_init(cfg.init_std, ("embed", "vocab")),
-                            name="logits")(x_BTD)
+                            name=paths.LOGITS)(x_BTD)
     if cfg.lm_head_bias:
-      logits_BTV += self.param("bias", zeros_init(("vocab",)), (cfg.vocab_size,),
+      logits_BTV += self.param(paths.BIAS, zeros_init(("vocab",)), (cfg.vocab_size,),
                                cfg.jnp_param_dtype)
     return constrain(logits_BTV, ("activation_batch", "activation_length",
                                   "activation_vocab"))

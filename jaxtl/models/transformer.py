@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxtl.models import layers
+from jaxtl.models import layers, paths
 from jaxtl.models.config import TransformerConfig
 
 Array = jax.Array
@@ -43,15 +43,15 @@ class TransformerBlock(nn.Module):
   def _sublayer(self, x_BTD: Array, name: str, fn) -> tuple[Array, Any]:
     cfg = self.config
     drop = layers.Dropout(cfg.dropout_rate, name=f"{name}_dropout")
-    adapt = (layers.Adapter(cfg, name=f"{name}_adapter") if cfg.adapter_dim
-             and name != "cross_attention" else (lambda y: y))
+    adapt = (layers.Adapter(cfg, name=paths.adapter(name)) if cfg.adapter_dim
+             and name != paths.CROSS_ATTENTION else (lambda y: y))
     if cfg.pre_norm:
-      y_BTD, aux = fn(layers.make_norm(cfg, f"{name}_norm")(x_BTD))
+      y_BTD, aux = fn(layers.make_norm(cfg, paths.norm(name))(x_BTD))
       return x_BTD + drop(adapt(y_BTD), deterministic=self.deterministic), aux
     y_BTD, aux = fn(x_BTD)
     y_BTD = adapt(y_BTD)
     x_BTD = x_BTD + drop(y_BTD, deterministic=self.deterministic)
-    return layers.make_norm(cfg, f"{name}_norm")(x_BTD), aux
+    return layers.make_norm(cfg, paths.norm(name))(x_BTD), aux
 
   @nn.compact
   def __call__(self, x_BTD: Array, mask_B1TT: Array, bias_BHTT: Array | None,
@@ -61,17 +61,17 @@ class TransformerBlock(nn.Module):
     attn = functools.partial(layers.MultiHeadAttention, cfg,
                              deterministic=self.deterministic,
                              return_weights=self.return_attention, decode=self.decode)
-    self_attn = attn(name="self_attention")
+    self_attn = attn(name=paths.SELF_ATTENTION)
     x_BTD, self_w = self._sublayer(
-        x_BTD, "self_attention",
+        x_BTD, paths.SELF_ATTENTION,
         lambda h: self_attn(h, h, mask_B1TT, bias_BHTT, cache_index))
     cross_w = None
     if self.cross_attention:
-      cross = attn(name="cross_attention", cross=True)
+      cross = attn(name=paths.CROSS_ATTENTION, cross=True)
       x_BTD, cross_w = self._sublayer(
-          x_BTD, "cross_attention", lambda h: cross(h, enc_BSD, enc_mask_B1TS))
-    mlp = layers.Mlp(cfg, name="mlp")
-    x_BTD, _ = self._sublayer(x_BTD, "mlp", lambda h: (mlp(h), None))
+          x_BTD, paths.CROSS_ATTENTION, lambda h: cross(h, enc_BSD, enc_mask_B1TS))
+    mlp = layers.Mlp(cfg, name=paths.MLP)
+    x_BTD, _ = self._sublayer(x_BTD, paths.MLP, lambda h: (mlp(h), None))
     x_BTD = layers.constrain(x_BTD, layers.ACT_BLD)
     outputs = {}
     if self.return_hidden:
@@ -147,13 +147,13 @@ class Stack(nn.Module):
                                         self.causal, positions_BT, positions_BT)
       kv_positions_BS = positions_BT
     x_BTD = layers.Embedder(cfg, self.token_embed, deterministic,
-                            name="embedder")(tokens_BT, positions_BT,
+                            name=paths.EMBEDDER)(tokens_BT, positions_BT,
                                              token_types_BT)
     embedded_BTD = x_BTD
     bias_BHTT = None
     if cfg.position == "relative":
       bias_BHTT = layers.RelativePositionBias(
-          cfg, bidirectional=not self.causal, name="relative_bias")(
+          cfg, bidirectional=not self.causal, name=paths.RELATIVE_BIAS)(
               positions_BT if not decode else q_slots_BT, kv_positions_BS)
     enc_mask_B1TS = None
     if self.cross_attention:
@@ -174,19 +174,19 @@ class Stack(nn.Module):
                         in_axes=(nn.broadcast,) * len(args),
                         length=self.num_layers,
                         metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BTD, per_layer = scanned(**kwargs, name="layers")(x_BTD, *args)
+      x_BTD, per_layer = scanned(**kwargs, name=paths.LAYERS)(x_BTD, *args)
       # Stacked [L, ...] outputs -> one entry per layer.
       per_layer = [jax.tree.map(lambda a, i=i: a[i], per_layer)
                    for i in range(self.num_layers)] if per_layer else []
     else:
       outs = []
       for i in range(self.num_layers):
-        x_BTD, out = block(**kwargs, name=f"layer_{i}")(x_BTD, *args)
+        x_BTD, out = block(**kwargs, name=paths.layer(i))(x_BTD, *args)
         outs.append(out)
       per_layer = outs if any(outs) else []
 
     if cfg.pre_norm:
-      x_BTD = layers.make_norm(cfg, "final_norm")(x_BTD)
+      x_BTD = layers.make_norm(cfg, paths.FINAL_NORM)(x_BTD)
       x_BTD = layers.Dropout(cfg.dropout_rate)(x_BTD, deterministic=deterministic)
     extras = {}
     if return_hidden:
@@ -224,12 +224,12 @@ class EncoderOrDecoder(nn.Module):
     embed = layers.token_embedding(cfg)
     hidden_BTD, extras = Stack(
         cfg, cfg.num_layers, causal=cfg.family == "decoder", token_embed=embed,
-        name="stack")(tokens_BT, segment_ids_BT, positions_BT, token_types_BT,
+        name=paths.STACK)(tokens_BT, segment_ids_BT, positions_BT, token_types_BT,
                       deterministic=deterministic, return_hidden=return_hidden,
                       return_attention=return_attention, decode=decode)
     out = {"last_hidden": hidden_BTD, **extras}
     if lm_head:
-      out["logits"] = layers.LMHead(cfg, embed, name="lm_head")(hidden_BTD)
+      out["logits"] = layers.LMHead(cfg, embed, name=paths.LM_HEAD)(hidden_BTD)
     return out
 
 
@@ -238,6 +238,8 @@ class EncoderDecoder(nn.Module):
   config: TransformerConfig
 
   def setup(self):
+    # The attribute names are the parameter names: paths.TOKEN_EMBED,
+    # paths.ENCODER, paths.DECODER and paths.LM_HEAD.
     cfg = self.config
     self.token_embed = layers.token_embedding(cfg)
     self.encoder = Stack(cfg, cfg.num_layers, causal=False,
@@ -296,16 +298,17 @@ class EncoderDecoder(nn.Module):
 def lm_head_params(config: TransformerConfig, params: Any) -> dict[str, Any]:
   """The part of a model's ``params`` its LM head reads (a tied head: the
   token table too), as :func:`apply_lm_head` takes it."""
-  names = ("lm_head", "token_embed") if config.tie_embeddings else ("lm_head",)
+  names = ((paths.LM_HEAD, paths.TOKEN_EMBED) if config.tie_embeddings
+           else (paths.LM_HEAD,))
   return {name: params[name] for name in names if name in params}
 
 
 def apply_lm_head(config: TransformerConfig, head_params: Any, hidden_BTD: Array) -> Array:
   """The model's LM head on ``hidden_BTD`` alone, outside the model's apply."""
   embed = layers.token_embedding(config) if config.tie_embeddings else None
-  variables = dict(head_params.get("lm_head", {}))
+  variables = dict(head_params.get(paths.LM_HEAD, {}))
   if embed is not None:
-    variables["token_embed"] = head_params["token_embed"]
+    variables[paths.TOKEN_EMBED] = head_params[paths.TOKEN_EMBED]
   return layers.LMHead(config, embed).apply({"params": variables}, hidden_BTD)
 
 

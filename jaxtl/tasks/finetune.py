@@ -27,7 +27,7 @@ from jaxtl import objectives, pretrained, train
 from jaxtl.data import pipeline, sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.models import TransformerConfig
+from jaxtl.models import TransformerConfig, paths
 from jaxtl.models.heads import TaskModel, default_pooling
 from jaxtl.tasks import features as task_features
 from jaxtl.tasks import kinds
@@ -40,10 +40,11 @@ Array = jax.Array
 # Parameters that each scheme trains; everything else is frozen.
 SCHEMES: dict[str, tuple[str, ...]] = {
     "full": (),
-    "features": (r"^backbone/",),  # linear probe on frozen features
-    "scalar_mix": (r"^backbone/",),  # probe on a learned mix of all layers
-    "adapters": (r"^backbone/(?!.*(adapter|norm))",),  # adapters + norms + head
-    "lora": (r"^backbone/(?!.*_lora_)",),  # LoRA matrices + head
+    "features": (paths.under(paths.BACKBONE),),  # linear probe on frozen features
+    "scalar_mix": (paths.under(paths.BACKBONE),),  # probe on a learned mix of all layers
+    # adapters + norms + head
+    "adapters": (paths.under(paths.BACKBONE, (paths.ADAPTER_RE, paths.NORM_RE)),),
+    "lora": (paths.under(paths.BACKBONE, (paths.LORA_RE,)),),  # LoRA matrices + head
 }
 
 
@@ -202,7 +203,7 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:
   if config.init_from:
     loaded = pretrained.load(config.init_from, config.tokenizer_path)
     cfg, tok = loaded.config, loaded.tokenizer
-    params = {"backbone": loaded.params, "head": loaded.head}
+    params = {paths.BACKBONE: loaded.params, paths.HEAD: loaded.head}
   else:
     if not config.tokenizer_path:
       raise ValueError("random init needs config.tokenizer_path (or set init_from)")

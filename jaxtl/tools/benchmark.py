@@ -41,7 +41,7 @@ from typing import Any, Callable
 import jax
 
 from jaxtl import hugepages, objectives, train
-from jaxtl.models import TransformerConfig
+from jaxtl.models import TransformerConfig, paths
 from jaxtl.tools.presets import (PRESETS, Measurement, Preset, init_inputs, jaxtl_step,
                                  make_batch, max_predictions, model_config,
                                  on_accelerator, optimizer_config, time_steps)
@@ -95,7 +95,7 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
       _profile(run_step, steps, profile_dir)
   params = holder[0].params
   if preset.objective == "classify":
-    params = params["backbone"]
+    params = params[paths.BACKBONE]
   flops = perf.flops_per_example(
       cfg, params, preset.length, preset.target_length,
       head_positions=(max_predictions(preset) if preset.objective == "mlm"

@@ -11,9 +11,7 @@ import ml_collections
 import optax
 from flax import traverse_util
 
-# Parameters named like these are never weight-decayed: decaying norm gains
-# and biases pulls them toward zero for no regularisation benefit.
-_NO_DECAY_NAMES = ("bias", "scale", "norm")
+from jaxtl.models import paths
 
 
 def make_schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
@@ -43,11 +41,12 @@ def make_schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.S
 
 
 def decay_mask(params: Any) -> Any:
-  """True for weight matrices and embeddings; False for norms and biases."""
-  flat = traverse_util.flatten_dict(params)
-  mask = {path: not any(token in part for part in path for token in _NO_DECAY_NAMES)
-          for path in flat}
-  return traverse_util.unflatten_dict(mask)
+  """True for weight matrices and embeddings; False for norms and biases
+  (``paths.NO_DECAY_RE``): decaying norm gains and biases pulls them toward
+  zero for no regularisation benefit."""
+  flat = traverse_util.flatten_dict(params, sep="/")
+  mask = {path: not re.search(paths.NO_DECAY_RE, path) for path in flat}
+  return traverse_util.unflatten_dict(mask, sep="/")
 
 
 def make_optimizer(optim: ml_collections.ConfigDict, total_steps: int
@@ -81,14 +80,13 @@ def layer_depth(name: str, num_layers: int) -> int:
   Everything outside ``layer_{i}`` and the embeddings (final norm, pooler,
   task head, scalar mix) counts as the top of the network.
   """
-  parts = name.split("/")
-  if "layers" in parts:
+  if paths.is_scanned(name):
     raise ValueError(f"{name}: per-layer learning rates and unfreezing need "
                      "unscanned layers (model.scan_layers=False)")
-  match = re.search(r"(?:^|/)layer_(\d+)(?:/|$)", name)
-  if match:
-    return int(match.group(1)) + 1
-  if {"token_embed", "embedder", "relative_bias"} & set(parts):
+  index = paths.layer_index(name)
+  if index is not None:
+    return index + 1
+  if set(paths.EMBEDDING_MODULES) & set(name.split("/")):
     return 0
   return num_layers + 1
 

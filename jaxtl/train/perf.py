@@ -16,6 +16,7 @@ from typing import Any
 import jax
 from flax import traverse_util
 
+from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
 
 # Dense peak FLOP/s per chip by `device_kind` substring and compute dtype.
@@ -48,7 +49,8 @@ def _matmul_params(params: Any, prefix: str | None = None) -> int:
   LM head, optionally under one top-level name."""
   flat = traverse_util.flatten_dict(params)
   return sum(int(v.size) for k, v in flat.items()
-             if k[-1].endswith("kernel") and "logits" not in k and "lm_head" not in k
+             if k[-1].endswith(paths.KERNEL) and paths.LOGITS not in k
+             and paths.LM_HEAD not in k
              and (prefix is None or prefix in k))
 
 
@@ -57,7 +59,8 @@ def _head_params(cfg: TransformerConfig, params: Any) -> int:
   BERT's transform before it."""
   flat = traverse_util.flatten_dict(params)
   transform = sum(int(v.size) for k, v in flat.items()
-                  if k[-1].endswith("kernel") and "lm_head" in k and "logits" not in k)
+                  if k[-1].endswith(paths.KERNEL) and paths.LM_HEAD in k
+                  and paths.LOGITS not in k)
   return cfg.vocab_size * cfg.d_model + transform
 
 
@@ -73,8 +76,9 @@ def flops_per_example(cfg: TransformerConfig, params: Any,
   head = 6 * _head_params(cfg, params)
   if cfg.family == "encoder_decoder":
     s, t = encoder_length, decoder_length
-    enc = 6 * _matmul_params(params, "encoder") * s + 12 * cfg.num_layers * attn_width * s * s
-    dec = (6 * _matmul_params(params, "decoder") * t
+    enc = (6 * _matmul_params(params, paths.ENCODER) * s
+           + 12 * cfg.num_layers * attn_width * s * s)
+    dec = (6 * _matmul_params(params, paths.DECODER) * t
            + 12 * cfg.decoder_layers * attn_width * t * (t + s))
     return float(enc + dec + head * (t if head_positions is None else head_positions))
   t = encoder_length
