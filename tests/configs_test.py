@@ -1,5 +1,9 @@
-"""Every config builds; overrides are checked; every recipe trains two steps."""
+"""Every config builds; overrides are checked; library code reads every key;
+every recipe trains two steps."""
 
+import ast
+import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -9,15 +13,28 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import pytest
 
 from jaxtl.configs import common, models
 from jaxtl import objectives, train
 from jaxtl.models import TransformerConfig, build_model
+from jaxtl.tools import transfer_study
 import datadir
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RECIPES = sorted(p.stem for p in (REPO / "jaxtl" / "configs").glob("pretrain_*.py"))
+# Every recipe (a configs/*.py with get_config), and the arguments it is
+# checked with besides its defaults.
+ALL_RECIPES = sorted(p.stem for p in (REPO / "jaxtl" / "configs").glob("*.py")
+                     if "def get_config(" in p.read_text())
+FINETUNE_TASKS = ("trec", "sst2", "stsb", "pos", "squad")
+RECIPE_ARGS = {
+    "finetune": [f"task={t},scheme={s}" for t in FINETUNE_TASKS
+                 for s in ("full", "features", "scalar_mix", "adapters", "lora")],
+    "finetune_minilm": [f"task={t}" for t in FINETUNE_TASKS],
+    "pretrain_mixed": ["objective=mlm"],
+}
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -59,6 +76,110 @@ def test_config_argument_errors():
     common.parse_arg("modle=bert_tiny", model="gpt2_tiny")
   with pytest.raises(ValueError, match="unknown model preset"):
     models.get_model_config("bert_huge")
+
+
+def test_sections_take_new_values_but_no_new_keys():
+  assert common.optim_config(lr=3e-4, end_lr_ratio=0).end_lr_ratio == 0.0
+  with pytest.raises(AttributeError, match="lrr"):
+    common.optim_config(lrr=1.0)
+  with pytest.raises(AttributeError, match="stepz"):
+    common.pretrain_config("bert_tiny").train.stepz = 1
+  with pytest.raises(TypeError, match="steps"):
+    common.pretrain_train_config(steps="abc")
+
+
+# ----------------------------------------------------------------------------
+# Every key of every recipe is read by library code.
+
+
+@functools.cache
+def _library_reads() -> frozenset[str]:
+  """Names that library code (jaxtl/ outside configs/) reads off something:
+  ``x.name``, ``x["name"]``, ``x.get("name", ...)``, ``getattr(x, "name")``."""
+  names = set()
+  for path in (REPO / "jaxtl").rglob("*.py"):
+    if path.parent.name == "configs":
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+        names.add(node.attr)
+      elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+        names.add(getattr(node.slice, "value", None))
+      elif isinstance(node, ast.Call):
+        func = getattr(node.func, "attr", getattr(node.func, "id", None))
+        at = {"get": 0, "pop": 0, "getattr": 1, "hasattr": 1}.get(func)
+        if at is not None and len(node.args) > at:
+          names.add(getattr(node.args[at], "value", None))
+  return frozenset(n for n in names if isinstance(n, str))
+
+
+def _map_names(config: ml_collections.ConfigDict, path: tuple[str, ...]
+               ) -> set[str] | None:
+  """For a section whose keys are names its reader looks things up by (not
+  settings), the names that can be looked up; None for other sections."""
+  at = lambda p: functools.reduce(lambda c, k: c[k], p, config)
+  if path[-1:] == ("files",):  # split -> paths (jaxtl.data.sources)
+    data = at(path[:path.index("source")])
+    return {data.train_split, data.eval_split}
+  if path[-1:] in (("parts",), ("rules",)):  # every mixture part / axis rule is used
+    return set(at(path))
+  if path in (("pretrain",), ("study", "pooling")):  # transfer study: per backbone
+    return set(config.study.models)
+  if path == ("study", "lr"):
+    return set(transfer_study.RECIPES)
+  return None
+
+
+MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(TransformerConfig))
+
+
+def unread_keys(config: ml_collections.ConfigDict) -> list[str]:
+  """Dotted keys of ``config`` that no library code reads.
+
+  ``model.*`` keys are read by ``TransformerConfig.from_mapping`` (so they
+  must be its fields), entries of a name-keyed section (``_map_names``) by
+  the lookup of their name, and any other key by code that reads a
+  ``.name`` (``_library_reads``).
+  """
+  reads, unread = _library_reads(), []
+
+  def walk(node, path):
+    names = _map_names(config, path) if path else None
+    for key, value in node.items():
+      if names is not None:
+        known = key in names
+      elif path[-1:] == ("model",):
+        known = key in MODEL_FIELDS
+      else:
+        known = key in reads
+      if not known:
+        unread.append(".".join((*path, key)))
+      elif isinstance(value, ml_collections.ConfigDict):
+        walk(value, (*path, key))
+
+  walk(config, ())
+  return unread
+
+
+@pytest.mark.parametrize("recipe,arg", [
+    (recipe, arg) for recipe in ALL_RECIPES
+    for arg in [None, *RECIPE_ARGS.get(recipe, [])]])
+def test_library_code_reads_every_key(recipe, arg):
+  unread = unread_keys(importlib.import_module(f"jaxtl.configs.{recipe}").get_config(arg))
+  assert not unread, (f"configs/{recipe}.py:{arg or ''}: nothing in jaxtl/ reads "
+                      f"these keys: {unread}")
+
+
+def test_the_unread_key_check_names_dead_keys():
+  config = importlib.import_module("jaxtl.configs.transfer_study").get_config()
+  with config.unlocked():
+    config.finetune.optim.accum_stepz = 1
+    config.pretrain.clm.model.num_layerz = 1
+    config.pretrain.mlm.data.source.parts.imdb.files.test = ["x"]
+    config.study.lr.sgd = (1.0,)
+  assert sorted(unread_keys(config)) == [
+      "finetune.optim.accum_stepz", "pretrain.clm.model.num_layerz",
+      "pretrain.mlm.data.source.parts.imdb.files.test", "study.lr.sgd"]
 
 
 def _main(*args, env=None, timeout=300):

@@ -19,7 +19,7 @@ from jaxtl.configs import common
 
 def get_config(arg: str | None = None):
   args = common.parse_arg(arg, model="gpt2_tiny")
-  c = common.base_config(args.model)
+  c = common.pretrain_config(args.model)
   c.objective.name = "clm"
   c.data.source.update(kind="tfds", name="tiny_shakespeare",
                        manual_dir=common.data_dir_path("tiny_shakespeare"))
@@ -30,5 +30,4 @@ def get_config(arg: str | None = None):
   c.train.update(steps=400, log_every=50, eval_every=100, eval_batches=0,
                  checkpoint_every=100)
   c.model.dropout_rate = 0.1
-  c.lock()
   return c

@@ -41,7 +41,7 @@ def get_config(arg: str | None = None):
   if args.objective not in MODELS:
     raise ValueError(f"objective {args.objective!r}: expected one of "
                      f"{sorted(MODELS)}")
-  c = common.base_config(args.model or MODELS[args.objective])
+  c = common.pretrain_config(args.model or MODELS[args.objective])
   c.objective.name = args.objective
   c.data.source.kind = "mixture"
   c.data.source.parts = dict(
@@ -65,5 +65,4 @@ def get_config(arg: str | None = None):
   c.optim.update(lr=2e-3, warmup_steps=200)
   c.train.update(steps=args.steps, log_every=100, eval_every=500,
                  eval_batches=20, checkpoint_every=500)
-  c.lock()
   return c

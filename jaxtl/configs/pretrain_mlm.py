@@ -21,7 +21,7 @@ from jaxtl.configs import common
 
 def get_config(arg: str | None = None):
   args = common.parse_arg(arg, model="bert_tiny")
-  c = common.base_config(args.model)
+  c = common.pretrain_config(args.model)
   c.objective.name = "mlm"
   imdb = lambda name: "{data_dir}/imdb/" + name
   c.data.source.update(kind="jsonl", field="text")
@@ -37,5 +37,4 @@ def get_config(arg: str | None = None):
   c.model.update(dropout_rate=0.0, attention_dropout_rate=0.0)
   c.train.update(steps=2000, log_every=50, eval_every=500, eval_batches=20,
                  checkpoint_every=500)
-  c.lock()
   return c

@@ -25,7 +25,7 @@ from jaxtl.configs import common
 
 def get_config(arg: str | None = None):
   args = common.parse_arg(arg, model="t5_tiny")
-  c = common.base_config(args.model)
+  c = common.pretrain_config(args.model)
   c.objective.name = "span"
   wiki = lambda name: "{data_dir}/wikitext2/" + name
   c.data.source.update(kind="text")
@@ -37,5 +37,4 @@ def get_config(arg: str | None = None):
   c.optim.update(lr=2e-3, warmup_steps=100)
   c.train.update(steps=800, log_every=50, eval_every=200, eval_batches=0,
                  checkpoint_every=200)
-  c.lock()
   return c

@@ -32,31 +32,17 @@ A quicker look: ``--config.study.recipes='("full",)'``,
 
 import ml_collections
 
-from jaxtl.configs import finetune, pretrain_mixed
+from jaxtl.configs import common, finetune, pretrain_mixed
 
 
 def get_config(arg: str | None = None):
   del arg
-  c = ml_collections.ConfigDict()
-  c.pretrain = ml_collections.ConfigDict(dict(
-      clm=pretrain_mixed.get_config("objective=clm"),
-      mlm=pretrain_mixed.get_config("objective=mlm")))
-  c.pretrain.mlm.train.steps = 12000
-  c.finetune = finetune.get_config("task=trec,scheme=full")
+  c = ml_collections.ConfigDict(dict(
+      # Keyed by the names in study.models.
+      pretrain=dict(clm=pretrain_mixed.get_config("objective=clm"),
+                    mlm=pretrain_mixed.get_config("objective=mlm,steps=12000")),
+      finetune=finetune.get_config("task=trec,scheme=full"),
+      study=common.study_config()))
   c.finetune.task.max_len = 48  # TREC questions: at most ~40 tokens
-  c.study = ml_collections.ConfigDict(dict(
-      models=("clm", "mlm"),
-      inits=("pretrained", "random"),
-      recipes=("full", "features", "scalar_mix", "adapters", "lora", "ulmfit"),
-      num_labels=(100, 500, 1000, 0),  # 0: every training example
-      seeds=(0, 1, 2),  # each draws its own labeled subset and initialisation
-      min_steps=150, min_epochs=3,
-      # Mean pooling for both: the MLM had no sentence objective to train
-      # its [CLS], and see heads.default_pooling for the CLM.
-      pooling=dict(clm="mean", mlm="mean"),
-      # Learning-rate grids, chosen per run on dev (so per init).
-      lr=dict(full=(3e-4, 1e-3), ulmfit=(3e-4, 1e-3), features=(3e-3, 1e-2),
-              scalar_mix=(3e-3, 1e-2), adapters=(1e-3, 3e-3), lora=(1e-3, 3e-3)),
-      metric="accuracy"))
   c.lock()
   return c
