@@ -3,12 +3,21 @@ r"""Entry point: ``python -m jaxtl.main --config=configs/X.py --workdir=DIR``.
 Overrides: ``--config.optim.lr=3e-4``, ``--config=configs/X.py:model=bert_mini``.
 Multi-process runs (GPU clusters, TPU pods) call ``jax.distributed.initialize``
 first; see ``launch/``.
+
+The console is quiet: the config goes to ``WORKDIR/config.txt``, and it
+shows jaxtl's own INFO lines (the step, the loss, the ETA) and everyone's
+warnings and errors. ``--verbose`` adds the config and the libraries' INFO
+logs (TensorFlow's C++ and Python, JAX's backend probing, Orbax, absl).
 """
 
 from __future__ import annotations
 
+import datetime
 import logging as py_logging
+import os
+import shlex
 import sys
+from typing import Any
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -16,6 +25,8 @@ from ml_collections import config_flags
 from jaxtl import cli, hugepages
 
 FLAGS = flags.FLAGS
+CONFIG_FILE = "config.txt"
+JAXTL_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics and caches go here.")
@@ -30,12 +41,16 @@ flags.DEFINE_string("coordinator_address", None, "host:port of process 0's "
                     "coordinator (with --multiprocess; default: auto-detected).")
 flags.DEFINE_integer("num_processes", None, "Processes in the run (default: auto).")
 flags.DEFINE_integer("process_id", None, "This process's index (default: auto).")
+flags.DEFINE_bool("verbose", False, "Also print the config and the libraries' INFO "
+                  "logs (TensorFlow, JAX, Orbax, absl) on the console.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS.verbose:
+    logging.get_absl_handler().addFilter(_OwnInfoOnly())
   import jax  # pylint: disable=g-import-not-at-top
 
   if FLAGS.multiprocess:
@@ -47,7 +62,10 @@ def main(argv: list[str]) -> None:
   logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
                jax.device_count(), jax.devices()[0].platform,
                jax.process_index(), jax.process_count())
-  logging.info("config:\n%s", FLAGS.config)
+  if jax.process_index() == 0:
+    logging.info("config written to %s", write_config(FLAGS.config, FLAGS.workdir))
+  if FLAGS.verbose:
+    logging.info("config:\n%s", FLAGS.config)
   try:
     _run_mode()
   except train.Preempted as e:  # a clean stop: the same command resumes
@@ -71,15 +89,65 @@ def _run_mode() -> None:
     logging.info("final eval: %s", metrics)
 
 
-class _QuietLibraries(py_logging.Filter):
-  """Drops INFO chatter from Orbax (dozens of lines per checkpoint)."""
+def write_config(config: Any, workdir: str) -> str:
+  """Appends ``config`` to ``workdir/config.txt`` under a header with the
+  time and the command line; returns the file's path.
+
+  Appended, not overwritten: a resumed run may be started with other
+  overrides (more steps, another learning rate), and each start's entry
+  records what the steps after it ran with.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, CONFIG_FILE)
+  stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+  with open(path, "a") as f:
+    command = shlex.join(["python", "-m", "jaxtl.main", *sys.argv[1:]])
+    f.write(f"# {stamp}  {command}\n{str(config).rstrip()}\n\n")
+  return path
+
+
+class _OwnInfoOnly(py_logging.Filter):
+  """Keeps warnings and errors, and INFO only from jaxtl's own code.
+
+  Filtered by the calling file, not the logger name: jaxtl, Orbax and TFDS
+  all log through absl's or the root logger.
+  """
 
   def filter(self, record: py_logging.LogRecord) -> bool:
-    return record.levelno > py_logging.INFO or "orbax" not in record.pathname
+    return (record.levelno >= py_logging.WARNING
+            or os.path.abspath(record.pathname).startswith(JAXTL_DIR))
+
+
+def _wants_verbose(argv: list[str]) -> bool:
+  """``--verbose`` as absl will parse it, read before absl parses."""
+  early = flags.FlagValues()
+  flags.DEFINE_bool("verbose", False, "", flag_values=early)
+  try:
+    early(argv, known_only=True)
+  except flags.Error:
+    return False  # absl's own parse reports it
+  return early.verbose
+
+
+def set_log_environment(argv: list[str]) -> None:
+  """What TensorFlow's and XLA's C++ logging read from the environment when
+  they load: set before flags are parsed, since loading a config file
+  imports JAX already. Values the user set win.
+  """
+  verbose = _wants_verbose(argv)
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "1")
+  # TensorFlow only reads TFDS records here, so its oneDNN kernels never
+  # run, and its "oneDNN custom operations are on" INFO line ignores
+  # TF_CPP_MIN_LOG_LEVEL.
+  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+  if not verbose and not sys.stderr.isatty():
+    # TFDS's download/prepare bars are carriage-return noise in a log file.
+    # (jaxtl's own bars say ``disable`` and are not affected.)
+    os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 if __name__ == "__main__":
+  set_log_environment(sys.argv)
   hugepages.restart_with_huge_pages()
   sys.argv = cli.with_recipe_paths(sys.argv)
-  logging.get_absl_handler().addFilter(_QuietLibraries())
   app.run(main)

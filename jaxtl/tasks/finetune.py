@@ -167,16 +167,21 @@ def trim_padding(batch: Mapping[str, np.ndarray], side: str, multiple: int
 
 
 def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
-            batch_size: int, mesh, side: str = "encoder", multiple: int = 0) -> np.ndarray:
+            batch_size: int, mesh, side: str = "encoder", multiple: int = 0,
+            desc: str = "predict") -> np.ndarray:
   """Model outputs (class ids, scores, tag ids or spans) for every row, in order.
 
   Batches are trimmed as in training; per-token outputs are padded back.
+  A large split gets a progress bar named ``desc`` on a terminal, cleared
+  when done.
   """
   n = len(arrays["labels"])
   padded = _pad_rows(arrays, batch_size)
   t = padded[f"{side}_segment_ids"].shape[1]
   outs = []
-  for i in range(0, len(padded["labels"]), batch_size):
+  starts = range(0, len(padded["labels"]), batch_size)
+  for i in train.metrics.progress_bar(starts, desc=desc, unit="batch", leave=False,
+                                      enabled=jax.process_index() == 0, min_total=8):
     batch = trim_padding({k: v[i:i + batch_size] for k, v in padded.items()}, side,
                          multiple)
     out = np.asarray(eval_fn(params, sharding.shard_batch(batch, mesh)))
@@ -269,7 +274,8 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   eval_fn = jax.jit(functools.partial(_predictions, outputs, task))
 
   def scores(params, split):
-    preds = predict(eval_fn, params, feats[split].arrays, bs, mesh, side, multiple)
+    preds = predict(eval_fn, params, feats[split].arrays, bs, mesh, side, multiple,
+                    desc=split)
     return score(task, preds, feats[split], splits[split])
 
   work = train.Workload(

@@ -16,7 +16,6 @@ import dataclasses
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -193,7 +192,7 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
     writer.write(at, work.eval_name, out)
     return out
 
-  prefetch = None
+  prefetch = bar = None
   try:
     with _SigtermFlag() as sigterm, jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       if start == 0 and work.info:
@@ -203,6 +202,7 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
       prefetch = _prefetcher(work.batches, loop.prefetch)
       bar = _progress(loop.steps, start, work.steps_per_epoch,
                       enabled=writer.enabled)
+      eta = metrics_lib.Eta(loop.steps, start)
       window, window_since, prev_bad, at = [], [], None, start
       t_last = t_since = time.perf_counter()
       for at in range(start + 1, loop.steps + 1):
@@ -221,7 +221,7 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
           summary = metrics_lib.summarize_train(
               host, now - t_last, loop.batch_size, work.flops_per_example, peak,
               work.tokens_per_example)
-          writer.write(at, "train", summary, total=loop.steps)
+          writer.write(at, "train", summary, total=loop.steps, eta=eta(at))
           bar.set_postfix(loss=f"{summary['loss']:.3f}", refresh=False)
           window_since.extend(host)
           window, t_last = [], time.perf_counter()
@@ -256,6 +256,8 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
       if not eval_metrics and start >= loop.steps and work.evaluate is not None:
         eval_metrics = run_eval(loop.steps)  # already trained: just evaluate
   finally:
+    if bar is not None:  # also puts the console log handlers back
+      bar.close()
     if prefetch is not None:
       prefetch.close()
     ckpt.close()
@@ -284,9 +286,9 @@ def _prefetcher(batches: Any, size: int) -> Any:
 
 def _progress(total: int, start: int, steps_per_epoch: int, enabled: bool) -> tqdm.tqdm:
   """A progress bar on a terminal; nothing when output goes to a file (the
-  log lines say the step and the loss there)."""
-  bar = tqdm.tqdm(total=total, initial=start, dynamic_ncols=True, unit="step",
-                  disable=not enabled or not sys.stderr.isatty(), desc="train")
+  log lines say the step, the loss and the ETA there)."""
+  bar = metrics_lib.progress_bar(total=total, initial=start, unit="step",
+                                 desc="train", enabled=enabled)
   _advance(bar, start, steps_per_epoch, total, update=False)
   return bar
 

@@ -1,14 +1,22 @@
-"""What a run reports: metrics.jsonl, TensorBoard events and the console."""
+"""What a run reports: metrics.jsonl, TensorBoard events and the console.
+
+The console gets one log line per logged window: ``step N/T train (ETA
+mm:ss): loss=...``; on a terminal, progress bars too, with log lines
+printed above them (not glued onto the bar's line).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-from typing import Any, Mapping
+import sys
+import time
+from typing import Any, Iterable, Mapping
 
 import jax
 import numpy as np
+import tqdm
 
 from jaxtl import objectives
 
@@ -46,7 +54,9 @@ class MetricsWriter:
     self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def write(self, step: int, split: str, metrics: Mapping[str, Any],
-            total: int = 0) -> None:
+            total: int = 0, eta: float | None = None) -> None:
+    """Logs ``metrics``; ``total`` and ``eta`` (seconds) go to the console
+    line only, not to the files."""
     if not self.enabled:
       return
     record = {"step": int(step), "split": split,
@@ -56,10 +66,116 @@ class MetricsWriter:
     for k, v in metrics.items():
       self._tb.add_scalar(f"{split}/{k}", float(v), int(step))
     if split != "info":
-      logging.info("step %s %s: %s", f"{step}/{total}" if total else step, split,
+      logging.info("step %s %s%s: %s", f"{step}/{total}" if total else step, split,
+                   "" if eta is None else f" (ETA {tqdm.tqdm.format_interval(eta)})",
                    ", ".join(f"{k}={float(v):.4g}" for k, v in metrics.items()))
 
   def close(self) -> None:
     if self.enabled:
       self._jsonl.close()
       self._tb.close()
+
+
+class Eta:
+  """Seconds left, at the pace since the first call.
+
+  The first call (the first logged window, which also paid for compiling
+  the step) falls back to the pace since construction; later ones leave
+  the compile time out, and take evaluations and checkpoints in.
+  """
+
+  def __init__(self, total: int, start: int):
+    self.total = total
+    self._mark = (start, time.perf_counter())
+    self._marked = False
+
+  def __call__(self, at: int) -> float | None:
+    """None when done, or before any step was timed."""
+    now = time.perf_counter()
+    since_step, since = self._mark
+    if not self._marked:
+      self._mark, self._marked = (at, now), True
+    if at >= self.total or at <= since_step:
+      return None
+    return (self.total - at) * (now - since) / (at - since_step)
+
+
+def progress_bar(iterable: Iterable[Any] | None = None, *, total: int | None = None,
+                 desc: str = "", enabled: bool = True, min_total: int = 0,
+                 **kwargs: Any) -> tqdm.tqdm:
+  """A tqdm bar on stderr, shown only when stderr is a terminal.
+
+  In a log file, bars are carriage-return noise: there the log lines carry
+  the progress. While a bar is open, log lines are written above it.
+  ``min_total``: no bar for fewer steps (it would only flash).
+  """
+  if total is None and hasattr(iterable, "__len__"):
+    total = len(iterable)  # type: ignore[arg-type]
+  show = enabled and sys.stderr.isatty() and (total is None or total >= min_total)
+  return _Bar(iterable, total=total, desc=desc, disable=not show,
+              dynamic_ncols=True, **kwargs)
+
+
+class _Bar(tqdm.tqdm):
+  """A tqdm bar that routes console log handlers through ``tqdm.write``
+  while it is open."""
+
+  def __init__(self, *args: Any, **kwargs: Any):
+    self._swapped: list[tuple[logging.Handler, logging.Handler]] = []
+    super().__init__(*args, **kwargs)
+    if not self.disable:
+      self._swapped = _log_above_bars()
+
+  def close(self) -> None:
+    super().close()
+    _restore_handlers(self._swapped)
+    self._swapped = []
+
+
+class _AboveBars(logging.Handler):
+  """Prints what ``handler`` would print with ``tqdm.write``, which clears
+  the open bars, writes the line and redraws them.
+
+  absl's handler is not a ``StreamHandler`` (its python_handler is), so
+  ``tqdm.contrib.logging.logging_redirect_tqdm`` would pass it over.
+  """
+
+  def __init__(self, handler: logging.Handler, stream: Any):
+    super().__init__(handler.level)
+    self.handler, self.stream = handler, stream
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return bool(self.handler.filter(record))  # its filters still apply
+
+  def emit(self, record: logging.LogRecord) -> None:
+    if record.levelno >= logging.FATAL:  # absl aborts after printing these
+      self.handler.emit(record)
+      return
+    try:
+      tqdm.tqdm.write(self.handler.format(record), file=self.stream)
+    except Exception:  # pylint: disable=broad-except
+      self.handleError(record)
+
+
+def _log_above_bars() -> list[tuple[logging.Handler, logging.Handler]]:
+  """Swaps the root logger's console handlers for :class:`_AboveBars`;
+  returns (original, replacement) pairs. Nothing when an outer bar did."""
+  root = logging.getLogger()
+  if any(isinstance(h, _AboveBars) for h in root.handlers):
+    return []
+  swapped = []
+  for h in root.handlers:
+    stream = getattr(getattr(h, "python_handler", h), "stream", None)
+    if stream is not None and stream in (sys.stderr, sys.stdout):
+      swapped.append((h, _AboveBars(h, stream)))
+  replace = dict(swapped)
+  root.handlers = [replace.get(h, h) for h in root.handlers]
+  return swapped
+
+
+def _restore_handlers(swapped: list[tuple[logging.Handler, logging.Handler]]) -> None:
+  if not swapped:
+    return
+  root = logging.getLogger()
+  original = {new: old for old, new in swapped}
+  root.handlers = [original.get(h, h) for h in root.handlers]

@@ -1,0 +1,197 @@
+"""What a user sees: a quiet console, the config in a file, ETAs in log lines,
+log lines above (not glued onto) progress bars."""
+
+import importlib.util
+import io
+import json
+import logging
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+from absl import logging as absl_logging
+import numpy as np
+import pytest
+
+from jaxtl import main as jaxtl_main
+from jaxtl.train import metrics
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+JAXTL_FILES = {p.name for p in (REPO / "jaxtl").rglob("*.py")}
+INFO_LINE = re.compile(r"^I\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] ", re.M)
+LOG_ENV = ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS", "TQDM_DISABLE")
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory):
+  """configs/pretrain_clm.py on a small synthetic corpus, four steps."""
+  tmp = tmp_path_factory.mktemp("console")
+  rng = np.random.default_rng(0)
+  parts = (["the cat", "a dog", "my friend", "the king", "our teacher"],
+           ["sees", "likes", "finds", "calls", "follows"],
+           ["the moon", "a river", "the house", "an old song", "the market"])
+  text = "\n".join(" ".join(rng.choice(p) for p in parts) + "." for _ in range(500))
+  for name in ("train", "valid"):
+    (tmp / f"{name}.txt").write_text(text + "\n")
+  cfg = tmp / "tiny_clm.py"
+  cfg.write_text(textwrap.dedent(f"""
+      from jaxtl.configs import pretrain_clm
+
+      def get_config(arg=None):
+        c = pretrain_clm.get_config()
+        with c.unlocked():
+          c.data.source.kind = "text"
+          c.data.source.files = dict(train=["{tmp}/train.txt"],
+                                     validation=["{tmp}/valid.txt"])
+        c.data.tokenizer.update(vocab_size=200, model_type="bpe")
+        c.data.update(seq_len=16, batch_size=4)
+        c.model.update(num_layers=1, d_model=16, num_heads=2, head_dim=8,
+                       mlp_dim=32)
+        c.optim.warmup_steps = 1
+        c.train.update(steps=4, log_every=2, eval_every=4, eval_batches=1)
+        return c
+  """))
+  return str(cfg)
+
+
+def _main(config, workdir, *flags):
+  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  for name in LOG_ENV:  # what the entry point decides, not the test runner
+    env.pop(name, None)
+  proc = subprocess.run(
+      [sys.executable, "-m", "jaxtl.main", f"--config={config}",
+       f"--workdir={workdir}", *flags], cwd=REPO, env=env, capture_output=True,
+      text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc.stdout + proc.stderr
+
+
+def test_console_is_quiet_and_verbose_brings_the_libraries_back(tiny_config, tmp_path):
+  workdir = tmp_path / "run"
+  out = _main(tiny_config, workdir)
+  config_file = workdir / "config.txt"
+  assert config_file.is_file()
+  assert f"config written to {config_file}" in out
+  assert "] config:\n" not in out and "vocab_multiple:" not in out
+  assert INFO_LINE.findall(out), out
+  assert set(INFO_LINE.findall(out)) <= JAXTL_FILES, out  # jaxtl's own INFO only
+  for chatter in ("orbax", "xla_bridge", "Unable to initialize backend",
+                  "tensorflow", "oneDNN", "absl::InitializeLog"):
+    assert chatter not in out, out
+  assert re.search(r"step 2/4 train \(ETA [\d:]+\): loss=", out), out
+  assert re.search(r"step 4/4 train: loss=", out), out
+  assert "ETA" not in (workdir / "metrics.jsonl").read_text()
+
+  # Started again (already trained: it restores and evaluates), verbosely.
+  out = _main(tiny_config, workdir, "--verbose")
+  assert "] config:\n" in out and "vocab_multiple:" in out
+  assert "orbax" in out  # restoring logs through Orbax's INFO lines
+  assert not set(INFO_LINE.findall(out)) <= JAXTL_FILES
+  headers = [l for l in config_file.read_text().splitlines() if l.startswith("# ")]
+  assert len(headers) == 2 and "--verbose" in headers[1]
+
+
+@pytest.mark.parametrize("argv,verbose", [
+    (["main"], False), (["main", "--verbose"], True),
+    (["main", "--config=x.py:model=bert_tiny", "--verbose=true", "--workdir", "w"], True),
+    (["main", "--verbose", "--noverbose"], False)])
+def test_log_environment_is_set_before_flags_are_parsed(monkeypatch, argv, verbose):
+  for name in LOG_ENV:
+    monkeypatch.delenv(name, raising=False)
+  jaxtl_main.set_log_environment(argv)
+  assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == ("0" if verbose else "1")
+  assert os.environ["TF_ENABLE_ONEDNN_OPTS"] == "0"
+  # pytest captures stderr: not a terminal, so library bars are off unless verbose.
+  assert os.environ.get("TQDM_DISABLE") == (None if verbose else "1")
+
+
+def test_users_log_environment_wins(monkeypatch):
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+  jaxtl_main.set_log_environment(["main", "--verbose"])
+  assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                    reason="TensorFlow not installed")
+def test_tensorflow_loads_silently():
+  env = {k: v for k, v in os.environ.items() if k not in LOG_ENV}
+  code = ("import sys; from jaxtl import main; main.set_log_environment(sys.argv); "
+          "import tensorflow")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
+
+
+class _Terminal(io.StringIO):
+  def isatty(self):
+    return True
+
+
+def _line_before(out: str, mark: str) -> str:
+  """What the terminal line holds when ``mark`` starts printing."""
+  head = out[:out.index(mark)]
+  return head[max(head.rfind("\r"), head.rfind("\n")) + 1:]
+
+
+@pytest.mark.parametrize("absl_handler", [False, True])
+def test_log_lines_are_written_above_the_bar(monkeypatch, caplog, absl_handler):
+  term = _Terminal()
+  monkeypatch.setattr(sys, "stderr", term)
+  if absl_handler:  # not a StreamHandler: what logging_redirect_tqdm misses
+    handler = absl_logging.get_absl_handler()
+    monkeypatch.setattr(handler.python_handler, "stream", term)
+  else:
+    handler = logging.StreamHandler(term)
+  root = logging.getLogger()
+  caplog.set_level(logging.INFO)
+  monkeypatch.setattr(root, "handlers", [handler])
+
+  bar = metrics.progress_bar(total=3, desc="train")
+  bar.update(1)
+  logging.info("first line")
+  inner = metrics.progress_bar(range(10), desc="dev", leave=False)
+  for _ in inner:
+    pass
+  assert any(isinstance(h, metrics._AboveBars) for h in root.handlers)
+  logging.warning("second line")
+  bar.close()
+  assert root.handlers == [handler]
+  logging.info("third line")
+
+  out = term.getvalue()
+  for mark in ("first line", "second line"):
+    assert "train" not in _line_before(out, mark), repr(out)
+    assert "|" not in _line_before(out, mark), repr(out)
+
+
+def test_no_bar_and_no_handler_swap_off_a_terminal(monkeypatch):
+  monkeypatch.setattr(sys, "stderr", io.StringIO())
+  root = logging.getLogger()
+  handlers = list(root.handlers)
+  bar = metrics.progress_bar(total=3, desc="train")
+  assert bar.disable and root.handlers == handlers
+  bar.close()
+  monkeypatch.setattr(sys, "stderr", _Terminal())
+  assert metrics.progress_bar(range(3), desc="dev", min_total=8).disable
+
+
+def test_eta_leaves_the_first_window_compile_time_out(monkeypatch):
+  clock = iter([0.0, 10.0, 12.0, 14.0])
+  monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock))
+  eta = metrics.Eta(total=10, start=0)
+  assert eta(2) == pytest.approx(40.0)  # 2 steps in 10 s (with the compile)
+  assert eta(4) == pytest.approx(6.0)  # then 2 steps in 2 s
+  assert eta(10) is None
+
+
+def test_eta_goes_to_the_console_not_to_the_files(tmp_path, caplog):
+  writer = metrics.MetricsWriter(str(tmp_path))
+  with caplog.at_level(logging.INFO):
+    writer.write(50, "train", {"loss": 2.5}, total=400, eta=3725.0)
+  writer.close()
+  assert "step 50/400 train (ETA 1:02:05): loss=2.5" in caplog.text
+  record = json.loads((tmp_path / "metrics.jsonl").read_text())
+  assert record == {"step": 50, "split": "train", "loss": 2.5}
