@@ -1,14 +1,9 @@
 """Checkpoints: exact resume after a kill, SIGTERM saves, corrupted-latest fallback."""
 
-import json
-import os
 import pathlib
 import shutil
 import signal
-import subprocess
-import sys
 import textwrap
-import time
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +13,8 @@ import pytest
 from jaxtl.train import checkpoint
 from jaxtl import train
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+import runs
+
 STEPS = 150
 
 
@@ -60,56 +56,16 @@ def config_file(tmp_path_factory):
   return str(cfg)
 
 
-def _start(config_file, workdir):
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-  return subprocess.Popen(
-      [sys.executable, "-m", "jaxtl.main", f"--config={config_file}",
-       f"--workdir={workdir}"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE, text=True)
-
-
-def _run(config_file, workdir):
-  proc = _start(config_file, workdir)
-  _, err = proc.communicate(timeout=300)
-  assert proc.returncode == 0, err[-3000:]
-  return err
-
-
-def _interrupt(config_file, workdir, sig):
-  """Starts a run and sends ``sig`` once a checkpoint beyond step 5 exists."""
-  proc = _start(config_file, workdir)
-  ckpts = pathlib.Path(workdir) / "checkpoints"
-  deadline = time.time() + 240
-  while time.time() < deadline and proc.poll() is None:
-    if ckpts.is_dir() and any(p.name.isdigit() and int(p.name) >= 10
-                              for p in ckpts.iterdir()):
-      proc.send_signal(sig)
-      break
-    time.sleep(0.02)
-  _, err = proc.communicate(timeout=240)
-  return proc.returncode, err
-
-
-def _train_losses(workdir):
-  """Last logged train loss per step (a resumed run re-logs some steps)."""
-  losses = {}
-  for line in open(os.path.join(workdir, "metrics.jsonl")):
-    record = json.loads(line)
-    if record["split"] in ("train", "eval"):
-      losses[(record["split"], record["step"])] = record["loss"]
-  return losses
-
-
 def test_killed_and_resumed_run_matches_uninterrupted(config_file, tmp_path):
   ref_dir, dir_ = str(tmp_path / "ref"), str(tmp_path / "killed")
-  _run(config_file, ref_dir)
-  code, _ = _interrupt(config_file, dir_, signal.SIGKILL)
+  runs.run(config_file, ref_dir)
+  code, _ = runs.interrupt(config_file, dir_, signal.SIGKILL, min_step=10)
   assert code == -signal.SIGKILL, "the run finished before it could be killed"
-  killed_at = max(s for (split, s) in _train_losses(dir_) if split == "train")
+  killed_at = max(s for (split, s) in runs.logged_losses(dir_) if split == "train")
   assert killed_at < STEPS
-  err = _run(config_file, dir_)
+  err = runs.run(config_file, dir_)
   assert "resumed from checkpoint step" in err
-  ref, resumed = _train_losses(ref_dir), _train_losses(dir_)
+  ref, resumed = runs.logged_losses(ref_dir), runs.logged_losses(dir_)
   assert ref.keys() == resumed.keys()
   np.testing.assert_allclose([resumed[k] for k in sorted(ref)],
                              [ref[k] for k in sorted(ref)], rtol=1e-6)
@@ -117,13 +73,11 @@ def test_killed_and_resumed_run_matches_uninterrupted(config_file, tmp_path):
 
 def test_sigterm_saves_a_checkpoint_at_the_stop_step(config_file, tmp_path):
   workdir = str(tmp_path / "term")
-  code, err = _interrupt(config_file, workdir, signal.SIGTERM)
+  code, err = runs.interrupt(config_file, workdir, signal.SIGTERM, min_step=10)
   assert code == 0, err[-3000:]
   assert "SIGTERM" in err
-  last_logged = max(s for (split, s) in _train_losses(workdir) if split == "train")
-  steps = sorted(int(p.name) for p in (pathlib.Path(workdir) / "checkpoints").iterdir()
-                 if p.name.isdigit())
-  assert steps[-1] == last_logged < STEPS
+  last_logged = max(s for (split, s) in runs.logged_losses(workdir) if split == "train")
+  assert runs.checkpoint_steps(workdir)[-1] == last_logged < STEPS
 
 
 def _tiny_state(value):

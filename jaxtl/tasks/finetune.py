@@ -289,10 +289,11 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
       prepare=lambda batch: trim_padding(batch, side, multiple),
       init_params=load_pretrained, steps_per_epoch=steps_per_epoch)
   t = config.train
+  # Fractions of an epoch round to whole steps, but never to 0 (no checkpoints).
+  every = max(1, round(t.checkpoint_every * steps_per_epoch)) if t.checkpoint_every else 0
   loop_config = train.LoopConfig(
       steps=total, batch_size=bs, log_every=t.log_every, eval_every=steps_per_epoch,
-      checkpoint_every=int(round(t.checkpoint_every * steps_per_epoch)),
-      save_last=t.checkpoint_every > 0, keep_checkpoints=1,
+      checkpoint_every=every, save_last=t.checkpoint_every > 0, keep_checkpoints=1,
       max_bad_steps=t.max_bad_steps,
       accum_steps=config.optim.accum_steps, seed=config.seed)
   out = train.run(work, loop_config, tx, schedule, mesh, rules, workdir)

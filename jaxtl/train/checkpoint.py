@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +118,20 @@ def find_checkpoint(path: str | os.PathLike) -> str:
 
 
 def load_params(path: str | os.PathLike) -> dict[str, Any]:
-  """The model parameters (host numpy arrays) of a jaxtl checkpoint."""
-  step_dir = find_checkpoint(path)
-  restored = ocp.StandardCheckpointer().restore(os.path.join(step_dir, "state"))
-  return jax.tree.map(np.asarray, restored["params"])
+  """The model parameters (host numpy arrays) of a jaxtl checkpoint.
+
+  Read as numpy, not into the shardings it was saved with, so a checkpoint
+  from any topology loads (8 devices' pretraining fine-tuned on one).
+  """
+  state_dir = epath.Path(find_checkpoint(path)) / "state"
+  reader = ocp.PyTreeCheckpointHandler()
+  try:
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                            reader.metadata(state_dir))
+    return reader.restore(state_dir, args=ocp.args.PyTreeRestore(
+        restore_args=as_numpy))["params"]
+  finally:
+    reader.close()
 
 
 def merge_pretrained(target: Any, pretrained: Any, *, prefix: tuple[str, ...] = (),

@@ -149,9 +149,9 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
   """Trains ``work`` for ``loop.steps`` steps, resuming from ``workdir``.
 
   Started again on the same workdir it continues from the newest readable
-  checkpoint (state, RNG, data position, evaluation history) and ends
-  exactly as an uninterrupted run. Raises :class:`Preempted` after a
-  SIGTERM (a checkpoint was saved first).
+  checkpoint (state, RNG, data position, evaluation history, the train loss
+  since the last evaluation) and ends exactly as an uninterrupted run.
+  Raises :class:`Preempted` after a SIGTERM (a checkpoint was saved first).
   """
   os.makedirs(workdir, exist_ok=True)
   init_rng, step_rng = jax.random.split(jax.random.key(loop.seed))
@@ -164,13 +164,15 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
   best_ckpt = checkpoint.Checkpointer(
       os.path.join(workdir, "best"), save_every=1, keep=1,
       async_save=False) if keep_best else None
-  history, best = [], None
+  history, best, window_since = [], None, []
   restored = ckpt.restore_latest(step_lib.abstract_state(state, shardings))
   if restored is not None:
     state, extra, at = restored
     work.batches.set_state(extra["data"])
     step_rng = jax.random.wrap_key_data(np.asarray(extra["rng"], np.uint32))
     history, best = list(extra.get("history", [])), extra.get("best")
+    # The train loss since the last evaluation, when saved mid-way to it.
+    window_since = [extra["train_since"]] if extra.get("train_since") else []
     logging.info("resumed from checkpoint step %d in %s", at, workdir)
   elif work.init_params is not None:
     params = work.init_params(jax.device_get(state.params))
@@ -203,7 +205,7 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
       bar = _progress(loop.steps, start, work.steps_per_epoch,
                       enabled=writer.enabled)
       eta = metrics_lib.Eta(loop.steps, start)
-      window, window_since, prev_bad, at = [], [], None, start
+      window, prev_bad, at = [], None, start
       t_last = t_since = time.perf_counter()
       for at in range(start + 1, loop.steps + 1):
         batch = next(prefetch)
@@ -245,8 +247,11 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
           window_since, window = [], []
           t_since = t_last = time.perf_counter()
         last = (at == loop.steps and loop.save_last) or sigterm.flag
-        ckpt.save(at, state, {"data": prefetch.get_state(), "rng": rng_data,
-                              "history": history, "best": best}, force=last)
+        if last or at % ckpt.save_every == 0:  # the window is fetched only to save
+          since = loss_totals(window_since + jax.device_get(window))
+          ckpt.save(at, state, {"data": prefetch.get_state(), "rng": rng_data,
+                                "history": history, "best": best,
+                                "train_since": since}, force=last)
         if sigterm.flag:
           logging.warning("stopped at step %d after SIGTERM; checkpoint saved", at)
           break
@@ -271,12 +276,17 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
                  best_ckpt.directory if keep_best else None)
 
 
+def loss_totals(window: list[Mapping[str, Any]]) -> dict[str, float]:
+  """Loss and weight summed over a window of steps (JSON: for checkpoints)."""
+  return {k: sum(float(m[k]) for m in window) for k in ("loss_sum", "weight_sum")}
+
+
 def mean_loss(window: list[Mapping[str, Any]]) -> float | None:
   """Mean training loss (per unit of loss weight) over a window of steps."""
   if not window:
     return None
-  weight = sum(float(m["weight_sum"]) for m in window)
-  return sum(float(m["loss_sum"]) for m in window) / max(weight, 1.0)
+  totals = loss_totals(window)
+  return totals["loss_sum"] / max(totals["weight_sum"], 1.0)
 
 
 def _prefetcher(batches: Any, size: int) -> Any:

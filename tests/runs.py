@@ -1,0 +1,65 @@
+"""``python -m jaxtl.main`` in a subprocess: what the kill and SIGTERM tests
+of pretraining and fine-tuning share (a real process, real signals)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def start(config_file: str, workdir: str, *flags: str) -> subprocess.Popen:
+  """Starts a run on one CPU device; stderr (the log) is piped."""
+  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  return subprocess.Popen(
+      [sys.executable, "-m", "jaxtl.main", f"--config={config_file}",
+       f"--workdir={workdir}", *flags], cwd=REPO, env=env,
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def run(config_file: str, workdir: str, *flags: str) -> str:
+  """Runs to the end; returns the log (stderr)."""
+  proc = start(config_file, workdir, *flags)
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err[-3000:]
+  return err
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  """Steps of the complete checkpoints (Orbax renames a step's directory to
+  its number only once it is written)."""
+  ckpts = pathlib.Path(workdir) / "checkpoints"
+  return sorted(int(p.name) for p in ckpts.iterdir()
+                if p.name.isdigit()) if ckpts.is_dir() else []
+
+
+def interrupt(config_file: str, workdir: str, sig: int, min_step: int,
+              *flags: str) -> tuple[int, str]:
+  """Starts a run and sends ``sig`` once a checkpoint at ``min_step`` or
+  later exists; returns (exit code, log)."""
+  proc = start(config_file, workdir, *flags)
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if any(s >= min_step for s in checkpoint_steps(workdir)):
+      proc.send_signal(sig)
+      break
+    time.sleep(0.02)
+  _, err = proc.communicate(timeout=240)
+  return proc.returncode, err
+
+
+def logged_losses(workdir: str, splits: tuple[str, ...] = ("train", "eval")
+                  ) -> dict[tuple[str, int], float]:
+  """Last logged loss per (split, step) (a resumed run re-logs some steps)."""
+  losses = {}
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      record = json.loads(line)
+      if record["split"] in splits:
+        losses[(record["split"], record["step"])] = record["loss"]
+  return losses
