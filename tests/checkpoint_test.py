@@ -1,9 +1,7 @@
 """Checkpoints: exact resume after a kill, SIGTERM saves, corrupted-latest fallback."""
 
-import pathlib
 import shutil
 import signal
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -18,42 +16,16 @@ import runs
 STEPS = 150
 
 
-def _corpus(path: pathlib.Path) -> None:
-  """A small synthetic corpus with learnable structure."""
-  rng = np.random.default_rng(0)
-  subjects = ["the cat", "a dog", "my friend", "the king", "our teacher"]
-  verbs = ["sees", "likes", "finds", "calls", "follows"]
-  objects = ["the moon", "a river", "the house", "an old song", "the market"]
-  lines = [" ".join([rng.choice(subjects), rng.choice(verbs), rng.choice(objects)])
-           + "." for _ in range(3000)]
-  path.write_text("\n".join(lines) + "\n")
-
-
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory):
-  tmp = tmp_path_factory.mktemp("ckpt")
-  _corpus(tmp / "train.txt")
-  _corpus(tmp / "valid.txt")
-  cfg = tmp / "tiny_clm.py"
-  cfg.write_text(textwrap.dedent(f"""
-      from jaxtl.configs import pretrain_clm
-
-      def get_config(arg=None):
-        c = pretrain_clm.get_config()
-        with c.unlocked():
-          c.data.source.kind = "text"
-          c.data.source.files = dict(train=["{tmp}/train.txt"],
-                                     validation=["{tmp}/valid.txt"])
-        c.data.tokenizer.update(vocab_size=200, model_type="bpe")
-        c.data.update(seq_len=16, batch_size=8)
-        c.model.update(num_layers=1, d_model=32, num_heads=2, head_dim=16,
-                       mlp_dim=64, dropout_rate=0.1)
-        c.optim.warmup_steps = 5
-        c.train.update(steps={STEPS}, log_every=1, eval_every=50, eval_batches=2,
-                       checkpoint_every=5, keep_checkpoints=2)
-        return c
-  """))
-  return str(cfg)
+  return runs.tiny_clm_config(tmp_path_factory.mktemp("ckpt"), f"""
+      c.data.update(seq_len=16, batch_size=8)
+      c.model.update(num_layers=1, d_model=32, num_heads=2, head_dim=16,
+                     mlp_dim=64, dropout_rate=0.1)
+      c.optim.warmup_steps = 5
+      c.train.update(steps={STEPS}, log_every=1, eval_every=50, eval_batches=2,
+                     checkpoint_every=5, keep_checkpoints=2)
+  """)
 
 
 def test_killed_and_resumed_run_matches_uninterrupted(config_file, tmp_path):

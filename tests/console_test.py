@@ -10,14 +10,14 @@ import pathlib
 import re
 import subprocess
 import sys
-import textwrap
 
 from absl import logging as absl_logging
-import numpy as np
 import pytest
 
 from jaxtl import main as jaxtl_main
 from jaxtl.train import metrics
+
+import runs
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 JAXTL_FILES = {p.name for p in (REPO / "jaxtl").rglob("*.py")}
@@ -28,33 +28,12 @@ LOG_ENV = ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS", "TQDM_DISABLE")
 @pytest.fixture(scope="module")
 def tiny_config(tmp_path_factory):
   """configs/pretrain_clm.py on a small synthetic corpus, four steps."""
-  tmp = tmp_path_factory.mktemp("console")
-  rng = np.random.default_rng(0)
-  parts = (["the cat", "a dog", "my friend", "the king", "our teacher"],
-           ["sees", "likes", "finds", "calls", "follows"],
-           ["the moon", "a river", "the house", "an old song", "the market"])
-  text = "\n".join(" ".join(rng.choice(p) for p in parts) + "." for _ in range(500))
-  for name in ("train", "valid"):
-    (tmp / f"{name}.txt").write_text(text + "\n")
-  cfg = tmp / "tiny_clm.py"
-  cfg.write_text(textwrap.dedent(f"""
-      from jaxtl.configs import pretrain_clm
-
-      def get_config(arg=None):
-        c = pretrain_clm.get_config()
-        with c.unlocked():
-          c.data.source.kind = "text"
-          c.data.source.files = dict(train=["{tmp}/train.txt"],
-                                     validation=["{tmp}/valid.txt"])
-        c.data.tokenizer.update(vocab_size=200, model_type="bpe")
-        c.data.update(seq_len=16, batch_size=4)
-        c.model.update(num_layers=1, d_model=16, num_heads=2, head_dim=8,
-                       mlp_dim=32)
-        c.optim.warmup_steps = 1
-        c.train.update(steps=4, log_every=2, eval_every=4, eval_batches=1)
-        return c
-  """))
-  return str(cfg)
+  return runs.tiny_clm_config(tmp_path_factory.mktemp("console"), """
+      c.data.update(seq_len=16, batch_size=4)
+      c.model.update(num_layers=1, d_model=16, num_heads=2, head_dim=8, mlp_dim=32)
+      c.optim.warmup_steps = 1
+      c.train.update(steps=4, log_every=2, eval_every=4, eval_batches=1)
+  """, lines=500)
 
 
 def _main(config, workdir, *flags):

@@ -17,14 +17,13 @@ from jaxtl.tasks import finetune
 from jaxtl.train import checkpoint
 
 import runs
-from finetune_test import _config, pretrained  # pylint: disable=unused-import
 
 EPOCHS, STEPS_PER_EPOCH = 3, 4  # 64 TREC examples in batches of 16
 STEPS = EPOCHS * STEPS_PER_EPOCH
 
 
 @pytest.fixture(scope="module")
-def config_file(pretrained, tmp_path_factory):  # pylint: disable=redefined-outer-name
+def config_file(pretrained, tmp_path_factory):
   """A small TREC fine-tuning (like ``_config``) as a config file for
   ``jaxtl.main``: checkpoints every 3/4 epoch (steps 3, 6, 9: all but the
   last mid-epoch), a log line every step."""
@@ -122,7 +121,7 @@ def poisoned_steps(monkeypatch):
 
 def test_one_non_finite_step_is_skipped_and_repeated_ones_stop_fine_tuning(
     pretrained, poisoned_steps, tmp_path, caplog):  # pylint: disable=redefined-outer-name
-  config = _config(pretrained, "full", max_eval_examples=16)
+  config = runs.finetune_config(pretrained, "full", max_eval_examples=16)
   config.train.max_bad_steps = 3
   poisoned_steps.add(3)
   with caplog.at_level("WARNING"):
@@ -139,7 +138,7 @@ def test_gradient_accumulation_in_fine_tuning_equals_the_full_batch(
     pretrained, tmp_path):  # pylint: disable=redefined-outer-name
   params = {}
   for accum in (1, 2, 4):
-    config = _config(pretrained, "full", max_eval_examples=16, head_dropout=0.0)
+    config = runs.finetune_config(pretrained, "full", max_eval_examples=16, head_dropout=0.0)
     config.adapt.dropout_rate = 0.0
     config.optim.update(accum_steps=accum, lr=1e-3, warmup_steps=0, schedule="constant")
     config.train.epochs = 1

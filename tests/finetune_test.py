@@ -13,42 +13,12 @@ from jaxtl.tasks import finetune
 from jaxtl import train
 
 import datadir
-
-
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
-  """A tiny MLM pretraining workdir (a few steps on tiny Shakespeare)."""
-  datadir.require_data("tiny_shakespeare", "input.txt")
-  workdir = str(tmp_path_factory.mktemp("pre"))
-  config = importlib.import_module("jaxtl.configs.pretrain_mlm").get_config()
-  data = datadir.data_dir()
-  with config.unlocked():
-    config.data.source.kind = "text"
-    config.data.source.paragraphs = False
-    config.data.source.files = dict(
-        train=[str(data / "tiny_shakespeare" / "input.txt")],
-        validation=[str(data / "tiny_shakespeare" / "input.txt")])
-  config.data.tokenizer.update(vocab_size=800)
-  config.data.update(seq_len=32, batch_size=8, max_docs=4000)
-  config.model.update(num_layers=2, d_model=32, num_heads=2, head_dim=16, mlp_dim=64)
-  config.train.update(steps=3, log_every=1, eval_every=3, eval_batches=1,
-                      checkpoint_every=3)
-  train.train_and_evaluate(config, workdir)
-  return workdir
-
-
-def _config(pretrained, scheme, **task):
-  config = importlib.import_module("jaxtl.configs.finetune").get_config(
-      f"task={task.pop('name', 'trec')},scheme={scheme}")
-  config.init_from = pretrained
-  config.task.update(**{"num_train_examples": 64, "max_len": 24, **task})
-  config.train.update(epochs=2, batch_size=16)
-  return config
+import runs
 
 
 @pytest.mark.parametrize("scheme", ["full", "features", "scalar_mix", "adapters", "lora"])
 def test_every_scheme_runs_and_reports_the_transfer(pretrained, scheme, tmp_path):
-  results = finetune.finetune_and_evaluate(_config(pretrained, scheme), str(tmp_path))
+  results = finetune.finetune_and_evaluate(runs.finetune_config(pretrained, scheme), str(tmp_path))
   assert set(results["test"]) == {"accuracy", "macro_f1"}
   assert len(results["history"]) == 2
   assert any("lm_head" in name for name in results["discarded"])
@@ -66,18 +36,18 @@ def test_every_scheme_runs_and_reports_the_transfer(pretrained, scheme, tmp_path
 
 
 def test_ulmfit_schedules_and_a_regression_and_a_tagging_task(pretrained, tmp_path):
-  config = _config(pretrained, "full", name="stsb", max_len=32)
+  config = runs.finetune_config(pretrained, "full", name="stsb", max_len=32)
   config.adapt.update(layer_decay=0.5, unfreeze_epochs=1)
   results = finetune.finetune_and_evaluate(config, str(tmp_path / "stsb"))
   assert set(results["test"]) == {"pearson", "spearman"}
-  results = finetune.finetune_and_evaluate(_config(pretrained, "full", name="pos"),
+  results = finetune.finetune_and_evaluate(runs.finetune_config(pretrained, "full", name="pos"),
                                            str(tmp_path / "pos"))
   assert 0.0 <= results["test"]["token_accuracy"] <= 1.0
 
 
 def test_without_a_held_out_dev_all_of_train_is_used_and_the_last_epoch_reported(
     pretrained, tmp_path):
-  config = _config(pretrained, "full", dev_fraction=0.0, num_train_examples=0)
+  config = runs.finetune_config(pretrained, "full", dev_fraction=0.0, num_train_examples=0)
   splits = finetune.load_task_splits(config.task, config.seed)
   assert splits["dev"] is None and len(splits["train"]) == 5452  # all of TREC train
   config.task.num_train_examples = 48
@@ -92,7 +62,7 @@ def test_without_a_held_out_dev_all_of_train_is_used_and_the_last_epoch_reported
 
 
 def test_shape_mismatch_names_the_parameter(pretrained, tmp_path):
-  config = _config(pretrained, "full")
+  config = runs.finetune_config(pretrained, "full")
   bad = tmp_path / "bad"
   bad.mkdir()
   cfg = train.load_model_config(pretrained).replace(mlp_dim=48)
@@ -128,7 +98,7 @@ def test_probe_on_separable_features_is_accurate():
 
 def test_span_qa_on_squad_scores_answer_texts(pretrained, tmp_path, monkeypatch):
   datadir.require_data("squad", "dev-v1.1.json")
-  config = _config(pretrained, "full", name="squad", max_len=64, doc_stride=32,
+  config = runs.finetune_config(pretrained, "full", name="squad", max_len=64, doc_stride=32,
                    num_train_examples=32, max_eval_examples=100)
   config.train.update(epochs=1)
   # One device: on the 2-core CI machine, XLA:CPU's in-process all-reduce over
@@ -156,7 +126,7 @@ def test_text_to_text_on_t5_writes_label_words(pretrained, tmp_path):
   span.train.update(steps=2, log_every=1, eval_every=2, eval_batches=1,
                     checkpoint_every=2)
   train.train_and_evaluate(span, str(tmp_path / "span"))
-  config = _config(str(tmp_path / "span"), "lora")
+  config = runs.finetune_config(str(tmp_path / "span"), "lora")
   config.task.kind = "text_to_text"
   assert config.task.label_words[0] == "abbreviation"
   results = finetune.finetune_and_evaluate(config, str(tmp_path / "t5"))
@@ -169,7 +139,7 @@ def test_text_to_text_on_t5_writes_label_words(pretrained, tmp_path):
   config.adapt.scheme = "features"
   with pytest.raises(ValueError, match="text_to_text has none"):
     finetune.finetune_and_evaluate(config, str(tmp_path / "probe"))
-  config = _config(pretrained, "full")
+  config = runs.finetune_config(pretrained, "full")
   config.task.kind = "text_to_text"
   with pytest.raises(ValueError, match="encoder-decoder"):
     finetune.finetune_and_evaluate(config, str(tmp_path / "bert"))
@@ -177,7 +147,7 @@ def test_text_to_text_on_t5_writes_label_words(pretrained, tmp_path):
 
 def test_a_stopped_run_resumes_and_ends_as_if_never_stopped(pretrained, tmp_path,
                                                           monkeypatch):
-  config = _config(pretrained, "full")
+  config = runs.finetune_config(pretrained, "full")
   config.train.epochs = 3
   whole = finetune.finetune_and_evaluate(config, str(tmp_path / "whole"))
   score, calls = finetune.score, []

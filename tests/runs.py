@@ -3,12 +3,16 @@ of pretraining and fine-tuning share (a real process, real signals)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import textwrap
 import time
+
+import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -63,3 +67,39 @@ def logged_losses(workdir: str, splits: tuple[str, ...] = ("train", "eval")
       if record["split"] in splits:
         losses[(record["split"], record["step"])] = record["loss"]
   return losses
+
+
+def tiny_clm_config(tmp: pathlib.Path, settings: str, lines: int = 3000) -> str:
+  """Writes a synthetic corpus (sentences with learnable structure) and a
+  config file running ``configs/pretrain_clm.py`` on it with a 200-token BPE;
+  ``settings`` are more lines of ``get_config`` (model size, steps, ...)."""
+  rng = np.random.default_rng(0)
+  parts = (["the cat", "a dog", "my friend", "the king", "our teacher"],
+           ["sees", "likes", "finds", "calls", "follows"],
+           ["the moon", "a river", "the house", "an old song", "the market"])
+  text = "\n".join(" ".join(rng.choice(p) for p in parts) + "." for _ in range(lines))
+  for name in ("train", "valid"):
+    (tmp / f"{name}.txt").write_text(text + "\n")
+  cfg = tmp / "tiny_clm.py"
+  cfg.write_text(textwrap.dedent(f"""
+      from jaxtl.configs import pretrain_clm
+
+      def get_config(arg=None):
+        c = pretrain_clm.get_config()
+        with c.unlocked():
+          c.data.source.kind = "text"
+          c.data.source.files = dict(train=["{tmp}/train.txt"],
+                                     validation=["{tmp}/valid.txt"])
+        c.data.tokenizer.update(vocab_size=200, model_type="bpe")
+  """) + textwrap.indent(textwrap.dedent(settings).strip(), "  ") + "\n  return c\n")
+  return str(cfg)
+
+
+def finetune_config(pretrained, scheme, **task):
+  """A small TREC fine-tuning of ``pretrained`` with ``scheme``."""
+  config = importlib.import_module("jaxtl.configs.finetune").get_config(
+      f"task={task.pop('name', 'trec')},scheme={scheme}")
+  config.init_from = pretrained
+  config.task.update(**{"num_train_examples": 64, "max_len": 24, **task})
+  config.train.update(epochs=2, batch_size=16)
+  return config

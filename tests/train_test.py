@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 from jaxtl import objectives, train
 from jaxtl.train import optim, sharding
 from jaxtl.models import TransformerConfig, build_model
+from jaxtl.models.config import target_side
 
 OPTIM = ml_collections.ConfigDict(dict(
     lr=3e-3, warmup_steps=2, schedule="cosine", end_lr_ratio=0.1,
@@ -212,7 +213,7 @@ def test_chunked_cross_entropy_equals_the_whole_logits_one(family, kw):
   model = build_model(cfg)
   b = batches(family, 1, batch=4)[0]
   params = nn.unbox(model.init(jax.random.key(0), **train.lm_init_inputs(model, b)))["params"]
-  p = objectives.target_prefix(family)
+  p = target_side(family)
 
   def direct(params):  # the plain way: every logit at once
     logits = objectives.forward(model, params, b)["logits"]

@@ -14,6 +14,19 @@ import jax.numpy as jnp
 from jaxtl.models import paths
 
 FAMILIES = ("encoder", "decoder", "encoder_decoder")
+
+
+def input_side(family: str) -> str:
+  """Which batch features (``encoder_*`` / ``decoder_*``) a family's single
+  stack reads: causal models read ``decoder_*``; BERT and T5's encoder
+  ``encoder_*`` (T5 also reads ``decoder_*`` for its decoder)."""
+  return "decoder" if family == "decoder" else "encoder"
+
+
+def target_side(family: str) -> str:
+  """Which batch features carry a family's LM targets: the encoder's for
+  masked LM, the decoder's for causal and encoder-decoder models."""
+  return "encoder" if family == "encoder" else "decoder"
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
 

@@ -10,7 +10,7 @@ from jaxtl.objectives import clm, mlm, span
 from jaxtl.objectives.base import Objective, Prepared
 from jaxtl.objectives.losses import (LOSS_CHUNK_LEN, chunked_cross_entropy, forward,
                                      loss_weight_total, make_loss_fn, normalized_loss,
-                                     summarize, target_prefix, token_cross_entropy)
+                                     summarize, token_cross_entropy)
 
 REGISTRY: dict[str, Objective] = {o.name: o for o in (clm.OBJECTIVE, mlm.OBJECTIVE,
                                                        span.OBJECTIVE)}
@@ -31,5 +31,5 @@ def check_objective(name: str, family: str) -> None:
 
 __all__ = ["LOSS_CHUNK_LEN", "Objective", "Prepared", "REGISTRY", "check_objective",
            "chunked_cross_entropy", "forward", "get", "loss_weight_total",
-           "make_loss_fn", "normalized_loss", "summarize", "target_prefix",
+           "make_loss_fn", "normalized_loss", "summarize",
            "token_cross_entropy"]

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtl.models import transformer
+from jaxtl.models.config import target_side
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -34,11 +35,6 @@ LossFn = Callable[..., tuple[Array, dict[str, Array]]]
 # Default config.objective.loss_chunk_len: GPT-2's 1024 positions go in 4
 # chunks; shorter rows (and MLM's masked positions) in one.
 LOSS_CHUNK_LEN = 256
-
-
-def target_prefix(family: str) -> str:
-  """Which side of the batch carries targets for a model family."""
-  return "encoder" if family == "encoder" else "decoder"
 
 
 def forward(model: nn.Module, params: Any, batch: Batch, *,
@@ -54,7 +50,7 @@ def forward(model: nn.Module, params: Any, batch: Batch, *,
         batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"),
         batch.get("encoder_positions"), batch.get("decoder_positions"),
         deterministic=deterministic, rngs=rngs, **kwargs)
-  p = target_prefix(family)
+  p = target_side(family)
   return model.apply(
       variables, batch[f"{p}_input_tokens"], batch.get(f"{p}_segment_ids"),
       batch.get(f"{p}_positions"), batch.get(f"{p}_token_type_ids"),
@@ -80,7 +76,7 @@ def token_cross_entropy(logits_BTV: Array, targets_BT: Array,
 
 def loss_weight_total(batch: Batch, family: str) -> Array:
   """Sum of loss weights: the normaliser of a (possibly accumulated) batch."""
-  return jnp.sum(batch[f"{target_prefix(family)}_loss_weights"].astype(jnp.float32))
+  return jnp.sum(batch[f"{target_side(family)}_loss_weights"].astype(jnp.float32))
 
 
 def _to_chunks(x_BT: Array, n: int, c: int) -> Array:
@@ -179,7 +175,7 @@ def make_loss_fn(model: nn.Module, max_predictions: int | None = None,
     raise ValueError(f"loss chunk_len (config.objective.loss_chunk_len) must be "
                      f">= 0 (0: all positions at once), got {chunk_len}")
   cfg = model.config
-  p = target_prefix(cfg.family)
+  p = target_side(cfg.family)
   logits_fn = functools.partial(transformer.apply_lm_head, cfg)
 
   def loss_fn(params: Any, batch: Batch, rng: Array | None,

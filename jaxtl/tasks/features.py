@@ -22,6 +22,7 @@ import numpy as np
 from jaxtl.data import packing
 from jaxtl.tasks.examples import Examples
 from jaxtl.data.tokenizers import Tokenizer
+from jaxtl.models.config import input_side
 
 
 @dataclasses.dataclass
@@ -114,11 +115,6 @@ def label_sequences(words: tuple[str, ...], tok: Tokenizer) -> tuple[tuple[int, 
   seqs = [tok.encode(w) + [tok.eos_id] for w in words]
   width = max(map(len, seqs))
   return tuple(tuple(s + [tok.pad_id] * (width - len(s))) for s in seqs)
-
-
-def input_side(family: str) -> str:
-  """Feature prefix of a family's inputs: causal models read ``decoder_*``."""
-  return "decoder" if family == "decoder" else "encoder"
 
 
 def inputs(tokens: np.ndarray, types: np.ndarray, pad_id: int, family: str,

@@ -28,6 +28,7 @@ from jaxtl.data import pipeline, sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, paths
+from jaxtl.models.config import input_side
 from jaxtl.models.heads import TaskModel, default_pooling
 from jaxtl.tasks import features as task_features
 from jaxtl.tasks import kinds
@@ -50,7 +51,7 @@ SCHEMES: dict[str, tuple[str, ...]] = {
 
 def make_task_loss_fn(model: TaskModel) -> Callable:
   """``loss_fn(params, batch, rng, normalizer=None) -> (loss, sums)`` for a head."""
-  side = task_features.input_side(model.config.family)
+  side = input_side(model.config.family)
 
   loss_sums = kinds.get(model.kind).loss_sums
 
@@ -241,7 +242,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
                    f.truncated, len(splits[name]), task.max_len, kind.too_long)
   model = task_model(task, adapt.scheme, cfg, tok,
                      getattr(splits["train"], "label_names", None))
-  side = task_features.input_side(cfg.family)
+  side = input_side(cfg.family)
   bs, multiple = config.train.batch_size, config.train.length_multiple
   steps_per_epoch = len(feats["train"]) // bs
   if not steps_per_epoch:

@@ -23,6 +23,7 @@ from jaxtl import pretrained
 from jaxtl.tasks import features as task_features, readers as tasks
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import build_model
+from jaxtl.models.config import input_side
 from jaxtl.models.heads import pool
 
 
@@ -96,7 +97,7 @@ def probe_layers(workdir: str, task: str, max_len: int = 64,
   tagging = task == "pos"
   test_split = "dev" if tagging else tasks.EVAL_SPLITS[task]
   family = model.config.family
-  side = task_features.input_side(family)
+  side = input_side(family)
   encode = task_features.encode_tagging if tagging else task_features.encode_sequences
   data, num_classes = {}, 0
   for split in ("train", test_split):
