@@ -224,6 +224,34 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:
   return cfg, tok, params
 
 
+def _pretrained_loader(abstract: Any, init_params: Any | None, source: str
+                       ) -> tuple[Callable[[Any], Any] | None, dict[str, list[str]]]:
+  """(params -> params with the pretrained ones loaded, the transfer report).
+
+  Shapes are checked, and what is loaded, discarded and new is logged, now,
+  before any training; the loading itself happens on a fresh start only.
+  """
+  if init_params is None:
+    return None, {}
+  _, report = checkpoint.merge_pretrained(abstract, init_params)
+  logging.info("from %s: loaded %d tensors; discarded %s; new %s", source,
+               len(report["loaded"]), report["discarded"], report["new"])
+  return lambda params: checkpoint.merge_pretrained(params, init_params)[0], report
+
+
+def loop_config(config: Any, steps_per_epoch: int) -> train.LoopConfig:
+  """The loop's numbers from a fine-tuning config: epochs become steps."""
+  t = config.train
+  # Fractions of an epoch round to whole steps, but never to 0 (no checkpoints).
+  every = max(1, round(t.checkpoint_every * steps_per_epoch)) if t.checkpoint_every else 0
+  return train.LoopConfig(
+      steps=t.epochs * steps_per_epoch, batch_size=t.batch_size, log_every=t.log_every,
+      eval_every=steps_per_epoch, checkpoint_every=every,
+      save_last=t.checkpoint_every > 0, keep_checkpoints=1,
+      max_bad_steps=t.max_bad_steps, accum_steps=config.optim.accum_steps,
+      seed=config.seed)
+
+
 def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   """Fine-tunes per config in the one training loop; returns (and writes)
   the results dict."""
@@ -262,12 +290,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   trainable, n_params = optim.count_trainable(abstract, freeze)
   logging.info("trainable parameters: %d of %d (%.2f%%)", trainable, n_params,
                100 * trainable / n_params)
-  load_pretrained, report = None, {}
-  if init_params is not None:  # shapes checked (and reported) before training
-    _, report = checkpoint.merge_pretrained(abstract, init_params)
-    logging.info("from %s: loaded %d tensors; discarded %s; new %s", config.init_from,
-                 len(report["loaded"]), report["discarded"], report["new"])
-    load_pretrained = lambda params: checkpoint.merge_pretrained(params, init_params)[0]
+  load_pretrained, report = _pretrained_loader(abstract, init_params, config.init_from)
 
   outputs = lambda p, b: model.apply(
       {"params": p}, b[f"{side}_input_tokens"], b[f"{side}_segment_ids"],
@@ -289,15 +312,8 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
       eval_name="dev", select=lambda dev: next(iter(dev.values())),
       prepare=lambda batch: trim_padding(batch, side, multiple),
       init_params=load_pretrained, steps_per_epoch=steps_per_epoch)
-  t = config.train
-  # Fractions of an epoch round to whole steps, but never to 0 (no checkpoints).
-  every = max(1, round(t.checkpoint_every * steps_per_epoch)) if t.checkpoint_every else 0
-  loop_config = train.LoopConfig(
-      steps=total, batch_size=bs, log_every=t.log_every, eval_every=steps_per_epoch,
-      checkpoint_every=every, save_last=t.checkpoint_every > 0, keep_checkpoints=1,
-      max_bad_steps=t.max_bad_steps,
-      accum_steps=config.optim.accum_steps, seed=config.seed)
-  out = train.run(work, loop_config, tx, schedule, mesh, rules, workdir)
+  out = train.run(work, loop_config(config, steps_per_epoch), tx, schedule, mesh,
+                  rules, workdir)
   history = [{"epoch": h.pop("step") // steps_per_epoch, **h} for h in out.history]
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     best_params = jax.device_put(checkpoint.load_params(out.best_dir),

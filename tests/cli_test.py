@@ -1,0 +1,54 @@
+"""The ``jaxtl`` command: recipe names resolve to the shipped files, users'
+own files win, unknown names are refused, and the wheel ships one package."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import setuptools
+
+from jaxtl import cli
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("value", ["pretrain_clm", "pretrain_clm.py",
+                                   "configs/pretrain_clm.py", "jaxtl/configs/pretrain_clm.py"])
+def test_recipe_names_resolve_to_the_shipped_file(value, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # not the repository: no configs/ beside us
+  path, _, arg = cli.recipe_path(value + ":model=bert_mini").partition(":")
+  assert path == str(REPO / "jaxtl" / "configs" / "pretrain_clm.py") and arg == "model=bert_mini"
+
+
+def test_a_users_own_file_wins(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "configs").mkdir()
+  (tmp_path / "configs" / "pretrain_clm.py").write_text("")
+  assert cli.recipe_path("configs/pretrain_clm.py:x=1") == "configs/pretrain_clm.py:x=1"
+  assert cli.with_recipe_paths(["prog", "--config", "configs/pretrain_clm.py"])[2] == \
+      "configs/pretrain_clm.py"
+
+
+def test_unknown_recipes_and_commands_are_named():
+  with pytest.raises(SystemExit, match="'pretrain_nope' is not a shipped recipe.*pretrain_clm"):
+    cli.recipe_path("pretrain_nope")
+  with pytest.raises(SystemExit, match="unknown command 'pretrian'"):
+    cli.run(["jaxtl", "pretrian"])
+
+
+def test_the_command_runs_a_module_with_its_flags():
+  out = subprocess.run([sys.executable, "-m", "jaxtl.cli", "convert", "--help"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "JAXTL_HUGE_PAGES": "0"})
+  assert "--checkpoint: A jaxtl workdir" in out.stdout + out.stderr  # absl's --help
+
+
+def test_the_wheel_ships_only_the_jaxtl_package():
+  find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+      "packages"]["find"]
+  packages = setuptools.find_packages(str(REPO), include=find["include"])
+  assert packages and all(p == "jaxtl" or p.startswith("jaxtl.") for p in packages)
+  assert "jaxtl.configs" in packages
