@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtl.models import transformer
-from jaxtl.models.config import target_side
+from jaxtl.models.config import input_side, target_side
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -50,7 +50,7 @@ def forward(model: nn.Module, params: Any, batch: Batch, *,
         batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"),
         batch.get("encoder_positions"), batch.get("decoder_positions"),
         deterministic=deterministic, rngs=rngs, **kwargs)
-  p = target_side(family)
+  p = input_side(family)
   return model.apply(
       variables, batch[f"{p}_input_tokens"], batch.get(f"{p}_segment_ids"),
       batch.get(f"{p}_positions"), batch.get(f"{p}_token_type_ids"),

@@ -20,7 +20,7 @@ import optax
 from flax import struct
 
 from jaxtl import objectives
-from jaxtl.models.config import target_side
+from jaxtl.models.config import input_side
 from jaxtl.train import sharding
 
 Array = jax.Array
@@ -54,7 +54,7 @@ def lm_init_inputs(model: nn.Module, batch: Mapping[str, Any]) -> dict[str, Any]
   if model.config.family == "encoder_decoder":
     return {"encoder_tokens_BS": batch["encoder_input_tokens"][:1],
             "decoder_tokens_BT": batch["decoder_input_tokens"][:1]}
-  p = target_side(model.config.family)
+  p = input_side(model.config.family)
   return {"tokens_BT": batch[f"{p}_input_tokens"][:1]}
 
 
