@@ -301,7 +301,7 @@ def _prompt_arrays(tok: Any, prompts: list[str], family: str
 
 def main(argv: list[str]) -> None:
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from jaxtl import pretrained  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
   del argv
   f = flags.FLAGS
   loaded = pretrained.load(f.checkpoint, f.tokenizer)

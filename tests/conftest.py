@@ -38,29 +38,16 @@ if "JAXTL_DATA_DIR" not in os.environ and os.path.isdir(_shared):
 
 
 # Fixtures that several test modules use (module-scoped: each module pays once).
-import importlib  # noqa: E402  pylint: disable=wrong-import-position
-
 import pytest  # noqa: E402  pylint: disable=wrong-import-position
 
-import datadir  # noqa: E402  pylint: disable=wrong-import-position
+import runs  # noqa: E402  pylint: disable=wrong-import-position
 
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
   """A tiny MLM pretraining workdir (a few steps on tiny Shakespeare)."""
-  datadir.require_data("tiny_shakespeare", "input.txt")
   workdir = str(tmp_path_factory.mktemp("pre"))
-  config = importlib.import_module("jaxtl.configs.pretrain_mlm").get_config()
-  data = datadir.data_dir()
-  with config.unlocked():
-    config.data.source.kind = "text"
-    config.data.source.paragraphs = False
-    config.data.source.files = dict(
-        train=[str(data / "tiny_shakespeare" / "input.txt")],
-        validation=[str(data / "tiny_shakespeare" / "input.txt")])
-  config.data.tokenizer.update(vocab_size=800)
-  config.data.update(seq_len=32, batch_size=8, max_docs=4000)
-  config.model.update(num_layers=2, d_model=32, num_heads=2, head_dim=16, mlp_dim=64)
+  config = runs.tiny_mlm_config()
   config.train.update(steps=3, log_every=1, eval_every=3, eval_batches=1,
                       checkpoint_every=3)
   from jaxtl import train  # pylint: disable=g-import-not-at-top

@@ -206,7 +206,7 @@ def test_a_jaxtl_pretrained_model_exports_to_transformers(pretrained, tmp_path):
   import sys  # pylint: disable=g-import-not-at-top
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  from jaxtl import pretrained as pretrained_lib  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import pretrained as pretrained_lib  # pylint: disable=g-import-not-at-top
   from jaxtl.models import build_model  # pylint: disable=g-import-not-at-top
   out = tmp_path / "hf"
   subprocess.run([sys.executable, "-m", "jaxtl.convert", f"--checkpoint={pretrained}",

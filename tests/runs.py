@@ -14,6 +14,8 @@ import time
 
 import numpy as np
 
+import datadir
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -102,4 +104,20 @@ def finetune_config(pretrained, scheme, **task):
   config.init_from = pretrained
   config.task.update(**{"num_train_examples": 64, "max_len": 24, **task})
   config.train.update(epochs=2, batch_size=16)
+  return config
+
+
+def tiny_mlm_config():
+  """A tiny BERT's MLM on tiny Shakespeare (the `pretrained` fixture's run);
+  skips without the data."""
+  datadir.require_data("tiny_shakespeare", "input.txt")
+  config = importlib.import_module("jaxtl.configs.pretrain_mlm").get_config()
+  text = str(datadir.data_dir() / "tiny_shakespeare" / "input.txt")
+  with config.unlocked():
+    config.data.source.kind = "text"
+    config.data.source.paragraphs = False
+    config.data.source.files = dict(train=[text], validation=[text])
+  config.data.tokenizer.update(vocab_size=800)
+  config.data.update(seq_len=32, batch_size=8, max_docs=4000)
+  config.model.update(num_layers=2, d_model=32, num_heads=2, head_dim=16, mlp_dim=64)
   return config

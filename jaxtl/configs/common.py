@@ -132,7 +132,12 @@ def pretrain_train_config(**overrides: Any) -> ConfigDict:
 def pretrain_config(model: str) -> ConfigDict:
   """The pretraining skeleton every pretrain_*.py recipe starts from."""
   return _section(dict(
-      **_model_keys(model), objective=objective_config(), data=data_config(),
+      **_model_keys(model),
+      # Continued pretraining: a jaxtl workdir or Hugging Face folder whose
+      # architecture (then config.model only sets dropout), tokenizer and
+      # weights, LM head included, the run starts from.
+      init_from="",
+      objective=objective_config(), data=data_config(),
       optim=optim_config(), train=pretrain_train_config(), mesh=mesh_config()), {})
 
 

@@ -11,9 +11,6 @@ tokenizer files).
 
 from __future__ import annotations
 
-import os
-import shutil
-
 from absl import app, flags, logging
 
 flags.DEFINE_string("checkpoint", None, "A jaxtl workdir, checkpoints dir or step dir.",
@@ -25,17 +22,13 @@ FLAGS = flags.FLAGS
 
 def main(argv: list[str]) -> None:
   del argv
-  from jaxtl import pretrained  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
   from jaxtl.convert import export_hf  # pylint: disable=g-import-not-at-top
-  from jaxtl.data.hf_tokenizers import HuggingFaceTokenizer  # pylint: disable=g-import-not-at-top
+  from jaxtl.data.tokenizer_files import save_tokenizer  # pylint: disable=g-import-not-at-top
   loaded = pretrained.load(FLAGS.checkpoint)
   arch = export_hf(FLAGS.out, loaded.config, loaded.params, head=loaded.head,
                    architecture=FLAGS.architecture)
-  tok = loaded.tokenizer
-  if isinstance(tok, HuggingFaceTokenizer):
-    tok.backend.save(os.path.join(FLAGS.out, "tokenizer.json"))
-  else:
-    shutil.copyfile(tok.model_path, os.path.join(FLAGS.out, "spiece.model"))
+  save_tokenizer(loaded.tokenizer, FLAGS.out, sentencepiece_name="spiece.model")
   logging.info("wrote %s (%s) to %s", arch, loaded.config.family, FLAGS.out)
 
 

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import queue
-import shutil
 import threading
 from typing import Any, Callable, Iterator, Mapping
 
@@ -25,7 +24,7 @@ import numpy as np
 
 from jaxtl import objectives
 from jaxtl.data import packing, sources
-from jaxtl.data.tokenizer_files import get_tokenizer
+from jaxtl.data.tokenizer_files import get_tokenizer, save_tokenizer
 from jaxtl.data.tokenizers import Tokenizer, train_sentencepiece
 
 log = logging.getLogger(__name__)
@@ -43,11 +42,21 @@ TOKENIZER_DIR = "tokenizer"  # where a run keeps the tokenizer it trained
 
 def workdir_tokenizer(workdir: str) -> Tokenizer:
   """The tokenizer a pretraining run trained (or loaded) into its workdir."""
-  models = sorted(glob.glob(os.path.join(workdir, TOKENIZER_DIR, "*.model")))
-  if not models:
-    raise FileNotFoundError(f"no tokenizer in {workdir}/{TOKENIZER_DIR}; set "
-                            "config.tokenizer_path")
-  return get_tokenizer(models[0])
+  folder = os.path.join(workdir, TOKENIZER_DIR)
+  models = sorted(glob.glob(os.path.join(folder, "*.model")))
+  if models:
+    return get_tokenizer(models[0])
+  if os.path.isfile(os.path.join(folder, "tokenizer.json")):
+    return get_tokenizer(folder)
+  raise FileNotFoundError(f"no tokenizer in {folder}; set config.tokenizer_path")
+
+
+def keep_tokenizer(tok: Tokenizer, workdir: str | None) -> Tokenizer:
+  """Copies a given tokenizer into the workdir: it travels with the
+  checkpoints, so fine-tuning (or continuing) the run finds it."""
+  if workdir is not None:
+    save_tokenizer(tok, os.path.join(workdir, TOKENIZER_DIR))
+  return tok
 
 
 def build_tokenizer(data: Mapping[str, Any], workdir: str | None,
@@ -56,17 +65,7 @@ def build_tokenizer(data: Mapping[str, Any], workdir: str | None,
   spec = data["tokenizer"]
   cache_dir = os.path.join(workdir or ".", TOKENIZER_DIR)
   if spec.get("path"):
-    path = sources.expand_path(spec["path"])
-    tok = get_tokenizer(path)
-    if workdir is not None:
-      # A copy travels with the checkpoints, so fine-tuning finds it.
-      os.makedirs(cache_dir, exist_ok=True)
-      copy = os.path.join(cache_dir, os.path.basename(path))
-      if not os.path.exists(copy):
-        tmp = f"{copy}.tmp{os.getpid()}"
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, copy)
-    return tok
+    return keep_tokenizer(get_tokenizer(sources.expand_path(spec["path"])), workdir)
   prefix = os.path.join(cache_dir, f"spm_{spec['model_type']}_{spec['vocab_size']}")
   if os.path.exists(prefix + ".model"):
     return get_tokenizer(prefix + ".model")
@@ -279,17 +278,22 @@ class Prefetcher:
 
 
 class DataSetup:
-  """Everything the trainer needs from the data side, built from config.data."""
+  """Everything the trainer needs from the data side, built from config.data.
+
+  A given ``tokenizer`` (a pretrained model's, for continued pretraining)
+  replaces ``config.data.tokenizer``: none is trained or loaded.
+  """
 
   def __init__(self, config: Any, workdir: str | None, *, process_index: int = 0,
-               process_count: int = 1):
+               process_count: int = 1, tokenizer: Tokenizer | None = None):
     data = config.data
     self.objective = objectives.get(config.objective.name)
     self.batch_size, self.seed = data.batch_size, config.seed
     self.process_index, self.process_count = process_index, process_count
     self.train_split, self.eval_split = data.train_split, data.eval_split
     self._texts: dict[str, list[str]] = {}
-    self.tokenizer = self._load_tokenizer(data, workdir)
+    self.tokenizer = (self._load_tokenizer(data, workdir) if tokenizer is None else
+                      keep_tokenizer(tokenizer, workdir if process_index == 0 else None))
     prepared = self.objective.prepare(self.tokenizer, config.objective, data)
     self.make_example, self.lengths = prepared.make_example, prepared.lengths
     self.max_predictions = prepared.max_predictions

@@ -24,9 +24,9 @@ def get(name: str) -> Objective:
   return REGISTRY[name]
 
 
-def check_objective(name: str, family: str) -> None:
+def check_objective(name: str, family: str, where: str = "config.model.family") -> None:
   """Fails early, naming both, when an objective is paired with the wrong model."""
-  get(name).check_family(family)
+  get(name).check_family(family, where)
 
 
 __all__ = ["LOSS_CHUNK_LEN", "Objective", "Prepared", "REGISTRY", "check_objective",

@@ -58,8 +58,9 @@ class Objective:
   prepare: Callable[[Tokenizer, Any, Any], Prepared]
   description: str = ""
 
-  def check_family(self, family: str) -> None:
-    """Fails early, naming both, when paired with the wrong model."""
+  def check_family(self, family: str, where: str = "config.model.family") -> None:
+    """Fails early, naming both, when paired with the wrong model (``where``
+    says where its family came from)."""
     if family != self.family:
       raise ValueError(f"objective {self.name!r} needs a {self.family!r} model, but "
-                       f"config.model.family is {family!r}")
+                       f"{where} is {family!r}")

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtl import objectives, pretrained, train
+from jaxtl import objectives, train
 from jaxtl.data import pipeline, sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
@@ -34,7 +34,7 @@ from jaxtl.tasks import features as task_features
 from jaxtl.tasks import kinds
 from jaxtl.tasks import readers as tasks
 from jaxtl.tasks.squad import SquadExamples, split_squad_by_article
-from jaxtl.train import checkpoint, optim, sharding
+from jaxtl.train import checkpoint, optim, pretrained, sharding
 
 Array = jax.Array
 
@@ -224,21 +224,6 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:
   return cfg, tok, params
 
 
-def _pretrained_loader(abstract: Any, init_params: Any | None, source: str
-                       ) -> tuple[Callable[[Any], Any] | None, dict[str, list[str]]]:
-  """(params -> params with the pretrained ones loaded, the transfer report).
-
-  Shapes are checked, and what is loaded, discarded and new is logged, now,
-  before any training; the loading itself happens on a fresh start only.
-  """
-  if init_params is None:
-    return None, {}
-  _, report = checkpoint.merge_pretrained(abstract, init_params)
-  logging.info("from %s: loaded %d tensors; discarded %s; new %s", source,
-               len(report["loaded"]), report["discarded"], report["new"])
-  return lambda params: checkpoint.merge_pretrained(params, init_params)[0], report
-
-
 def loop_config(config: Any, steps_per_epoch: int) -> train.LoopConfig:
   """The loop's numbers from a fine-tuning config: epochs become steps."""
   t = config.train
@@ -290,7 +275,8 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   trainable, n_params = optim.count_trainable(abstract, freeze)
   logging.info("trainable parameters: %d of %d (%.2f%%)", trainable, n_params,
                100 * trainable / n_params)
-  load_pretrained, report = _pretrained_loader(abstract, init_params, config.init_from)
+  load_pretrained, report = pretrained.params_loader(abstract, init_params,
+                                                     config.init_from)
 
   outputs = lambda p, b: model.apply(
       {"params": p}, b[f"{side}_input_tokens"], b[f"{side}_segment_ids"],

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxtl import pretrained
+from jaxtl.train import pretrained
 from jaxtl.tasks import features as task_features, readers as tasks
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import build_model

@@ -1,41 +1,25 @@
-"""Pretraining: a corpus and an objective, handed to the one training loop."""
+"""Pretraining: a corpus and an objective, handed to the one training loop.
+
+From random weights, or continued from a pretrained model
+(``config.init_from``: domain-adaptive pretraining, e.g. MiniLM's MLM on
+movie reviews), whose architecture, tokenizer and weights it then takes.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 
 from jaxtl import objectives
 from jaxtl.data import pipeline
-from jaxtl.models import TransformerConfig, build_model
-from jaxtl.train import loop, optim, perf, sharding
+from jaxtl.models import TransformerConfig, build_model, paths
+from jaxtl.train import loop, optim, perf, pretrained, sharding
 from jaxtl.train import step as step_lib
-
-MODEL_CONFIG_FILE = "model_config.json"
-
-
-def save_model_config(cfg: TransformerConfig, workdir: str) -> None:
-  with open(os.path.join(workdir, MODEL_CONFIG_FILE), "w") as f:
-    json.dump(dataclasses.asdict(cfg), f, indent=1)
-
-
-def load_model_config(workdir: str) -> TransformerConfig:
-  """The architecture a pretraining workdir was trained with."""
-  path = os.path.join(workdir, MODEL_CONFIG_FILE)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: init_from must be a jaxtl "
-                            "pretraining workdir")
-  with open(path) as f:
-    values = json.load(f)
-  values["lora_targets"] = tuple(values.get("lora_targets", ()))
-  return TransformerConfig.from_mapping(values)
 
 
 def model_config_from(config: Any, vocab_size: int) -> TransformerConfig:
@@ -48,6 +32,51 @@ def model_config_from(config: Any, vocab_size: int) -> TransformerConfig:
     raise ValueError(f"config.model.vocab_size={values['vocab_size']} is smaller "
                      f"than the tokenizer's {vocab_size} ids")
   return TransformerConfig.from_mapping(values)
+
+
+def load_source(config: Any) -> pretrained.Pretrained | None:
+  """The model ``config.init_from`` names (None: a random start), after
+  checking the objective fits its family (or config.model's)."""
+  if not config.init_from:
+    objectives.check_objective(config.objective.name, config.model.family)
+    return None
+  # A tokenizer path still overrides, as in fine-tuning (same ids, other files).
+  source = pretrained.load(config.init_from, config.data.tokenizer.path)
+  objectives.check_objective(config.objective.name, source.config.family,
+                             f"the model of init_from={config.init_from}")
+  return source
+
+
+def architecture(config: Any, source: pretrained.Pretrained | None,
+                 vocab_size: int) -> TransformerConfig:
+  """config.model's, or the source's with config.model's dropout rates."""
+  if source is None:
+    return model_config_from(config, vocab_size)
+  cfg = source.config
+  if cfg.vocab_size < vocab_size:
+    raise ValueError(f"init_from={config.init_from} has {cfg.vocab_size} token "
+                     f"embeddings, fewer than the tokenizer's {vocab_size} ids")
+  logging.info("continued pretraining from %s: its architecture (%s, %d layers, "
+               "d_model %d, vocab %d) and tokenizer; config.model sets only the "
+               "dropout rates", config.init_from, cfg.family, cfg.num_layers,
+               cfg.d_model, cfg.vocab_size)
+  return cfg.replace(dropout_rate=config.model.dropout_rate,
+                     attention_dropout_rate=config.model.attention_dropout_rate)
+
+
+def source_loader(params_shape: Any, source: pretrained.Pretrained | None,
+                  init_from: str) -> Callable[[Any], Any] | None:
+  """Loads the source's weights, LM head included, into a fresh state;
+  shapes are checked now, before training."""
+  if source is None:
+    return None
+  load, report = pretrained.params_loader(params_shape, source.params, init_from)
+  in_head = lambda names: [n for n in names if n.startswith(paths.LM_HEAD + "/")]
+  head_loaded, head_new = in_head(report["loaded"]), in_head(report["new"])
+  logging.info("LM head: %s", f"{len(head_loaded)} tensors loaded" if head_loaded
+               else "newly initialised (the source has none)" if head_new
+               else "the token table (tied)")
+  return load
 
 
 def loop_config(config: Any) -> loop.LoopConfig:
@@ -68,12 +97,13 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   checkpoint: parameters, optimizer state, step, RNG and data position.
   """
   os.makedirs(workdir, exist_ok=True)
-  objectives.check_objective(config.objective.name, config.model.family)
+  source = load_source(config)
   data = pipeline.DataSetup(config, workdir, process_index=jax.process_index(),
-                            process_count=jax.process_count())
-  model_cfg = model_config_from(config, data.tokenizer.vocab_size)
+                            process_count=jax.process_count(),
+                            tokenizer=source.tokenizer if source else None)
+  model_cfg = architecture(config, source, data.tokenizer.vocab_size)
   if jax.process_index() == 0:  # Fine-tuning rebuilds the model from this.
-    save_model_config(model_cfg, workdir)
+    pretrained.save_model_config(model_cfg, workdir)
   model = build_model(model_cfg)
   mesh = sharding.make_mesh(config.mesh.shape)
   rules = sharding.make_rules(config.mesh.rules)
@@ -101,12 +131,14 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
                "entropy of training tokens %.3f nats", model_cfg.family,
                n_params, data.num_rows(data.train_split),
                data.num_rows(data.eval_split), data.unigram_entropy)
+  load_params = source_loader(params_shape, source, config.init_from)
   work = loop.Workload(
       model=model, loss_fn=loss_fn,
       weight_fn=functools.partial(objectives.loss_weight_total, family=model_cfg.family),
       init_inputs=init_inputs, batches=batches, evaluate=evaluate,
       flops_per_example=flops, tokens_per_example=sum(data.lengths.values()),
       info={"params": n_params, "flops_per_example": flops,
-            "unigram_entropy": data.unigram_entropy})
+            "unigram_entropy": data.unigram_entropy},
+      init_params=load_params)
   return loop.run(work, loop_config(config), tx, schedule, mesh, rules,
                   workdir).eval_metrics

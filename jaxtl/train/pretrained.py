@@ -1,0 +1,89 @@
+"""Any pretrained model by path: a jaxtl workdir or checkpoint, or a Hugging
+Face model folder (converted on the fly), as (config, tokenizer, params).
+
+Both training workloads start from one: fine-tuning adapts it to a task,
+continued pretraining (``config.init_from`` of a pretraining config) goes on
+with its objective on new text. Here too is the architecture file a
+pretraining workdir keeps, which is what makes a workdir loadable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any, Callable
+
+from jaxtl import convert
+from jaxtl.data import pipeline, sources
+from jaxtl.data.tokenizer_files import get_tokenizer
+from jaxtl.data.tokenizers import Tokenizer
+from jaxtl.models import TransformerConfig, paths
+from jaxtl.train import checkpoint
+
+MODEL_CONFIG_FILE = "model_config.json"
+
+
+def save_model_config(cfg: TransformerConfig, workdir: str) -> None:
+  """Writes the architecture, so the workdir can be loaded (fine-tuned, continued)."""
+  with open(os.path.join(workdir, MODEL_CONFIG_FILE), "w") as f:
+    json.dump(dataclasses.asdict(cfg), f, indent=1)
+
+
+def load_model_config(workdir: str) -> TransformerConfig:
+  """The architecture a pretraining workdir was trained with."""
+  path = os.path.join(workdir, MODEL_CONFIG_FILE)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found: init_from must be a jaxtl "
+                            "pretraining workdir or a Hugging Face model folder")
+  with open(path) as f:
+    values = json.load(f)
+  values["lora_targets"] = tuple(values.get("lora_targets", ()))
+  return TransformerConfig.from_mapping(values)
+
+
+@dataclasses.dataclass
+class Pretrained:
+  """A loaded model.
+
+  Attributes:
+    config: Its architecture.
+    tokenizer: The tokenizer it was trained with (or the one asked for).
+    params: The backbone's parameters (``build_model(config)``'s tree, its
+      LM head included when the checkpoint has one).
+    head: Task-head parameters the checkpoint carries: BERT's ``pooler``
+      (a classifier from another task never fits, so it is left out).
+  """
+  config: TransformerConfig
+  tokenizer: Tokenizer
+  params: dict[str, Any]
+  head: dict[str, Any]
+
+
+def load(init_from: str, tokenizer_path: str = "") -> Pretrained:
+  """Loads ``init_from``; ``tokenizer_path`` overrides the model's own tokenizer."""
+  path = sources.expand_path(init_from)
+  tok = get_tokenizer(sources.expand_path(tokenizer_path)) if tokenizer_path else None
+  if convert.is_hf_folder(path):
+    imported = convert.import_hf(path)
+    head = {k: v for k, v in imported.head.items() if k == paths.POOLER}
+    return Pretrained(imported.config, tok or get_tokenizer(path), imported.params, head)
+  return Pretrained(load_model_config(path), tok or pipeline.workdir_tokenizer(path),
+                    checkpoint.load_params(path), {})
+
+
+def params_loader(abstract: Any, init_params: Any | None, source: str
+                  ) -> tuple[Callable[[Any], Any] | None, dict[str, list[str]]]:
+  """(params -> params with the pretrained ones loaded, the transfer report).
+
+  Shapes are checked, and what is loaded, discarded and new is logged, now,
+  before any training; the loading itself (``Workload.init_params``) happens
+  on a fresh start only, so a resumed run goes on from its own checkpoint.
+  """
+  if init_params is None:
+    return None, {}
+  _, report = checkpoint.merge_pretrained(abstract, init_params)
+  logging.info("from %s: loaded %d tensors; discarded %s; new %s", source,
+               len(report["loaded"]), report["discarded"], report["new"])
+  return lambda params: checkpoint.merge_pretrained(params, init_params)[0], report

@@ -1,0 +1,85 @@
+"""Continued pretraining (``config.init_from``): from a jaxtl workdir it starts
+exactly where the source stopped; from a Hugging Face BERT it takes the
+architecture, the MLM head and the tokenizer; a family mismatch fails early."""
+
+import filecmp
+import glob
+import logging
+import os
+import string
+
+import pytest
+
+import runs
+from jaxtl import train
+from jaxtl.data.tokenizer_files import get_tokenizer
+from jaxtl.train import pretrained as pretrained_lib
+
+TEXT = "To be, or not to be: that is the question."
+
+
+def _continued(init_from, **train_settings):
+  config = runs.tiny_mlm_config()
+  config.init_from = init_from
+  config.train.update(**{**dict(steps=2, log_every=1, eval_every=2, eval_batches=1,
+                                checkpoint_every=2), **train_settings})
+  return config
+
+
+def test_a_continued_workdir_starts_from_the_sources_weights_and_tokenizer(
+    pretrained, tmp_path):
+  workdir = str(tmp_path)
+  train.train_and_evaluate(_continued(pretrained), workdir)
+  source_eval = runs.logged_losses(pretrained, ("eval",))
+  last = source_eval[max(source_eval)]
+  # Same eval batches, same weights and LM head: the same loss before any step.
+  assert runs.logged_losses(workdir, ("eval",))[("eval", 0)] == pytest.approx(last, rel=1e-5)
+  # The source's sentencepiece model, copied: no tokenizer was trained.
+  (model_file,) = glob.glob(os.path.join(pretrained, "tokenizer", "*.model"))
+  copies = glob.glob(os.path.join(workdir, "tokenizer", "*"))
+  assert [os.path.basename(c) for c in copies] == [os.path.basename(model_file)]
+  assert filecmp.cmp(model_file, copies[0], shallow=False)
+  again = pretrained_lib.load(workdir)  # what fine-tuning from it reads
+  assert again.config == pretrained_lib.load_model_config(pretrained)
+  assert again.tokenizer.encode(TEXT) == pretrained_lib.load(pretrained).tokenizer.encode(TEXT)
+
+
+@pytest.fixture(scope="module")
+def hf_bert(tmp_path_factory):
+  """A tiny random BertForMaskedLM with a character-level WordPiece vocab."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  chars = string.ascii_lowercase + string.digits
+  vocab = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(chars)
+           + list(string.punctuation) + ["##" + c for c in chars] + ["the", "and"])
+  folder = tmp_path_factory.mktemp("hf_bert")
+  (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  torch.manual_seed(0)
+  config = transformers.BertConfig(
+      vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+      intermediate_size=64, max_position_embeddings=64)
+  transformers.BertForMaskedLM(config).save_pretrained(folder)
+  return str(folder)
+
+
+def test_continuing_a_hugging_face_bert_loads_its_mlm_head_and_tokenizer(
+    hf_bert, tmp_path, caplog):
+  workdir = str(tmp_path)
+  with caplog.at_level(logging.INFO):
+    train.train_and_evaluate(_continued(hf_bert), workdir)
+  assert "LM head: 5 tensors loaded" in caplog.text
+  assert "training a" not in caplog.text  # no new tokenizer
+  assert os.listdir(os.path.join(workdir, "tokenizer")) == ["tokenizer.json"]
+  again = pretrained_lib.load(workdir)
+  assert again.tokenizer.encode(TEXT) == get_tokenizer(hf_bert).encode(TEXT)
+  source = pretrained_lib.load(hf_bert).config
+  assert again.config == source.replace(dropout_rate=0.0, attention_dropout_rate=0.0)
+
+
+def test_an_objective_of_another_family_fails_naming_both(hf_bert, tmp_path):
+  config = _continued(hf_bert)
+  config.objective.name = "clm"
+  with pytest.raises(ValueError, match=r"objective 'clm' needs a 'decoder'.*"
+                                       r"init_from=.* is 'encoder'"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
