@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 import checkpoint_test
-from checkpoint_test import REPO, _train_losses
+import runs
 
 config_file = checkpoint_test.config_file  # the tiny CLM recipe (a fixture)
 
@@ -50,7 +50,7 @@ def _check(procs):
 def test_two_processes_match_one_and_resume_on_one(config_file, tmp_path):
   ref, multi = str(tmp_path / "ref"), str(tmp_path / "multi")
   start = lambda cmd, devices: subprocess.Popen(
-      cmd, cwd=REPO, env=_env(devices), stdout=subprocess.DEVNULL,
+      cmd, cwd=runs.REPO, env=_env(devices), stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE, text=True)
   coordinator = f"localhost:{_free_port()}"
   procs = [start(_command(config_file, multi, 6)
@@ -65,10 +65,10 @@ def test_two_processes_match_one_and_resume_on_one(config_file, tmp_path):
   written = {name for _, dirs, _ in os.walk(step) for name in dirs}
   assert {"ocdbt.process_0", "ocdbt.process_1"} <= written, sorted(written)
 
-  two = _train_losses(multi)
+  two = runs.logged_losses(multi)
   err = _check([start(_command(config_file, multi, 8), devices=4)])
   assert "resumed from checkpoint step 6" in err
-  one, resumed = _train_losses(ref), _train_losses(multi)
+  one, resumed = runs.logged_losses(ref), runs.logged_losses(multi)
   steps = [("eval", 0)] + [("train", s) for s in range(1, 7)]
   np.testing.assert_allclose([two[k] for k in steps], [one[k] for k in steps], rtol=1e-5)
   after = [("train", 7), ("train", 8), ("eval", 8)]
