@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from typing import Any
 
 import flax.linen as nn
@@ -339,7 +340,8 @@ def _define_flags() -> None:
 
 
 if __name__ == "__main__":
-  from jaxtl import hugepages  # pylint: disable=g-import-not-at-top
+  from jaxtl import console, hugepages  # pylint: disable=g-import-not-at-top
+  console.quiet_libraries(sys.argv)
   hugepages.restart_with_huge_pages()
   from absl import app  # pylint: disable=g-import-not-at-top
   _define_flags()

@@ -13,7 +13,6 @@ logs (TensorFlow's C++ and Python, JAX's backend probing, Orbax, absl).
 from __future__ import annotations
 
 import datetime
-import logging as py_logging
 import os
 import shlex
 import sys
@@ -22,11 +21,10 @@ from typing import Any
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxtl import cli, hugepages
+from jaxtl import cli, console, hugepages
 
 FLAGS = flags.FLAGS
 CONFIG_FILE = "config.txt"
-JAXTL_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics and caches go here.")
@@ -41,16 +39,12 @@ flags.DEFINE_string("coordinator_address", None, "host:port of process 0's "
                     "coordinator (with --multiprocess; default: auto-detected).")
 flags.DEFINE_integer("num_processes", None, "Processes in the run (default: auto).")
 flags.DEFINE_integer("process_id", None, "This process's index (default: auto).")
-flags.DEFINE_bool("verbose", False, "Also print the config and the libraries' INFO "
-                  "logs (TensorFlow, JAX, Orbax, absl) on the console.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not FLAGS.verbose:
-    logging.get_absl_handler().addFilter(_OwnInfoOnly())
   import jax  # pylint: disable=g-import-not-at-top
 
   if FLAGS.multiprocess:
@@ -106,48 +100,8 @@ def write_config(config: Any, workdir: str) -> str:
   return path
 
 
-class _OwnInfoOnly(py_logging.Filter):
-  """Keeps warnings and errors, and INFO only from jaxtl's own code.
-
-  Filtered by the calling file, not the logger name: jaxtl, Orbax and TFDS
-  all log through absl's or the root logger.
-  """
-
-  def filter(self, record: py_logging.LogRecord) -> bool:
-    return (record.levelno >= py_logging.WARNING
-            or os.path.abspath(record.pathname).startswith(JAXTL_DIR))
-
-
-def _wants_verbose(argv: list[str]) -> bool:
-  """``--verbose`` as absl will parse it, read before absl parses."""
-  early = flags.FlagValues()
-  flags.DEFINE_bool("verbose", False, "", flag_values=early)
-  try:
-    early(argv, known_only=True)
-  except flags.Error:
-    return False  # absl's own parse reports it
-  return early.verbose
-
-
-def set_log_environment(argv: list[str]) -> None:
-  """What TensorFlow's and XLA's C++ logging read from the environment when
-  they load: set before flags are parsed, since loading a config file
-  imports JAX already. Values the user set win.
-  """
-  verbose = _wants_verbose(argv)
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "1")
-  # TensorFlow only reads TFDS records here, so its oneDNN kernels never
-  # run, and its "oneDNN custom operations are on" INFO line ignores
-  # TF_CPP_MIN_LOG_LEVEL.
-  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-  if not verbose and not sys.stderr.isatty():
-    # TFDS's download/prepare bars are carriage-return noise in a log file.
-    # (jaxtl's own bars say ``disable`` and are not affected.)
-    os.environ.setdefault("TQDM_DISABLE", "1")
-
-
 if __name__ == "__main__":
-  set_log_environment(sys.argv)
+  console.quiet_libraries(sys.argv)
   hugepages.restart_with_huge_pages()
   sys.argv = cli.with_recipe_paths(sys.argv)
   app.run(main)

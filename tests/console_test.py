@@ -14,7 +14,7 @@ import sys
 from absl import logging as absl_logging
 import pytest
 
-from jaxtl import main as jaxtl_main
+from jaxtl import console
 from jaxtl.train import metrics
 
 import runs
@@ -80,7 +80,7 @@ def test_console_is_quiet_and_verbose_brings_the_libraries_back(tiny_config, tmp
 def test_log_environment_is_set_before_flags_are_parsed(monkeypatch, argv, verbose):
   for name in LOG_ENV:
     monkeypatch.delenv(name, raising=False)
-  jaxtl_main.set_log_environment(argv)
+  console.set_log_environment(argv)
   assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == ("0" if verbose else "1")
   assert os.environ["TF_ENABLE_ONEDNN_OPTS"] == "0"
   # pytest captures stderr: not a terminal, so library bars are off unless verbose.
@@ -89,7 +89,7 @@ def test_log_environment_is_set_before_flags_are_parsed(monkeypatch, argv, verbo
 
 def test_users_log_environment_wins(monkeypatch):
   monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
-  jaxtl_main.set_log_environment(["main", "--verbose"])
+  console.set_log_environment(["main", "--verbose"])
   assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
 
 
@@ -97,7 +97,7 @@ def test_users_log_environment_wins(monkeypatch):
                     reason="TensorFlow not installed")
 def test_tensorflow_loads_silently():
   env = {k: v for k, v in os.environ.items() if k not in LOG_ENV}
-  code = ("import sys; from jaxtl import main; main.set_log_environment(sys.argv); "
+  code = ("import sys; from jaxtl import console; console.set_log_environment(sys.argv); "
           "import tensorflow")
   proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=300)

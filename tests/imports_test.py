@@ -9,7 +9,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxtl"
 # those below it, never one above.
 LAYERS = [
     ("jaxtl.models", "jaxtl.data", "jaxtl.objectives", "jaxtl.convert",
-     "jaxtl.train", "jaxtl.hugepages"),
+     "jaxtl.train", "jaxtl.hugepages", "jaxtl.console"),
     ("jaxtl.generate", "jaxtl.tasks"),
     ("jaxtl.tools", "jaxtl.configs"),
     ("jaxtl.main", "jaxtl.cli"),

@@ -11,6 +11,8 @@ tokenizer files).
 
 from __future__ import annotations
 
+import sys
+
 from absl import app, flags, logging
 
 flags.DEFINE_string("checkpoint", None, "A jaxtl workdir, checkpoints dir or step dir.",
@@ -33,4 +35,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  from jaxtl import console  # pylint: disable=g-import-not-at-top
+  console.quiet_libraries(sys.argv)
   app.run(main)

@@ -12,6 +12,7 @@ writes one PNG per layer with a heatmap per head.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Sequence
 
 import jax
@@ -186,7 +187,8 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-  from jaxtl import hugepages  # pylint: disable=g-import-not-at-top
+  from jaxtl import console, hugepages  # pylint: disable=g-import-not-at-top
+  console.quiet_libraries(sys.argv)
   hugepages.restart_with_huge_pages()
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string("init_from", None, "A jaxtl pretraining workdir or a Hugging Face folder.")

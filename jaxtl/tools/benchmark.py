@@ -304,6 +304,8 @@ def _define_flags() -> None:
 
 
 if __name__ == "__main__":
+  from jaxtl import console  # pylint: disable=g-import-not-at-top
+  console.quiet_libraries(sys.argv)
   hugepages.restart_with_huge_pages()
   from absl import app  # pylint: disable=g-import-not-at-top
   # Growing, not preallocating, device memory leaves PyTorch room on the GPU.
