@@ -134,16 +134,9 @@ def load_params(path: str | os.PathLike) -> dict[str, Any]:
     reader.close()
 
 
-def merge_pretrained(target: Any, pretrained: Any, *, prefix: tuple[str, ...] = (),
-                     skip: Any = ()) -> tuple[Any, dict[str, list[str]]]:
-  """Copies every pretrained parameter that ``target`` has (under ``prefix``).
-
-  Returns the merged tree and a report: ``loaded``, ``discarded`` (in the
-  checkpoint but not in the model, e.g. the LM head) and ``new`` (in the
-  model only, e.g. the classifier: they keep their fresh initialisation).
-  Names matching a regex in ``skip`` are not loaded. A parameter present in
-  both with different shapes is an error listing every such parameter.
-  """
+def _flat_transfer(target: Any, pretrained: Any, prefix: tuple[str, ...], skip: Any
+                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, list[str]]]:
+  """(flat target, flat pretrained, report); fails on mismatched shapes."""
   import re  # pylint: disable=g-import-not-at-top
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
 
@@ -160,12 +153,34 @@ def merge_pretrained(target: Any, pretrained: Any, *, prefix: tuple[str, ...] = 
     raise ValueError("pretrained parameters do not fit the model:\n  "
                      + "\n  ".join(mismatched))
   report = {"loaded": [], "discarded": [], "new": []}
-  merged = dict(flat_target)
-  for name, value in flat_pre.items():
-    if name in flat_target and not skipped(name):
-      merged[name] = jax.numpy.asarray(value, flat_target[name].dtype)
-      report["loaded"].append(name)
-    else:
-      report["discarded"].append(name)
+  for name in flat_pre:
+    report["loaded" if name in flat_target and not skipped(name)
+           else "discarded"].append(name)
   report["new"] = sorted(set(flat_target) - set(report["loaded"]))
+  return flat_target, flat_pre, report
+
+
+def transfer_report(target: Any, pretrained: Any, *, prefix: tuple[str, ...] = (),
+                    skip: Any = ()) -> dict[str, list[str]]:
+  """What :func:`merge_pretrained` would load, discard and leave new, and
+  its shape check, without copying any array (``target`` may be abstract)."""
+  return _flat_transfer(target, pretrained, prefix, skip)[2]
+
+
+def merge_pretrained(target: Any, pretrained: Any, *, prefix: tuple[str, ...] = (),
+                     skip: Any = ()) -> tuple[Any, dict[str, list[str]]]:
+  """Copies every pretrained parameter that ``target`` has (under ``prefix``).
+
+  Returns the merged tree and a report: ``loaded``, ``discarded`` (in the
+  checkpoint but not in the model, e.g. the LM head) and ``new`` (in the
+  model only, e.g. the classifier: they keep their fresh initialisation).
+  Names matching a regex in ``skip`` are not loaded. A parameter present in
+  both with different shapes is an error listing every such parameter.
+  """
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+
+  flat_target, flat_pre, report = _flat_transfer(target, pretrained, prefix, skip)
+  merged = dict(flat_target)
+  for name in report["loaded"]:
+    merged[name] = jax.numpy.asarray(flat_pre[name], flat_target[name].dtype)
   return traverse_util.unflatten_dict(merged, sep="/"), report

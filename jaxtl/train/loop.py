@@ -26,7 +26,8 @@ import numpy as np
 import optax
 import tqdm
 
-from jaxtl.train import checkpoint, sharding
+from jaxtl.data import pipeline
+from jaxtl.train import checkpoint, perf, sharding
 from jaxtl.train import metrics as metrics_lib
 from jaxtl.train import step as step_lib
 
@@ -181,10 +182,7 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
   p_step = step_lib.jit_train_step(work.loss_fn, work.weight_fn, tx, schedule,
                                    shardings, mesh, loop.accum_steps)
   writer = metrics_lib.MetricsWriter(workdir, enabled=jax.process_index() == 0)
-  peak = loop.peak_flops or None
-  if peak is None:
-    from jaxtl.train import perf  # pylint: disable=g-import-not-at-top
-    peak = perf.peak_flops_per_device(dtype=work.model.config.dtype)
+  peak = loop.peak_flops or perf.peak_flops_per_device(dtype=work.model.config.dtype)
   start = int(state.step)
   rng_data = np.asarray(jax.random.key_data(step_rng)).tolist()
   eval_metrics: dict[str, float] = {}
@@ -201,7 +199,7 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
         writer.write(0, "info", work.info)
       if start == 0 and loop.eval_at_start and work.evaluate is not None:
         eval_metrics = run_eval(0)
-      prefetch = _prefetcher(work.batches, loop.prefetch)
+      prefetch = pipeline.Prefetcher(work.batches, loop.prefetch)
       bar = _progress(loop.steps, start, work.steps_per_epoch,
                       enabled=writer.enabled)
       eta = metrics_lib.Eta(loop.steps, start)
@@ -287,11 +285,6 @@ def mean_loss(window: list[Mapping[str, Any]]) -> float | None:
     return None
   totals = loss_totals(window)
   return totals["loss_sum"] / max(totals["weight_sum"], 1.0)
-
-
-def _prefetcher(batches: Any, size: int) -> Any:
-  from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
-  return pipeline.Prefetcher(batches, size)
 
 
 def _progress(total: int, start: int, steps_per_epoch: int, enabled: bool) -> tqdm.tqdm:

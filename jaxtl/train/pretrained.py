@@ -83,7 +83,7 @@ def params_loader(abstract: Any, init_params: Any | None, source: str
   """
   if init_params is None:
     return None, {}
-  _, report = checkpoint.merge_pretrained(abstract, init_params)
+  report = checkpoint.transfer_report(abstract, init_params)
   logging.info("from %s: loaded %d tensors; discarded %s; new %s", source,
                len(report["loaded"]), report["discarded"], report["new"])
   return lambda params: checkpoint.merge_pretrained(params, init_params)[0], report
