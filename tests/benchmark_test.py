@@ -114,3 +114,13 @@ def test_pipeline_throughput_of_a_recipe(tmp_path):
   _, targets = corruption.span_corruption_lengths(128, 0.15, 3.0)
   assert rows[1]["tokens"] == f"{3 * 32 * (128 + targets):,}"
   assert all(float(r["tokens/s"].replace(",", "")) > 0 for r in rows)
+
+
+def test_cpu_model_names_vendor_and_matmul_extensions(tmp_path):
+  info = tmp_path / "cpuinfo"
+  info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\n"
+                  "model name\t: Intel(R) Xeon(R) Platinum 8481C\n"
+                  "flags\t\t: fpu sse avx2 avx512f amx_tile amx_bf16\n\nprocessor\t: 1\n")
+  assert perf.cpu_model(str(info)) == (
+      "Intel(R) Xeon(R) Platinum 8481C (GenuineIntel; avx2 avx512f amx_tile)")
+  assert perf.cpu_model(str(tmp_path / "missing"))  # falls back to platform

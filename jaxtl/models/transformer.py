@@ -39,6 +39,7 @@ class TransformerBlock(nn.Module):
   return_hidden: bool = False
   return_attention: bool = False
   decode: bool = False
+  causal: bool = False  # decoder self-attention (a hint for the fused kernel)
 
   def _sublayer(self, x_BTD: Array, name: str, fn) -> tuple[Array, Any]:
     cfg = self.config
@@ -61,7 +62,7 @@ class TransformerBlock(nn.Module):
     attn = functools.partial(layers.MultiHeadAttention, cfg,
                              deterministic=self.deterministic,
                              return_weights=self.return_attention, decode=self.decode)
-    self_attn = attn(name=paths.SELF_ATTENTION)
+    self_attn = attn(name=paths.SELF_ATTENTION, causal=self.causal)
     x_BTD, self_w = self._sublayer(
         x_BTD, paths.SELF_ATTENTION,
         lambda h: self_attn(h, h, mask_B1TT, bias_BHTT, cache_index))
@@ -166,7 +167,8 @@ class Stack(nn.Module):
     kwargs = dict(config=cfg, cross_attention=self.cross_attention,
                   deterministic=deterministic,
                   return_hidden=return_hidden,
-                  return_attention=return_attention, decode=decode)
+                  return_attention=return_attention, decode=decode,
+                  causal=self.causal)
     args = (mask_B1TT, bias_BHTT, enc_BSD, enc_mask_B1TS, cache_index)
     if cfg.scan_layers:
       scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0},

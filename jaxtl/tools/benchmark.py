@@ -33,7 +33,6 @@ import dataclasses
 import datetime
 import json
 import os
-import platform
 import sys
 import time
 from typing import Any, Callable
@@ -41,7 +40,7 @@ from typing import Any, Callable
 import jax
 
 from jaxtl import hugepages, objectives, train
-from jaxtl.models import TransformerConfig, paths
+from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.tools.presets import (PRESETS, Measurement, Preset, init_inputs, jaxtl_step,
                                  make_batch, max_predictions, model_config,
                                  on_accelerator, optimizer_config, time_steps)
@@ -120,7 +119,7 @@ def _profile(run_step: Callable[[], Any], steps: int, logdir: str) -> None:
 # ----------------------------------------------------------------------------
 # Reporting.
 
-COLUMNS = ("preset", "batch x tokens", "dtype", "step ms", "tokens/s", "GFLOP/token",
+COLUMNS = ("preset", "batch x tokens", "dtype", "attention", "step ms", "tokens/s", "GFLOP/token",
            "MFU", "compile s", "peak GiB", "PyTorch step ms", "PyTorch tokens/s",
            "PyTorch MFU", "PyTorch peak GiB", "jaxtl / PyTorch")
 
@@ -138,13 +137,24 @@ def _mfu(flops_per_s: float, peak: float | None) -> str:
   return "n/a" if not peak else f"{100 * flops_per_s / peak:.1f}%"
 
 
-def row(name: str, preset: Preset, dtype: str, ours: Measurement, flops_per_row: float,
-        theirs: Measurement | None, peak_flops: float | None) -> dict[str, str]:
+def attention_kernel(cfg: TransformerConfig) -> str:
+  """How the train step computes attention: attention dropout needs the
+  probabilities, so it takes the explicit einsum path; else the fused kernel
+  that :func:`jaxtl.models.layers.attention_impl` picks."""
+  if cfg.attention_dropout_rate > 0:
+    return "explicit (dropout)"
+  return layers.attention_impl(cfg, cfg.jnp_dtype)
+
+
+def row(name: str, preset: Preset, cfg: TransformerConfig, ours: Measurement,
+        flops_per_row: float, theirs: Measurement | None,
+        peak_flops: float | None) -> dict[str, str]:
   """One results-table row (strings, in COLUMNS order)."""
   shape = f"{preset.batch_size} x {preset.length}" + (
       f"+{preset.target_length}" if preset.target_length else "")
   flops_per_s = lambda m: flops_per_row * preset.batch_size / m.step_s
-  out = {"preset": name, "batch x tokens": shape, "dtype": dtype,
+  out = {"preset": name, "batch x tokens": shape, "dtype": cfg.dtype,
+         "attention": attention_kernel(cfg),
          "step ms": f"{1e3 * ours.step_s:.1f}",
          "tokens/s": f"{ours.tokens_per_s(preset):,.0f}",
          "GFLOP/token": f"{flops_per_row / preset.tokens_per_row / 1e9:.3f}",
@@ -166,8 +176,7 @@ def environment() -> str:
   import flax  # pylint: disable=g-import-not-at-top
   device = jax.devices()[0]
   kind = device.device_kind if device.platform != "cpu" else (
-      f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()}; "
-      f"{hugepages.describe()})")
+      f"CPU ({os.cpu_count()} cores, {perf.cpu_model()}; {hugepages.describe()})")
   versions = [f"jax {jax.__version__}", f"flax {flax.__version__}"]
   try:
     import torch  # pylint: disable=g-import-not-at-top
@@ -226,7 +235,7 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
     ours, flops = run_jaxtl(preset, cfg, warmup, steps, devices,
                             loss_chunk_len=loss_chunk_len,
                             profile_dir=profile_dir and os.path.join(profile_dir, name))
-    rows.append(row(name, preset, dtype, ours, flops, theirs, peak_flops))
+    rows.append(row(name, preset, cfg, ours, flops, theirs, peak_flops))
     print(json.dumps(rows[-1]), flush=True)
   return rows
 

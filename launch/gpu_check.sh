@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One GPU session's checks, in as few device commands as possible:
+#
+#   launch/gpu_check.sh tests              # the GPU-relevant tests
+#   launch/gpu_check.sh bench PRESET...    # each preset beside PyTorch, one process each
+#   launch/gpu_check.sh profile PRESET...  # jaxtl's step traced; op breakdown printed
+#
+# Packages the GPU image lacks travel as wheels in .whl/ (pip download ...
+# ml-collections tensorboardX; see launch/README or the issue notes) and are
+# installed into /tmp/site. Logs and tables go to $OUT (or ./gpu_out).
+# Extra benchmark flags come from $BENCH_FLAGS (e.g. --model=attention_impl=xla).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu_out}
+mkdir -p "$out"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+
+stage=$1; shift
+case $stage in
+  tests)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    python3 -c "import jax, flax, optax, orbax.checkpoint, torch, transformers; \
+print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, \
+'torch', torch.__version__, 'transformers', transformers.__version__); print(jax.devices())"
+    # The property tests compare float32 results at 1e-5; a GPU's default
+    # float32 matmuls round through TF32, so they run at full precision here.
+    JAX_DEFAULT_MATMUL_PRECISION=highest JAX_PLATFORMS=cuda,cpu timeout ${TEST_TIMEOUT:-420} python3 -m pytest -p no:cacheprovider -n 4 -q \
+      -o addopts="" tests/gpu_test.py tests/models_test.py tests/generate_test.py \
+      tests/checkpoint_test.py tests/heads_test.py \
+      tests/train_test.py -k "${TEST_FILTER:-not mesh and not sharded and not shard}" \
+      2>&1 | tee "$out/tests.log" | tail -40
+    ;;
+  bench)
+    for p in "$@"; do
+      IFS=: read -r name extra <<<"$p"  # PRESET[:--flag=...+--flag=...]
+      timeout ${BENCH_TIMEOUT:-300} python3 -m jaxtl.tools.benchmark --presets="$name" --torch \
+        --steps=10 --warmup=3 --results="$out/benchmark_results.md" \
+        ${extra//+/ } ${BENCH_FLAGS:-} 2>&1 | tee -a "$out/bench.log" | grep -E "^\||Error|error" | tail -4
+    done
+    ;;
+  profile)
+    for p in "$@"; do
+      IFS=: read -r name extra <<<"$p"
+      timeout 300 python3 -m jaxtl.tools.benchmark --presets="$name" --steps=3 --warmup=2 \
+        --profile="/tmp/prof" ${extra//+/ } ${BENCH_FLAGS:-} 2>&1 \
+        | tee -a "$out/profile.log" | grep -vE "^(I|W)[0-9]{4}" | tail -30
+      cp "/tmp/prof/$name/op_breakdown.json" "$out/ops_${name}${extra//[^a-z0-9]/_}.json" 2>/dev/null
+    done
+    ;;
+  *) echo "unknown stage $stage"; exit 2;;
+esac
