@@ -429,7 +429,7 @@ class Embedder(nn.Module):
                             (cfg.max_len, cfg.d_model), cfg.jnp_param_dtype)
       # Gathered in the parameters' dtype, then cast: the gradient is then a
       # float32 scatter-add (native atomics on GPUs), not a bf16 one.
-      x_BTD += table_PD[positions_BT].astype(cfg.jnp_dtype)
+      x_BTD += jnp.asarray(table_PD)[positions_BT].astype(cfg.jnp_dtype)
     if cfg.type_vocab_size:
       if token_types_BT is None:
         token_types_BT = jnp.zeros_like(tokens_BT)
