@@ -35,8 +35,8 @@ from jaxtl.models.config import input_side
 from jaxtl.models.heads import TaskModel
 from jaxtl.tasks import features as task_features
 from jaxtl.tasks import kinds
-from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks import readers as tasks
+from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.squad import SquadExamples, split_squad_by_article
 from jaxtl.train import checkpoint, optim, pretrained, sharding
 
@@ -189,6 +189,11 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any, tuple[str
     loaded = pretrained.load(config.init_from, config.tokenizer_path)
     cfg, tok, dropped = loaded.config, loaded.tokenizer, loaded.dropped
     params = {paths.BACKBONE: loaded.params, paths.HEAD: loaded.head}
+    if cfg.adapter_dim and (adapt.scheme != "adapters"
+                            or adapt.adapter_dim != cfg.adapter_dim):
+      logging.warning("%s was tuned with adapters (dim %d), which cannot be merged "
+                      "into the backbone: this run (scheme %s) starts without them",
+                      config.init_from, cfg.adapter_dim, adapt.scheme)
   else:
     if not config.tokenizer_path:
       raise ValueError("random init needs config.tokenizer_path (or set init_from)")
