@@ -12,7 +12,8 @@ text (one text per line; any other extension, and stdin unless
 hold the task's inputs, in the task's order (default: the task's own names,
 ``text`` / ``text``,``text_pair`` / ``words`` / ``question``,``context``; see
 ``task.json``). Each output row is the input row plus the prediction (JSON
-lines; CSV / TSV when ``--output`` ends so; stdout, ``-``, by default).
+lines; CSV / TSV when ``--output`` ends so; stdout, ``-``, by default); an
+input that already has a ``label`` (gold) gets ``predicted_label`` etc.
 """
 
 from __future__ import annotations
@@ -66,11 +67,20 @@ def predict_file(workdir: str, input_path: str, output_path: str = "-",
       for start in range(0, len(inputs), chunk):
         preds = model.predict(inputs[start:start + chunk], batch_size=batch_size)
         for (_, row), pred in zip(rows[start:start + chunk], preds):
-          writer.write({**row, **pred})
+          writer.write(with_prediction(row, pred))
         bar.update(len(preds))
   finally:
     writer.close()
   return len(inputs)
+
+
+def with_prediction(row: dict, pred: dict) -> dict:
+  """The input row plus the prediction; when the row already has a field of
+  the same name (a gold ``label``), the prediction's fields are all named
+  ``predicted_*``, so neither is lost."""
+  if any(k in row for k in pred):
+    pred = {f"predicted_{k}": v for k, v in pred.items()}
+  return {**row, **pred}
 
 
 def main(argv: list[str]) -> None:

@@ -83,12 +83,15 @@ def test_the_cli_writes_the_rows_plus_label_names(tuned, tmp_path):
   texts = tasks.load_task("trec", "test").texts[:5]
   expected = [p["label"] for p in jaxtl.load(workdir).predict(texts)]
   tsv = tmp_path / "in.tsv"
-  tsv.write_text("id\tquestion\n" + "".join(f"{i}\t{t}\n" for i, t in enumerate(texts)))
+  tsv.write_text("id\tquestion\tlabel\n"
+                 + "".join(f"{i}\t{t}\tgold\n" for i, t in enumerate(texts)))
   assert predict_cli.predict_file(workdir, str(tsv), str(tmp_path / "out.tsv"),
                                   ["question"]) == 5
   out = (tmp_path / "out.tsv").read_text().splitlines()
-  assert out[0].split("\t")[:3] == ["id", "question", "label"]
-  assert [line.split("\t")[2] for line in out[1:]] == expected
+  # The gold label is kept; the prediction's fields are named predicted_*.
+  assert out[0].split("\t") == ["id", "question", "label", "predicted_label",
+                                 "predicted_probabilities"]
+  assert [line.split("\t")[3] for line in out[1:]] == expected
   jsonl = tmp_path / "in.jsonl"
   jsonl.write_text("".join(json.dumps({"text": t, "n": i}) + "\n"
                            for i, t in enumerate(texts)))
