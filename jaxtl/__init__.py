@@ -1,3 +1,17 @@
 """jaxtl: transfer learning for NLP in JAX/Flax."""
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+
+def load(workdir: str) -> Any:
+  """The fine-tuned model in ``workdir`` (:class:`jaxtl.tasks.predictor.FineTuned`),
+  ready to ``.predict(texts)``.
+
+  Imported on call, so ``import jaxtl`` stays light (no JAX, no Flax).
+  """
+  from jaxtl.tasks import predictor  # pylint: disable=g-import-not-at-top
+  return predictor.load(workdir)

@@ -3,6 +3,7 @@
   jaxtl pretrain  --config=pretrain_clm --workdir=workdirs/clm
   jaxtl finetune  --config=finetune:task=trec --config.init_from=... --workdir=...
   jaxtl study     --config=transfer_study --workdir=workdirs/study
+  jaxtl predict   --workdir=workdirs/trec_full --input=texts.txt --output=out.jsonl
   jaxtl generate | convert | benchmark | analysis  (their own flags)
 
 Each subcommand runs its module as ``python -m <module>`` would, so the two
@@ -24,6 +25,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "study": ("jaxtl.main", ("--mode=study",)),
     "generate": ("jaxtl.generate", ()),
     "convert": ("jaxtl.convert", ()),
+    "predict": ("jaxtl.predict", ()),
     "benchmark": ("jaxtl.tools.benchmark", ()),
     "analysis": ("jaxtl.tools.analysis", ()),
 }

@@ -254,11 +254,17 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
           if all(r.jax in flat for r in table if r.group == g)}
   if architecture is None:
     fits = [a for a, g in family.architectures.items() if set(g) <= have]
-    architecture = max(fits, key=lambda a: len(family.architectures[a]))
+    # None fits a fine-tuned backbone without BERT's pooler: the bare model.
+    architecture = max(fits, key=lambda a: len(family.architectures[a])) if fits \
+        else family.base_architecture
   if architecture not in family.architectures:
     raise ValueError(f"cannot export as {architecture!r}; known for {family.model_type}: "
                      f"{sorted(family.architectures)}")
   groups = family.architectures[architecture]
+  if architecture == family.base_architecture and not set(groups) <= have:
+    log.warning("%s without %s (the model has none): transformers initialises "
+                "it at random", architecture, sorted(set(groups) - have))
+    groups = tuple(g for g in groups if g in have)
   table = [r for r in table if r.group in groups]
   extra = sorted(set(flat) - {r.jax for r in table}
                  - {r.jax for r in family.rules(config) if r.group not in groups})

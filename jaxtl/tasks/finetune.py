@@ -1,12 +1,15 @@
 """Fine-tuning: adapt a pretrained (or random) backbone to a labeled task.
 
 Transfer is configuration: ``config.init_from`` names a pretraining workdir
-(its ``model_config.json``, tokenizer and newest checkpoint are used), the
-task head is new, and ``config.adapt`` picks the scheme (full fine-tuning,
-frozen features + probe, scalar mix, adapters, LoRA, ULMFiT schedules).
-Evaluates every epoch on the dev split, keeps the best parameters by the
-task's first metric, scores them on the test split, and writes
-``results.json`` in the workdir.
+(its ``model_config.json``, tokenizer and newest checkpoint are used), a
+fine-tuning workdir (its tuned backbone: intermediate-task transfer) or a
+Hugging Face folder; the task head is new, and ``config.adapt`` picks the
+scheme (full fine-tuning, frozen features + probe, scalar mix, adapters,
+LoRA, ULMFiT schedules). Evaluates every epoch on the dev split, keeps the
+best parameters by the task's first metric, scores them on the test split,
+and writes ``results.json`` in the workdir. Before training it writes
+``model_config.json``, ``tokenizer/`` and ``task.json``, so the workdir is a
+complete model (``jaxtl.load``, ``python -m jaxtl.predict``).
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, paths
 from jaxtl.models.config import input_side
-from jaxtl.models.heads import TaskModel, default_pooling
+from jaxtl.models.heads import TaskModel
 from jaxtl.tasks import features as task_features
 from jaxtl.tasks import kinds
 from jaxtl.tasks import readers as tasks
+from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.squad import SquadExamples, split_squad_by_article
 from jaxtl.train import checkpoint, optim, pretrained, sharding
 
@@ -111,35 +115,6 @@ def _hold_out(ex: Any, fraction: float, seed: int) -> tuple[Any, Any]:
   return ex.subset(np.sort(order[n_dev:])), ex.subset(np.sort(order[:n_dev]))
 
 
-def label_words(task: Any, names: tuple[str, ...] | None) -> tuple[str, ...]:
-  """What a text-to-text model writes for each class: ``task.label_words``,
-  else the label names with underscores as spaces."""
-  if not names:
-    raise ValueError(f"task.kind=text_to_text needs a classification task; "
-                     f"{task.name!r} has no label names")
-  words = tuple(task.label_words) or tuple(n.replace("_", " ") for n in names)
-  if len(words) != len(names) or len(set(words)) != len(words):
-    raise ValueError(f"task.label_words={words} must name each of the {len(names)} "
-                     f"labels {names} with a distinct text")
-  return words
-
-
-def task_model(task: Any, scheme: str, cfg: TransformerConfig, tok: Tokenizer,
-               names: tuple[str, ...] | None) -> TaskModel:
-  """The backbone plus the head that ``task`` asks for."""
-  targets = ()
-  if task.kind == "text_to_text":
-    if scheme in ("features", "scalar_mix"):
-      raise ValueError(f"config.adapt.scheme={scheme!r} trains only a "
-                       "classifier head, and text_to_text has none (the LM writes "
-                       "the label): use full, adapters or lora")
-    targets = task_features.label_sequences(label_words(task, names), tok)
-  return TaskModel(cfg, kind=task.kind, num_labels=len(names) if names else 1,
-                   pooling=task.pooling or default_pooling(cfg.family),
-                   dropout_rate=task.head_dropout, scalar_mix=scheme == "scalar_mix",
-                   label_tokens=targets, pad_id=tok.pad_id)
-
-
 def _pad_rows(arrays: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
   """Pads to a whole number of batches with zero-weight rows (eval sees all)."""
   n = len(arrays["labels"])
@@ -186,8 +161,10 @@ def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
     batch = trim_padding({k: v[i:i + batch_size] for k, v in padded.items()}, side,
                          multiple)
     out = np.asarray(eval_fn(params, sharding.shard_batch(batch, mesh)))
-    if out.ndim == 2 and out.shape[1] == batch[f"{side}_segment_ids"].shape[1] < t:
-      out = np.pad(out, [(0, 0), (0, t - out.shape[1])])  # tag ids
+    # Per-token outputs (tag ids) are shaped like the per-token weights;
+    # class probabilities [B, C] are not, whatever C is.
+    if out.shape == batch["label_weights"].shape and out.ndim == 2 and out.shape[1] < t:
+      out = np.pad(out, [(0, 0), (0, t - out.shape[1])])
     outs.append(out)
   return np.concatenate(outs)[:n]
 
@@ -203,13 +180,20 @@ def _predictions(outputs: Callable, task: Any, params: Any, batch: Any) -> Array
   return kinds.get(task.kind).predict(outputs(params, batch), batch, task)
 
 
-def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:
-  """(model config, tokenizer, pretrained params or None) per config.init_from."""
+def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any, tuple[str, ...]]:
+  """(model config, tokenizer, pretrained params or None, what of the
+  checkpoint is left out: an earlier task's head) per config.init_from."""
   adapt = config.adapt
+  dropped = ()
   if config.init_from:
     loaded = pretrained.load(config.init_from, config.tokenizer_path)
-    cfg, tok = loaded.config, loaded.tokenizer
+    cfg, tok, dropped = loaded.config, loaded.tokenizer, loaded.dropped
     params = {paths.BACKBONE: loaded.params, paths.HEAD: loaded.head}
+    if cfg.adapter_dim and (adapt.scheme != "adapters"
+                            or adapt.adapter_dim != cfg.adapter_dim):
+      logging.warning("%s was tuned with adapters (dim %d), which cannot be merged "
+                      "into the backbone: this run (scheme %s) starts without them",
+                      config.init_from, cfg.adapter_dim, adapt.scheme)
   else:
     if not config.tokenizer_path:
       raise ValueError("random init needs config.tokenizer_path (or set init_from)")
@@ -221,7 +205,18 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any]:
                     lora_rank=adapt.lora_rank if adapt.scheme == "lora" else 0,
                     lora_alpha=adapt.lora_alpha, lora_dropout=adapt.lora_dropout,
                     lora_targets=tuple(adapt.lora_targets))
-  return cfg, tok, params
+  return cfg, tok, params, dropped
+
+
+def keep_loadable(workdir: str, cfg: TransformerConfig, tok: Tokenizer,
+                  spec: task_spec.TaskSpec) -> None:
+  """Writes what reloads the fine-tuned model beside its checkpoints: the
+  backbone's architecture, the tokenizer and the task. Done before training,
+  so even a stopped run is loadable (``jaxtl.load``, ``init_from``) once it
+  has a checkpoint."""
+  pretrained.save_model_config(cfg, workdir)
+  pipeline.keep_tokenizer(tok, workdir)
+  task_spec.save(spec, workdir)
 
 
 def loop_config(config: Any, steps_per_epoch: int) -> train.LoopConfig:
@@ -245,7 +240,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   if adapt.scheme not in SCHEMES:
     raise ValueError(f"config.adapt.scheme={adapt.scheme!r}; known: {sorted(SCHEMES)}")
   splits = load_task_splits(task, config.seed)
-  cfg, tok, init_params = _backbone(config)
+  cfg, tok, init_params, dropped = _backbone(config)
   kind = kinds.get(task.kind)
   feats = {k: kind.encode(v, tok, task, cfg.family) for k, v in splits.items()
            if v is not None}
@@ -253,8 +248,12 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     if f.truncated:
       logging.info("%s: %d of %d examples longer than %d tokens (%s)", name,
                    f.truncated, len(splits[name]), task.max_len, kind.too_long)
-  model = task_model(task, adapt.scheme, cfg, tok,
-                     getattr(splits["train"], "label_names", None))
+  spec = task_spec.from_config(config, cfg.family,
+                               getattr(splits["train"], "label_names", None),
+                               getattr(splits["train"], "text_pairs", None) is not None)
+  model = task_spec.task_model(cfg, spec, tok)
+  if jax.process_index() == 0:
+    keep_loadable(workdir, cfg, tok, spec)
   side = input_side(cfg.family)
   bs, multiple = config.train.batch_size, config.train.length_multiple
   steps_per_epoch = len(feats["train"]) // bs
@@ -276,7 +275,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   logging.info("trainable parameters: %d of %d (%.2f%%)", trainable, n_params,
                100 * trainable / n_params)
   load_pretrained, report = pretrained.params_loader(abstract, init_params,
-                                                     config.init_from)
+                                                     config.init_from, dropped)
 
   outputs = lambda p, b: model.apply(
       {"params": p}, b[f"{side}_input_tokens"], b[f"{side}_segment_ids"],

@@ -36,6 +36,10 @@ class TaskKind:
     loss_sums: ``(head output, batch) -> {loss_sum, correct_sum, weight_sum}``.
     predict: ``(head output, batch, task config) -> predictions`` (jitted).
     score: ``(task config, predictions, features, examples) -> metrics``.
+    infer: ``(head output, batch, task) -> outputs`` (jitted) for users:
+      like ``predict``, with class probabilities instead of ids.
+    present: ``(task spec, outputs, features, examples) -> one dict per
+      example`` in the user's terms (label names, tags per word, answer text).
     too_long: what happens to inputs longer than ``task.max_len``.
   """
   name: str
@@ -43,6 +47,8 @@ class TaskKind:
   loss_sums: Callable[[Array, Batch], dict[str, Array]]
   predict: Callable[[Array, Batch, Any], Array]
   score: Callable[[Any, np.ndarray, task_features.Features, Any], dict[str, float]]
+  infer: Callable[[Array, Batch, Any], Array]
+  present: Callable[[Any, np.ndarray, task_features.Features, Any], list[dict[str, Any]]]
   too_long: str = "truncated"
 
 
@@ -122,15 +128,59 @@ def _answer_metrics(task, preds, feats, examples):
                                     examples)
 
 
+def _probabilities(out: Array, batch: Batch, task: Any) -> Array:
+  """Softmax over the classes (text_to_text: over the label texts' likelihoods)."""
+  del batch, task
+  return jax.nn.softmax(out.astype(jnp.float32), -1)
+
+
+def _labels(spec, probs, feats, examples):
+  """The likeliest label's name and every label's probability."""
+  del feats, examples
+  names = spec.label_names
+  out = []
+  for p in np.asarray(probs, np.float64):
+    best = int(np.argmax(p))
+    row = {"label": names[best],
+           "probabilities": {n: round(float(x), 6) for n, x in zip(names, p)}}
+    if spec.label_words:  # text_to_text: what the decoder writes
+      row["text"] = spec.label_words[best]
+    out.append(row)
+  return out
+
+
+def _values(spec, scores, feats, examples):
+  del spec, feats, examples
+  return [{"value": float(v)} for v in scores]
+
+
+def _tags(spec, tag_ids, feats, examples):
+  """One tag per word (its first sub-word's); None for words cut by max_len."""
+  out = []
+  for ids, w, words in zip(tag_ids, feats.arrays["label_weights"], examples.words):
+    tags = [spec.label_names[int(t)] for t in ids[w > 0]]
+    out.append({"tags": tags + [None] * (len(words) - len(tags))})
+  return out
+
+
+def _answers(spec, spans, feats, examples):
+  """The best span of any window, as context text."""
+  del spec
+  texts = span_features.span_texts(examples, feats, spans)
+  return [{"answer": texts.get(ex.id, "")} for ex in examples]
+
+
 REGISTRY: dict[str, TaskKind] = {k.name: k for k in (
-    TaskKind("classification", _encode_sequences, _cross_entropy, _argmax, _metrics),
-    TaskKind("regression", _encode_sequences, _squared_error, _as_is, _metrics),
+    TaskKind("classification", _encode_sequences, _cross_entropy, _argmax, _metrics,
+             _probabilities, _labels),
+    TaskKind("regression", _encode_sequences, _squared_error, _as_is, _metrics,
+             _as_is, _values),
     TaskKind("token_classification", _encode_tagging, _cross_entropy, _argmax,
-             _tag_metrics),
+             _tag_metrics, _argmax, _tags),
     TaskKind("span_qa", _encode_spans, _span_boundaries, _best_spans, _answer_metrics,
-             too_long="split into windows"),
+             _best_spans, _answers, too_long="split into windows"),
     TaskKind("text_to_text", _encode_sequences, _gold_text_likelihood, _argmax,
-             _metrics),
+             _metrics, _probabilities, _labels),
 )}
 
 

@@ -117,6 +117,22 @@ def find_checkpoint(path: str | os.PathLike) -> str:
                           "workdir, its checkpoints/ directory, or a step directory)")
 
 
+BEST_DIR = "best"  # where the loop keeps the selected state of a run
+
+
+def selected_checkpoint(path: str | os.PathLike) -> str:
+  """The checkpoint that is a workdir's model: the selected state in
+  ``best/`` when the run kept one (fine-tuning), else the newest one.
+
+  The newest checkpoint of a fine-tuning run is its last epoch, which may
+  be worse than the epoch the dev score chose and the test was scored on.
+  """
+  best = os.path.join(os.path.abspath(os.fspath(path)), BEST_DIR)
+  if os.path.isdir(best) and any(n.isdigit() for n in os.listdir(best)):
+    return find_checkpoint(best)
+  return find_checkpoint(path)
+
+
 def load_params(path: str | os.PathLike) -> dict[str, Any]:
   """The model parameters (host numpy arrays) of a jaxtl checkpoint.
 

@@ -163,7 +163,7 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
                                  keep=max(loop.keep_checkpoints, 1))
   keep_best = work.select is not None or work.evaluate is None
   best_ckpt = checkpoint.Checkpointer(
-      os.path.join(workdir, "best"), save_every=1, keep=1,
+      os.path.join(workdir, checkpoint.BEST_DIR), save_every=1, keep=1,
       async_save=False) if keep_best else None
   history, best, window_since = [], None, []
   restored = ckpt.restore_latest(step_lib.abstract_state(state, shardings))

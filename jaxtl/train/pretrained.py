@@ -3,8 +3,10 @@ Face model folder (converted on the fly), as (config, tokenizer, params).
 
 Both training workloads start from one: fine-tuning adapts it to a task,
 continued pretraining (``config.init_from`` of a pretraining config) goes on
-with its objective on new text. Here too is the architecture file a
-pretraining workdir keeps, which is what makes a workdir loadable.
+with its objective on new text. A fine-tuning workdir is one too: its tuned
+backbone (intermediate-task transfer; the earlier task's classifier is left
+out, a new task gets a new head). Here too is the architecture file a
+workdir keeps, which is what makes it loadable.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def load_model_config(workdir: str) -> TransformerConfig:
   path = os.path.join(workdir, MODEL_CONFIG_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: init_from must be a jaxtl "
-                            "pretraining workdir or a Hugging Face model folder")
+                            "pretraining or fine-tuning workdir or a Hugging Face "
+                            "model folder")
   with open(path) as f:
     values = json.load(f)
   values["lora_targets"] = tuple(values.get("lora_targets", ()))
@@ -54,11 +57,14 @@ class Pretrained:
       LM head included when the checkpoint has one).
     head: Task-head parameters the checkpoint carries: BERT's ``pooler``
       (a classifier from another task never fits, so it is left out).
+    dropped: What of the checkpoint was left out (a fine-tuning workdir's
+      classifier and scalar mix), for the transfer report.
   """
   config: TransformerConfig
   tokenizer: Tokenizer
   params: dict[str, Any]
   head: dict[str, Any]
+  dropped: tuple[str, ...] = ()
 
 
 def load(init_from: str, tokenizer_path: str = "") -> Pretrained:
@@ -69,21 +75,55 @@ def load(init_from: str, tokenizer_path: str = "") -> Pretrained:
     imported = convert.import_hf(path)
     head = {k: v for k, v in imported.head.items() if k == paths.POOLER}
     return Pretrained(imported.config, tok or get_tokenizer(path), imported.params, head)
-  return Pretrained(load_model_config(path), tok or pipeline.workdir_tokenizer(path),
-                    checkpoint.load_params(path), {})
+  cfg, tok = load_model_config(path), tok or pipeline.workdir_tokenizer(path)
+  params = checkpoint.load_params(checkpoint.selected_checkpoint(path))
+  if paths.BACKBONE in params:  # a fine-tuning workdir: a TaskModel's tree
+    return tuned_backbone(cfg, tok, params)
+  return Pretrained(cfg, tok, params, {})
 
 
-def params_loader(abstract: Any, init_params: Any | None, source: str
+def tuned_backbone(cfg: TransformerConfig, tok: Tokenizer, params: dict[str, Any]
+                   ) -> Pretrained:
+  """The backbone of a fine-tuned TaskModel, to start another task from.
+
+  LoRA is merged into the kernels (a new scheme would otherwise drop what
+  was learned); BERT's pooler is kept, since a new head may use it; the
+  classifier and a scalar mix belong to the old task and are dropped.
+  """
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+  cfg, backbone = merged_lora(cfg, params[paths.BACKBONE])
+  head = {k: v for k, v in params.get(paths.HEAD, {}).items() if k == paths.POOLER}
+  rest = {k: v for k, v in params.items() if k != paths.BACKBONE}
+  dropped = tuple(name for name in traverse_util.flatten_dict(rest, sep="/")
+                  if not name.startswith(paths.join(paths.HEAD, paths.POOLER) + "/"))
+  return Pretrained(cfg, tok, backbone, head, dropped)
+
+
+def merged_lora(cfg: TransformerConfig, backbone: dict[str, Any]
+                ) -> tuple[TransformerConfig, dict[str, Any]]:
+  """(config, backbone params) with any LoRA update folded into its kernel:
+  the same function, with no LoRA parameters for a later scheme to drop."""
+  if not cfg.lora_rank:
+    return cfg, backbone
+  from jaxtl.models import layers  # pylint: disable=g-import-not-at-top
+  return cfg.replace(lora_rank=0), layers.merge_lora(backbone, cfg)
+
+
+def params_loader(abstract: Any, init_params: Any | None, source: str,
+                  dropped: tuple[str, ...] = ()
                   ) -> tuple[Callable[[Any], Any] | None, dict[str, list[str]]]:
   """(params -> params with the pretrained ones loaded, the transfer report).
 
   Shapes are checked, and what is loaded, discarded and new is logged, now,
   before any training; the loading itself (``Workload.init_params``) happens
   on a fresh start only, so a resumed run goes on from its own checkpoint.
+  ``dropped``: what :func:`load` already left out (an earlier task's head),
+  reported as discarded.
   """
   if init_params is None:
     return None, {}
   report = checkpoint.transfer_report(abstract, init_params)
+  report["discarded"] = sorted([*report["discarded"], *dropped])
   logging.info("from %s: loaded %d tensors; discarded %s; new %s", source,
                len(report["loaded"]), report["discarded"], report["new"])
   return lambda params: checkpoint.merge_pretrained(params, init_params)[0], report

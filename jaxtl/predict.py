@@ -1,0 +1,100 @@
+r"""Predict with a fine-tuned model: a file (or stdin) in, predictions out.
+
+  python -m jaxtl.predict --workdir=workdirs/trec_full --input=questions.txt \
+    --output=predictions.jsonl
+  jaxtl predict --workdir=workdirs/mrpc --input=pairs.tsv \
+    --text_fields=sentence1,sentence2 --output=out.tsv
+  echo "Who wrote Hamlet?" | jaxtl predict --workdir=workdirs/trec_full --input=-
+
+``--input``: CSV, TSV (header line naming the columns), JSON lines, or plain
+text (one text per line; any other extension, and stdin unless
+``--input_format`` says otherwise). ``--text_fields`` names the columns that
+hold the task's inputs, in the task's order (default: the task's own names,
+``text`` / ``text``,``text_pair`` / ``words`` / ``question``,``context``; see
+``task.json``). Each output row is the input row plus the prediction (JSON
+lines; CSV / TSV when ``--output`` ends so; stdout, ``-``, by default); an
+input that already has a ``label`` (gold) gets ``predicted_label`` etc.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags, logging
+
+flags.DEFINE_string("workdir", None, "A fine-tuning workdir.", required=True)
+flags.DEFINE_string("input", None, "Rows to predict (a file, or - for stdin).",
+                    required=True)
+flags.DEFINE_string("output", "-", "Where predictions go (- for stdout).")
+flags.DEFINE_list("text_fields", [], "The input columns holding the task's "
+                  "texts, in the task's order (default: the task's field names).")
+flags.DEFINE_enum("input_format", "", ["", "csv", "tsv", "jsonl", "text"],
+                  "Default: by --input's extension (plain text otherwise).")
+flags.DEFINE_integer("batch_size", 32, "Rows per forward pass.")
+FLAGS = flags.FLAGS
+
+
+def predict_file(workdir: str, input_path: str, output_path: str = "-",
+                 text_fields: list[str] | tuple[str, ...] = (), input_format: str = "",
+                 batch_size: int = 32) -> int:
+  """Predicts every row of ``input_path`` into ``output_path``; returns the
+  number of rows. Every row is checked before the model is loaded."""
+  from jaxtl.tasks import predictor  # pylint: disable=g-import-not-at-top
+  from jaxtl.tasks import rows as rows_lib  # pylint: disable=g-import-not-at-top
+  from jaxtl.tasks import spec as task_spec  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import metrics  # pylint: disable=g-import-not-at-top
+
+  spec = task_spec.load(workdir)
+  fmt = rows_lib.format_of(input_path, input_format)
+  name = "<stdin>" if input_path == "-" else input_path
+  if fmt == "text" and len(spec.text_fields) > 1:
+    raise ValueError(f"{name}: plain text holds one text per line, and the task "
+                     f"{spec.name!r} takes {list(spec.text_fields)}: use CSV, TSV "
+                     "or JSON lines")
+  columns = tuple(text_fields) or ((rows_lib.TEXT_FIELD,) if fmt == "text"
+                                   else spec.text_fields)
+  if len(columns) != len(spec.text_fields):
+    raise ValueError(f"--text_fields={','.join(columns)}: the task {spec.name!r} "
+                     f"takes {len(spec.text_fields)} field(s) {list(spec.text_fields)}")
+  rows = rows_lib.read_rows(input_path, fmt)
+  inputs = [dict(zip(spec.text_fields, values))
+            for values in rows_lib.pick(rows, columns, name)]
+  model = predictor.load(workdir)
+  writer = rows_lib.Writer(output_path)
+  chunk = 4 * batch_size  # rows between writes; the bar moves per chunk
+  try:
+    with metrics.progress_bar(total=len(inputs), desc="predict", unit="row") as bar:
+      for start in range(0, len(inputs), chunk):
+        preds = model.predict(inputs[start:start + chunk], batch_size=batch_size)
+        for (_, row), pred in zip(rows[start:start + chunk], preds):
+          writer.write(with_prediction(row, pred))
+        bar.update(len(preds))
+  finally:
+    writer.close()
+  return len(inputs)
+
+
+def with_prediction(row: dict, pred: dict) -> dict:
+  """The input row plus the prediction; when the row already has a field of
+  the same name (a gold ``label``), the prediction's fields are all named
+  ``predicted_*``, so neither is lost."""
+  if any(k in row for k in pred):
+    pred = {f"predicted_{k}": v for k, v in pred.items()}
+  return {**row, **pred}
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:
+    n = predict_file(FLAGS.workdir, FLAGS.input, FLAGS.output, FLAGS.text_fields,
+                     FLAGS.input_format, FLAGS.batch_size)
+  except (ValueError, FileNotFoundError) as e:  # bad input: the message says where
+    raise SystemExit(f"jaxtl predict: {e}") from None
+  logging.info("predicted %d rows -> %s", n, FLAGS.output)
+
+
+if __name__ == "__main__":
+  from jaxtl import console  # pylint: disable=g-import-not-at-top
+  console.quiet_libraries(sys.argv)
+  app.run(main)

@@ -1,0 +1,152 @@
+"""A fine-tuning workdir as a model that predicts: ``jaxtl.load(workdir)``.
+
+The workdir holds all it takes (``model_config.json``, ``tokenizer/``,
+``task.json``, ``best/``), so nothing here repeats a training setting by
+hand: the model is rebuilt by :func:`jaxtl.tasks.spec.task_model`, inputs are
+encoded by the task kind's own ``encode`` (the same truncation as
+training), batches are cut to their longest row as in training, and the
+outputs are named by the kind's ``present``.
+
+  model = jaxtl.load("workdirs/trec_full")
+  model.predict(["Who wrote Hamlet?"])
+  # [{"label": "HUM", "probabilities": {"ABBR": 0.01, ...}}]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from jaxtl.data import pipeline
+from jaxtl.data.tokenizers import Tokenizer
+from jaxtl.models import TransformerConfig, paths
+from jaxtl.models.config import input_side
+from jaxtl.models.heads import TaskModel
+from jaxtl.tasks import finetune, kinds
+from jaxtl.tasks import spec as task_spec
+from jaxtl.tasks.examples import Examples
+from jaxtl.tasks.squad import SquadExample
+from jaxtl.train import checkpoint, pretrained, sharding
+
+# One input: a text, a (text, text_pair) or (question, context) pair, a
+# word list (tagging), or a mapping from the task's text field names.
+Input = str | Sequence[str] | Mapping[str, Any]
+
+
+@dataclasses.dataclass
+class FineTuned:
+  """A fine-tuned model, loaded.
+
+  Attributes:
+    config: The backbone's architecture (LoRA merged: ``lora_rank=0``).
+    spec: The task (``task.json``): label names, max length, input fields.
+    tokenizer: The tokenizer it was trained with.
+    params: The whole TaskModel tree: ``backbone``, ``head`` (and
+      ``scalar_mix``), host arrays from the selected checkpoint.
+    model: The TaskModel.
+  """
+  config: TransformerConfig
+  spec: task_spec.TaskSpec
+  tokenizer: Tokenizer
+  params: dict[str, Any]
+  model: TaskModel
+
+  @functools.cached_property
+  def _run(self) -> tuple[Callable, Any, Any]:
+    """(jitted inference, device params, mesh); compiled once per padded shape."""
+    mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    side = input_side(self.config.family)
+    infer = kinds.get(self.spec.kind).infer
+
+    def run(params, batch):
+      out = self.model.apply({"params": params}, batch[f"{side}_input_tokens"],
+                             batch[f"{side}_segment_ids"], batch[f"{side}_positions"],
+                             batch.get(f"{side}_token_type_ids"))
+      return infer(out, batch, self.spec)
+
+    return jax.jit(run), jax.device_put(self.params, jax.devices()[0]), mesh
+
+  def predict(self, inputs: Sequence[Input], batch_size: int = 32,
+              desc: str = "predict") -> list[dict[str, Any]]:
+    """One prediction per input, in order.
+
+    Classification: ``{"label", "probabilities"}`` (text_to_text adds the
+    ``text`` the decoder writes); regression: ``{"value"}``; tagging:
+    ``{"tags"}``, one per word (None for words past ``max_len``); span_qa:
+    ``{"answer"}``. Inputs: texts, ``(text, text_pair)`` pairs for pair
+    tasks, word lists (or whitespace-split texts) for tagging,
+    ``(question, context)`` for span_qa, or mappings keyed by
+    ``spec.text_fields``.
+    """
+    if not len(inputs):
+      return []
+    kind = kinds.get(self.spec.kind)
+    examples = as_examples(self.spec, inputs)
+    feats = kind.encode(examples, self.tokenizer, self.spec, self.config.family)
+    run, params, mesh = self._run
+    outputs = finetune.predict(run, params, feats.arrays, batch_size, mesh,
+                               input_side(self.config.family),
+                               self.spec.length_multiple, desc=desc)
+    return kind.present(self.spec, outputs, feats, examples)
+
+
+def load(workdir: str) -> FineTuned:
+  """The model of a fine-tuning workdir: its ``best/`` state (else its
+  newest checkpoint), architecture, tokenizer and task."""
+  spec = task_spec.load(workdir)
+  cfg = pretrained.load_model_config(workdir)
+  tok = pipeline.workdir_tokenizer(workdir)
+  params = checkpoint.load_params(checkpoint.selected_checkpoint(workdir))
+  if paths.BACKBONE not in params:
+    raise ValueError(f"{workdir}: its checkpoint holds no task model (no "
+                     f"{paths.BACKBONE!r} parameters)")
+  cfg, backbone = pretrained.merged_lora(cfg, params[paths.BACKBONE])
+  params = {**params, paths.BACKBONE: backbone}
+  return FineTuned(cfg, spec, tok, params, task_spec.task_model(cfg, spec, tok))
+
+
+def _fields(spec: task_spec.TaskSpec, item: Input, index: int) -> tuple[Any, ...]:
+  """An input as a tuple of the task's fields; errors name the input's index."""
+  names = spec.text_fields
+  if isinstance(item, Mapping):
+    missing = [n for n in names if n not in item]
+    if missing:
+      raise ValueError(f"input {index}: missing field(s) {missing} (the task "
+                       f"{spec.name!r} reads {list(names)})")
+    values = tuple(item[n] for n in names)
+  elif isinstance(item, str) or spec.kind == "token_classification":
+    values = (item,)
+  else:
+    values = tuple(item)
+  if spec.kind == "token_classification":
+    words = values[0].split() if isinstance(values[0], str) else list(values[0])
+    values = (words,)
+    if not all(isinstance(w, str) for w in words):
+      raise ValueError(f"input {index}: tagging takes a text or a list of words")
+  elif len(values) != len(names) or not all(isinstance(v, str) for v in values):
+    raise ValueError(f"input {index}: the task {spec.name!r} takes "
+                     f"{len(names)} text(s) {list(names)}, got {item!r:.200}")
+  return values
+
+
+def as_examples(spec: task_spec.TaskSpec, inputs: Sequence[Input]) -> Any:
+  """Unlabelled inputs in the container the task kind encodes (dummy labels,
+  which prediction never reads)."""
+  rows = [_fields(spec, item, i) for i, item in enumerate(inputs)]
+  if spec.kind == "span_qa":
+    return [SquadExample(id=str(i), title="", context=c, question=q, answers=())
+            for i, (q, c) in enumerate(rows)]
+  if spec.kind == "token_classification":
+    words = [r[0] for r in rows]
+    return Examples(texts=[" ".join(w) for w in words],
+                    labels=[[0] * len(w) for w in words],
+                    label_names=spec.label_names, words=words)
+  zero = 0 if spec.label_names else 0.0  # class ids, or regression scores
+  return Examples(texts=[r[0] for r in rows], labels=[zero] * len(rows),
+                  label_names=spec.label_names,
+                  text_pairs=[r[1] for r in rows] if spec.is_pair else None)

@@ -1,0 +1,131 @@
+"""Rows in and out of files for prediction: CSV, TSV, JSON lines, plain text.
+
+Every row is read (and checked) before any is predicted, so a malformed
+line fails at once with ``FILE:LINE``, not after an hour of compute. Rows
+keep their own fields, so the output is the input plus the prediction.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
+
+FORMATS = ("csv", "tsv", "jsonl", "text")
+_EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl",
+               ".ndjson": "jsonl"}
+TEXT_FIELD = "text"  # a plain-text line's one field
+
+
+def format_of(path: str, given: str = "") -> str:
+  """The format ``given``, else the one the file's extension names (plain
+  text for other names and for stdin, ``-``)."""
+  if given:
+    if given not in FORMATS:
+      raise ValueError(f"unknown format {given!r}; known: {', '.join(FORMATS)}")
+    return given
+  return _EXTENSIONS.get(os.path.splitext(path)[1].lower(), "text")
+
+
+def _open(path: str) -> TextIO:
+  return sys.stdin if path == "-" else open(path, encoding="utf-8", newline="")
+
+
+def read_rows(path: str, fmt: str = "") -> list[tuple[int, dict[str, Any]]]:
+  """(line number, row) for every non-blank row of ``path`` (``-``: stdin).
+
+  CSV and TSV take their field names from the header line; a plain-text
+  line is one ``text`` field.
+  """
+  fmt, name = format_of(path, fmt), "<stdin>" if path == "-" else path
+  f = _open(path)
+  try:
+    if fmt == "jsonl":
+      return list(_json_rows(f, name))
+    if fmt == "text":
+      return [(i, {TEXT_FIELD: line.rstrip("\r\n")}) for i, line in enumerate(f, 1)
+              if line.strip()]
+    return list(_table_rows(f, name, "\t" if fmt == "tsv" else ","))
+  finally:
+    if f is not sys.stdin:
+      f.close()
+
+
+def _json_rows(f: TextIO, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+  for lineno, line in enumerate(f, 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{name}:{lineno}: not valid JSON ({e.msg})") from e
+    if not isinstance(row, dict):
+      raise ValueError(f"{name}:{lineno}: expected a JSON object, got "
+                       f"{type(row).__name__}")
+    yield lineno, row
+
+
+def _table_rows(f: TextIO, name: str, delimiter: str
+                ) -> Iterator[tuple[int, dict[str, Any]]]:
+  reader = csv.reader(f, delimiter=delimiter)
+  header = next(reader, None)
+  if not header:
+    raise ValueError(f"{name}:1: no header line naming the columns")
+  line = reader.line_num
+  for values in reader:
+    start, line = line + 1, reader.line_num
+    if not any(v.strip() for v in values):
+      continue
+    if len(values) != len(header):
+      raise ValueError(f"{name}:{start}: {len(values)} columns, the header has "
+                       f"{len(header)} ({header})")
+    yield start, dict(zip(header, values))
+
+
+def pick(rows: Sequence[tuple[int, dict[str, Any]]], fields: Sequence[str],
+         name: str) -> list[list[Any]]:
+  """Each row's ``fields``, in order; a missing or empty one names its line."""
+  out = []
+  for lineno, row in rows:
+    missing = [f for f in fields if row.get(f) in (None, "")]
+    if missing:
+      raise ValueError(f"{name}:{lineno}: no {', '.join(map(repr, missing))} "
+                       f"(the row has {sorted(row)}; pick columns with --text_fields)")
+    out.append([row[f] for f in fields])
+  return out
+
+
+class Writer:
+  """Writes rows as JSON lines, CSV or TSV (by the output's extension;
+  stdout, ``-``, gets JSON lines). A table's columns are the first row's;
+  nested values (probabilities, tags) are JSON in their cell."""
+
+  def __init__(self, path: str, fmt: str = ""):
+    self.fmt = "jsonl" if path == "-" and not fmt else format_of(path, fmt)
+    if self.fmt == "text":
+      self.fmt = "jsonl"
+    self.f = sys.stdout if path == "-" else open(path, "w", encoding="utf-8",
+                                                  newline="")
+    self._table = None
+
+  def write(self, row: dict[str, Any]) -> None:
+    if self.fmt == "jsonl":
+      self.f.write(json.dumps(row, ensure_ascii=False) + "\n")
+      return
+    if self._table is None:
+      self._table = csv.DictWriter(self.f, list(row), extrasaction="ignore",
+                                   delimiter="\t" if self.fmt == "tsv" else ",")
+      self._table.writeheader()
+    self._table.writerow({k: v if isinstance(v, (str, int, float)) or v is None
+                          else json.dumps(v, ensure_ascii=False)
+                          for k, v in row.items()})
+
+  def close(self) -> None:
+    if self.f is sys.stdout:
+      self.f.flush()
+    else:
+      self.f.close()
+

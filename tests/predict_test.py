@@ -1,0 +1,172 @@
+"""A fine-tuned model is a complete model: the workdir reloads (jaxtl.load),
+predicts what fine-tuning scored, serves the CLI, and starts another task."""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import jaxtl
+from jaxtl import predict as predict_cli
+from jaxtl.tasks import finetune, kinds, predictor, rows
+from jaxtl.tasks import readers as tasks
+from jaxtl.tasks import spec as task_spec
+from jaxtl.tasks.metrics import compute_metrics
+from jaxtl.train import checkpoint, sharding, pretrained as pretrained_lib
+
+import runs
+
+N_TEST = 48  # TREC test questions scored by the fine-tuning (and predicted here)
+
+# The keys other tools (the Hugging Face task-head export) read: never renamed.
+CONTRACT = {"name", "kind", "label_names", "pooling", "max_len", "family",
+            "scalar_mix", "label_words", "text_fields"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_device():
+  """Training on one device: 8 fake ones on a 2-core machine only cost time
+  here (the sharded paths are train_test's and finetune_test's)."""
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(sharding, "make_mesh", functools.partial(
+        sharding.make_mesh, devices=jax.devices()[:1]))
+    yield
+
+
+@pytest.fixture(scope="module")
+def tuned(pretrained, tmp_path_factory):
+  """A tiny TREC fine-tuning workdir and its results."""
+  workdir = str(tmp_path_factory.mktemp("trec"))
+  config = runs.finetune_config(pretrained, "full", max_eval_examples=N_TEST)
+  return workdir, finetune.finetune_and_evaluate(config, workdir)
+
+
+def test_the_workdir_holds_what_reloads_it(tuned):
+  workdir, _ = tuned
+  for name in ("model_config.json", "task.json", "tokenizer", "best"):
+    assert os.path.exists(os.path.join(workdir, name)), name
+  saved = json.load(open(os.path.join(workdir, "task.json")))
+  assert CONTRACT <= set(saved)
+  assert saved["kind"] == "classification" and saved["family"] == "encoder"
+  assert saved["label_names"] == list(tasks.TREC_LABELS)
+  assert saved["text_fields"] == ["text"] and saved["label_words"] is None
+  spec = task_spec.load(workdir)
+  assert spec.max_len == 24 and spec.pooling == "first" and not spec.scalar_mix
+  task_spec.save(spec, workdir)  # a round trip changes nothing
+  assert json.load(open(os.path.join(workdir, "task.json"))) == saved
+
+
+def test_load_predicts_what_finetuning_scored(tuned):
+  workdir, results = tuned
+  test = tasks.load_task("trec", "test").subset(range(N_TEST))
+  model = jaxtl.load(workdir)
+  preds = model.predict(test.texts, batch_size=16)
+  assert len(preds) == N_TEST
+  ids = np.array([tasks.TREC_LABELS.index(p["label"]) for p in preds])
+  assert compute_metrics("trec", ids, np.array(test.labels)) == pytest.approx(
+      results["test"], abs=1e-9)
+  for p in preds:
+    assert sum(p["probabilities"].values()) == pytest.approx(1.0, abs=1e-4)
+    assert p["label"] == max(p["probabilities"], key=p["probabilities"].get)
+  # Batching and padded length change nothing: one at a time gives the same.
+  assert [p["label"] for p in model.predict(test.texts[:3], batch_size=1)] == \
+      [p["label"] for p in preds[:3]]
+
+
+def test_the_cli_writes_the_rows_plus_label_names(tuned, tmp_path):
+  workdir, _ = tuned
+  texts = tasks.load_task("trec", "test").texts[:5]
+  expected = [p["label"] for p in jaxtl.load(workdir).predict(texts)]
+  tsv = tmp_path / "in.tsv"
+  tsv.write_text("id\tquestion\tlabel\n"
+                 + "".join(f"{i}\t{t}\tgold\n" for i, t in enumerate(texts)))
+  assert predict_cli.predict_file(workdir, str(tsv), str(tmp_path / "out.tsv"),
+                                  ["question"]) == 5
+  out = (tmp_path / "out.tsv").read_text().splitlines()
+  # The gold label is kept; the prediction's fields are named predicted_*.
+  assert out[0].split("\t") == ["id", "question", "label", "predicted_label",
+                                 "predicted_probabilities"]
+  assert [line.split("\t")[3] for line in out[1:]] == expected
+  jsonl = tmp_path / "in.jsonl"
+  jsonl.write_text("".join(json.dumps({"text": t, "n": i}) + "\n"
+                           for i, t in enumerate(texts)))
+  proc = subprocess.run(
+      [sys.executable, "-m", "jaxtl.predict", f"--workdir={workdir}",
+       f"--input={jsonl}"], capture_output=True, text=True, timeout=120,
+      env={**os.environ, "XLA_FLAGS": ""})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  lines = [json.loads(line) for line in proc.stdout.splitlines()]
+  assert [r["label"] for r in lines] == expected
+  assert [r["n"] for r in lines] == list(range(5))  # the input's own fields kept
+
+
+def test_malformed_input_names_the_file_and_line(tuned, tmp_path):
+  workdir, _ = tuned
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"text": "Who?"}\n\n{"text": "Where\n')
+  with pytest.raises(ValueError, match=r"bad.jsonl:3: not valid JSON"):
+    predict_cli.predict_file(workdir, str(bad))
+  missing = tmp_path / "missing.tsv"
+  missing.write_text("id\ttext\n1\tWho?\n2\t\n")
+  with pytest.raises(ValueError, match=r"missing.tsv:3: no 'text'"):
+    predict_cli.predict_file(workdir, str(missing))
+  ragged = tmp_path / "ragged.csv"
+  ragged.write_text('text,id\n"Who, then?",1\nWhere,2,3\n')
+  with pytest.raises(ValueError, match=r"ragged.csv:3: 3 columns, the header has 2"):
+    rows.read_rows(str(ragged))
+  with pytest.raises(ValueError, match=r"input 1: the task 'trec' takes 1 text"):
+    jaxtl.load(workdir).predict(["Who?", ("a", "b")])
+
+
+def test_init_from_a_finetuned_workdir_loads_its_backbone_and_a_new_head(tuned, tmp_path):
+  workdir, _ = tuned
+  loaded = pretrained_lib.load(workdir)
+  best = checkpoint.load_params(checkpoint.selected_checkpoint(workdir))
+  np.testing.assert_array_equal(loaded.params["stack"]["layer_0"]["mlp"]["wi"]["kernel"],
+                                best["backbone"]["stack"]["layer_0"]["mlp"]["wi"]["kernel"])
+  assert loaded.dropped == ("head/out/bias", "head/out/kernel")
+  config = runs.finetune_config(workdir, "features", max_eval_examples=16,
+                                num_train_examples=32, dev_fraction=0.0)
+  config.train.epochs = 1
+  results = finetune.finetune_and_evaluate(config, str(tmp_path / "again"))
+  assert results["discarded"] == ["head/out/bias", "head/out/kernel"]  # the old head
+  assert results["new"] == ["head/out/bias", "head/out/kernel"]  # a fresh one
+  again = checkpoint.load_params(tmp_path / "again" / "best")
+  frozen = lambda p: np.asarray(p["backbone"]["token_embed"]["embedding"])
+  np.testing.assert_array_equal(frozen(again), frozen(best))  # the tuned backbone
+
+
+def test_inputs_for_pairs_tagging_and_questions_become_the_kinds_examples(tuned):
+  workdir, _ = tuned
+  tok = jaxtl.load(workdir).tokenizer
+  base = task_spec.load(workdir)
+  pair = predictor.as_examples(
+      task_spec.TaskSpec(**{**base.__dict__, "text_fields": ("text", "text_pair")}),
+      [("A man plays.", "A man is playing."), {"text": "x", "text_pair": "y"}])
+  assert pair.text_pairs == ["A man is playing.", "y"]
+  tagging = task_spec.TaskSpec(**{**base.__dict__, "kind": "token_classification",
+                                  "label_names": ("NOUN", "VERB"),
+                                  "text_fields": ("words",), "max_len": 8})
+  words = [["dogs", "bark"], "the old dog barks at the moon tonight".split()]
+  examples = predictor.as_examples(tagging, [words[0], " ".join(words[1])])
+  assert examples.words == words
+  kind = kinds.get("token_classification")
+  feats = kind.encode(examples, tok, tagging, "encoder")
+  tags = kind.present(tagging, np.ones_like(feats.arrays["labels"]), feats, examples)
+  assert tags[0]["tags"] == ["VERB", "VERB"]
+  assert len(tags[1]["tags"]) == 8 and tags[1]["tags"][-1] is None  # cut by max_len
+  qa = task_spec.TaskSpec(**{**base.__dict__, "kind": "span_qa", "label_names": None,
+                             "text_fields": ("question", "context")})
+  [question] = predictor.as_examples(qa, [("Who barks?", "The dog barks.")])
+  assert (question.question, question.context, question.answers) == \
+      ("Who barks?", "The dog barks.", ())
+
+
+def test_import_jaxtl_stays_light():
+  code = "import sys, jaxtl; assert 'jax' not in sys.modules and callable(jaxtl.load)"
+  subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
