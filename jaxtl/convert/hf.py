@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (bert.FAMILY, gpt2.FAMILY, t5.FAMILY)}
 BY_JAXTL_FAMILY = {f.family: f for f in FAMILIES.values()}
 _SAFETENSORS, _TORCH = "model.safetensors", "pytorch_model.bin"
+# Rule groups of a classifier whose outputs are labels (id2label in config.json).
+_LABEL_GROUPS = {"classifier", "score"}
 # Architecture fields a config must keep through HF's config to be exportable.
 _ARCH_FIELDS = ("family", "vocab_size", "d_model", "num_heads", "head_dim", "mlp_dim",
                 "num_layers", "decoder_layers", "max_len", "position", "relative_buckets",
@@ -217,9 +219,42 @@ def hf_config(config: TransformerConfig) -> dict[str, Any]:
   return _check_exportable(BY_JAXTL_FAMILY[config.family], config)
 
 
+def _flat_tree(params: Any, head: Any) -> dict[str, np.ndarray]:
+  """Backbone and ``head/...`` parameters as one flat, unscanned numpy dict."""
+  flat = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(
+      jax.device_get(params), sep="/").items()}
+  flat.update({paths.join(paths.HEAD, k): np.asarray(v) for k, v in
+               traverse_util.flatten_dict(jax.device_get(head), sep="/").items()})
+  return _unscan(flat)
+
+
+def _richest_architecture(family: Family, table: list[rules.Rule],
+                          flat: dict[str, np.ndarray]) -> str:
+  """The first class holding the most of the rule groups ``flat`` completes."""
+  have = {g for g in {r.group for r in table}
+          if all(r.jax in flat for r in table if r.group == g)}
+  fits = [a for a, g in family.architectures.items() if set(g) <= have]
+  return max(fits, key=lambda a: len(family.architectures[a]))
+
+
+def _label_fields(flat: dict[str, np.ndarray], label_names: tuple[str, ...]
+                  ) -> dict[str, Any]:
+  """``num_labels``, ``id2label`` and ``label2id`` for the classifier's outputs."""
+  n = flat[paths.join(paths.HEAD, paths.HEAD_OUT, paths.KERNEL)].shape[-1]
+  if label_names and len(label_names) != n:
+    raise ValueError(f"{len(label_names)} label names {list(label_names)} for a "
+                     f"classifier with {n} outputs")
+  names = label_names or tuple(f"LABEL_{i}" for i in range(n))
+  if len(set(names)) != n:
+    raise ValueError(f"label names must be distinct: {list(names)}")
+  return {"num_labels": n, "id2label": {str(i): name for i, name in enumerate(names)},
+          "label2id": {name: i for i, name in enumerate(names)}}
+
+
 def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *,
               head: Any = None, architecture: str | None = None,
-              label_names: tuple[str, ...] = ()) -> str:
+              label_names: tuple[str, ...] = (),
+              config_fields: dict[str, Any] | None = None) -> str:
   """Writes ``config.json`` + ``model.safetensors`` for ``transformers``.
 
   Args:
@@ -228,10 +263,12 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
       (e.g. a BERT export needs post-LN with an embedding norm).
     params: The backbone's parameters (LoRA is merged into the kernels first;
       scanned layers are unstacked).
-    head: Task-head parameters (``pooler``, ``out``) for BERT classifiers.
+    head: Task-head parameters (``pooler``, ``out``) for the task classes.
     architecture: The HF class to write; default: the richest one whose
       tensors ``params`` and ``head`` provide.
     label_names: ``id2label`` for a classifier (default ``LABEL_i``).
+    config_fields: More ``config.json`` fields (``problem_type``,
+      ``pad_token_id``...), written last.
 
   Returns:
     The architecture written.
@@ -244,20 +281,15 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
     params = layers.merge_lora(params, config)
     config = config.replace(lora_rank=0)
   hf_config = _check_exportable(family, config)
-  flat = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(
-      jax.device_get(params), sep="/").items()}
-  flat.update({paths.join(paths.HEAD, k): np.asarray(v) for k, v in
-               traverse_util.flatten_dict(jax.device_get(head), sep="/").items()})
-  flat = _unscan(flat)
   table = family.rules(config)
-  have = {g for g in {r.group for r in table}
-          if all(r.jax in flat for r in table if r.group == g)}
   if architecture is None:
-    fits = [a for a, g in family.architectures.items() if set(g) <= have]
-    architecture = max(fits, key=lambda a: len(family.architectures[a]))
+    architecture = _richest_architecture(family, table, _flat_tree(params, head))
   if architecture not in family.architectures:
     raise ValueError(f"cannot export as {architecture!r}; known for {family.model_type}: "
                      f"{sorted(family.architectures)}")
+  if architecture in family.head_transforms:
+    params, head = family.head_transforms[architecture](params, head)
+  flat = _flat_tree(params, head)
   groups = family.architectures[architecture]
   table = [r for r in table if r.group in groups]
   extra = sorted(set(flat) - {r.jax for r in table}
@@ -270,11 +302,9 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
   prefix = "" if architecture == family.base_architecture else family.base_prefix
   tensors = {(prefix + k if k in in_base else k): v for k, v in tensors.items()}
   hf_config["architectures"] = [architecture]
-  if "classifier" in groups:
-    n = flat[paths.join(paths.HEAD, paths.HEAD_OUT, paths.KERNEL)].shape[-1]
-    names = label_names or tuple(f"LABEL_{i}" for i in range(n))
-    hf_config["id2label"] = {str(i): name for i, name in enumerate(names)}
-    hf_config["label2id"] = {name: i for i, name in enumerate(names)}
+  if set(groups) & _LABEL_GROUPS:
+    hf_config.update(_label_fields(flat, tuple(label_names)))
+  hf_config.update(config_fields or {})
   _write_folder(os.fspath(path), hf_config, tensors)
   return architecture
 
