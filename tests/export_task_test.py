@@ -109,6 +109,11 @@ def test_task_heads_match_transformers(family, kind, pooling, arch, tmp_path):
     theirs = out.logits.numpy()[..., 0] if kind == "regression" else out.logits.numpy()
   valid = mask.astype(bool) if ours.ndim == 3 else slice(None)  # padding: undefined
   np.testing.assert_allclose(ours[valid], theirs[valid], atol=TOL)
+  # And back: the head's classifier is imported as the head's ``out``
+  # (GPT-2's score without its bias, which the export moved into ln_f).
+  again = convert.import_hf(tmp_path).head["out"]
+  np.testing.assert_array_equal(again["kernel"], params["head"]["out"]["kernel"])
+  assert ("bias" in again) == (arch != "GPT2ForSequenceClassification")
   config = hf_model.config
   if labels:
     assert config.id2label == dict(enumerate(labels))
