@@ -3,7 +3,8 @@
 ``import_hf(folder)`` reads ``config.json`` and the weights
 (``model.safetensors``, sharded or not, or ``pytorch_model.bin``) into a
 :class:`TransformerConfig`, the backbone's parameter tree and the task-head
-parameters the checkpoint has (BERT's pooler and classifier).
+parameters the checkpoint has (BERT's pooler; a task class's classifier,
+``score`` or ``qa_outputs``).
 ``export_hf(folder, config, params)`` writes a folder that ``transformers``
 loads with no missing or unexpected keys. Both go through one tensor table
 per family (:mod:`jaxtl.convert.rules`), and check every shape and name.
@@ -55,7 +56,8 @@ class Imported:
     params: The backbone's parameters (the tree ``build_model(config)`` uses;
       the LM head only when the checkpoint has one).
     head: Task-head parameters found in the checkpoint (``pooler``, ``out``),
-      laid out as :class:`jaxtl.models.heads.ClassifierHead` names them.
+      laid out as :class:`jaxtl.models.heads.ClassifierHead` names them
+      (GPT-2's ``score`` has no bias).
     architecture: The checkpoint's class name per ``config.json``.
     groups: The rule groups that were present (``base``, ``mlm``, ``pooler``...).
     hf_config: ``config.json`` as read.

@@ -21,10 +21,11 @@ from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
 
 TASK_FILE = "task.json"
-# Task kinds whose head pools one vector per sequence.
-SEQUENCE_KINDS = ("classification", "regression")
+_SPEC_KEYS = ("kind", "label_names", "pooling", "scalar_mix")  # the ones read here
+# HF's problem_type for the task kinds whose head pools one vector per sequence.
 PROBLEM_TYPES = {"classification": "single_label_classification",
                  "regression": "regression"}
+SEQUENCE_KINDS = tuple(PROBLEM_TYPES)
 
 
 def load_task_spec(workdir: str | os.PathLike) -> Any:
@@ -37,9 +38,9 @@ def load_task_spec(workdir: str | os.PathLike) -> Any:
   file = os.path.join(os.fspath(workdir), TASK_FILE)
   with open(file, encoding="utf-8") as f:
     values = json.load(f)
-  missing = [k for k in ("kind", "label_names", "pooling", "scalar_mix") if k not in values]
+  missing = [k for k in _SPEC_KEYS if k not in values]
   if missing:
-    raise ValueError(f"{file} lacks {missing}")
+    raise ValueError(f"{file} lacks {missing}; a fine-tuning run writes {_SPEC_KEYS}")
   return types.SimpleNamespace(**values)
 
 
@@ -127,10 +128,10 @@ def export_task_hf(out: str | os.PathLike, cfg: TransformerConfig, params: Any,
   _check_representable(cfg, params, spec)
   arch = _architecture(cfg, spec)
   fields: dict[str, Any] = {}
-  if spec.kind in PROBLEM_TYPES:
+  if spec.kind in SEQUENCE_KINDS:
     fields["problem_type"] = PROBLEM_TYPES[spec.kind]
-  if spec.kind in SEQUENCE_KINDS and hf.BY_JAXTL_FAMILY[cfg.family].sequence_pooling[0] == "last":
-    fields["pad_token_id"] = _pad_token_id(tokenizer, arch)
+    if hf.BY_JAXTL_FAMILY[cfg.family].sequence_pooling[0] == "last":
+      fields["pad_token_id"] = _pad_token_id(tokenizer, arch)
   labels = tuple(spec.label_names or ())
   return hf.export_hf(out, cfg, params[paths.BACKBONE], head=params.get(paths.HEAD),
                       architecture=arch, label_names=labels, config_fields=fields)
