@@ -35,7 +35,7 @@ CONFIGS = {
 }
 LABELS = ["negative", "positive", "neutral"]
 # A decoder's tokenizer as the pad-id check reads it (jaxtl's SentencePiece ids).
-TOKENIZER = types.SimpleNamespace(pad_id=PAD, eos_id=EOS, sep_id=None, cls_id=None)
+TOKENIZER = types.SimpleNamespace(pad_id=PAD, eos_id=EOS)
 AUTO = {"BertForSequenceClassification": "AutoModelForSequenceClassification",
         "GPT2ForSequenceClassification": "AutoModelForSequenceClassification",
         "BertForTokenClassification": "AutoModelForTokenClassification",
@@ -179,8 +179,8 @@ def test_adapters_and_shared_pad_eos_are_refused(tmp_path):
   with pytest.raises(ValueError, match="adapters"):
     convert.export_task_hf(tmp_path, CONFIGS["bert"].replace(adapter_dim=4),
                            {"backbone": {}}, _spec("span_qa"))
-  gpt2_bpe = types.SimpleNamespace(pad_id=EOS, eos_id=EOS, sep_id=None, cls_id=None)
-  with pytest.raises(ValueError, match="pad id 1 also ends every input"):
+  gpt2_bpe = types.SimpleNamespace(pad_id=EOS, eos_id=EOS)
+  with pytest.raises(ValueError, match="pad id 1 is also its EOS"):
     convert.export_task_hf(tmp_path, CONFIGS["gpt2"], {"backbone": {}},
                            _spec("classification", "last"), tokenizer=gpt2_bpe)
 

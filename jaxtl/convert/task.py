@@ -90,20 +90,19 @@ def _check_representable(cfg: TransformerConfig, params: Any, spec: Any) -> None
 def _pad_token_id(tokenizer: Any, arch: str) -> int:
   """``pad_token_id`` for a class that pools the last token that is not it.
 
-  jaxtl's "last" pooling takes the last real token, and decoder inputs end
-  with the frame's suffix (EOS); HF skips every trailing pad id instead, so
-  the two agree only when that suffix is not the pad id.
+  jaxtl's "last" pooling takes the last real token, and a decoder's task
+  inputs end with EOS (``jaxtl.tasks.features.frame``, a layer above this
+  one); HF skips every trailing pad id instead, so the two agree only when
+  EOS is not the pad id.
   """
-  from jaxtl.tasks.features import frame  # pylint: disable=g-import-not-at-top
   if tokenizer is None:
     raise ValueError(f"{arch} finds the last token by pad_token_id: pass the "
                      "tokenizer the model was fine-tuned with")
-  suffix = frame(tokenizer, "decoder")[2]
-  if tokenizer.pad_id in suffix:
+  if tokenizer.pad_id == tokenizer.eos_id:
     raise ValueError(
-        f"the tokenizer's pad id {tokenizer.pad_id} also ends every input (EOS), "
-        f"so {arch}, which pools the last token that is not the pad id, would "
-        "pool the token before the one jaxtl's 'last' pooling read")
+        f"the tokenizer's pad id {tokenizer.pad_id} is also its EOS, which ends "
+        f"every input, so {arch} (it pools the last token that is not the pad "
+        "id) would pool the token before the one jaxtl's 'last' pooling read")
   return int(tokenizer.pad_id)
 
 
