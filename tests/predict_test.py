@@ -42,7 +42,10 @@ def one_device():
 def tuned(pretrained, tmp_path_factory):
   """A tiny TREC fine-tuning workdir and its results."""
   workdir = str(tmp_path_factory.mktemp("trec"))
-  config = runs.finetune_config(pretrained, "full", max_eval_examples=N_TEST)
+  # BERT's pooler: the pooling Hugging Face's sequence classifier computes, so
+  # the export test below can compare the two.
+  config = runs.finetune_config(pretrained, "full", max_eval_examples=N_TEST,
+                                pooling="pooler")
   return workdir, finetune.finetune_and_evaluate(config, workdir)
 
 
@@ -56,9 +59,34 @@ def test_the_workdir_holds_what_reloads_it(tuned):
   assert saved["label_names"] == list(tasks.TREC_LABELS)
   assert saved["text_fields"] == ["text"] and saved["label_words"] is None
   spec = task_spec.load(workdir)
-  assert spec.max_len == 24 and spec.pooling == "first" and not spec.scalar_mix
+  assert spec.max_len == 24 and spec.pooling == "pooler" and not spec.scalar_mix
   task_spec.save(spec, workdir)  # a round trip changes nothing
   assert json.load(open(os.path.join(workdir, "task.json"))) == saved
+
+
+def test_exported_to_transformers_it_predicts_the_same_labels(tuned, tmp_path):
+  """Pretrain -> fine-tune -> export (python -m jaxtl.convert) -> transformers
+  gives jaxtl.load's labels on the same token ids."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  workdir, _ = tuned
+  out = str(tmp_path / "hf")
+  subprocess.run([sys.executable, "-m", "jaxtl.convert", f"--checkpoint={workdir}",
+                  f"--out={out}"], check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  hf_model = transformers.BertForSequenceClassification.from_pretrained(out).eval()
+  assert hf_model.config.id2label == dict(enumerate(tasks.TREC_LABELS))
+  model = jaxtl.load(workdir)
+  texts = tasks.load_task("trec", "test").texts[:N_TEST]
+  ours = [p["label"] for p in model.predict(texts)]
+  feats = kinds.get("classification").encode(
+      predictor.as_examples(model.spec, texts), model.tokenizer, model.spec, "encoder")
+  a = feats.arrays
+  with torch.no_grad():
+    logits = hf_model(input_ids=torch.tensor(a["encoder_input_tokens"], dtype=torch.long),
+                      attention_mask=torch.tensor(a["encoder_segment_ids"] > 0),
+                      token_type_ids=torch.tensor(a["encoder_token_type_ids"],
+                                                  dtype=torch.long)).logits
+  assert [hf_model.config.id2label[i] for i in logits.argmax(-1).tolist()] == ours
 
 
 def test_load_predicts_what_finetuning_scored(tuned):
@@ -131,7 +159,8 @@ def test_init_from_a_finetuned_workdir_loads_its_backbone_and_a_new_head(tuned, 
                                 best["backbone"]["stack"]["layer_0"]["mlp"]["wi"]["kernel"])
   assert loaded.dropped == ("head/out/bias", "head/out/kernel")
   config = runs.finetune_config(workdir, "features", max_eval_examples=16,
-                                num_train_examples=32, dev_fraction=0.0)
+                                num_train_examples=32, dev_fraction=0.0,
+                                pooling="pooler")  # the tuned pooler carries over
   config.train.epochs = 1
   results = finetune.finetune_and_evaluate(config, str(tmp_path / "again"))
   assert results["discarded"] == ["head/out/bias", "head/out/kernel"]  # the old head

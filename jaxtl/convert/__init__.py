@@ -1,5 +1,6 @@
 """Checkpoint conversion: Hugging Face BERT, GPT-2 and T5 folders in and out."""
 
 from jaxtl.convert.hf import Imported, export_hf, import_hf, is_hf_folder
+from jaxtl.convert.task import export_task_hf
 
-__all__ = ["Imported", "export_hf", "import_hf", "is_hf_folder"]
+__all__ = ["Imported", "export_hf", "export_task_hf", "import_hf", "is_hf_folder"]

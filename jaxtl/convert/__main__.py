@@ -1,12 +1,17 @@
 r"""Export a jaxtl checkpoint as a Hugging Face model folder.
 
   python -m jaxtl.convert --checkpoint=workdirs/clm --out=/tmp/clm_hf
+  python -m jaxtl.convert --checkpoint=workdirs/sst2 --out=/tmp/sst2_hf
 
-Writes ``config.json`` + ``model.safetensors`` (GPT2LMHeadModel, BertForMaskedLM
-or T5ForConditionalGeneration, by family) and the tokenizer beside them:
-``tokenizer.json`` for WordPiece/BPE tokenizers, the SentencePiece model as
-``spiece.model`` (what ``T5Tokenizer`` reads; other classes need their own
-tokenizer files).
+A pretraining workdir becomes GPT2LMHeadModel, BertForMaskedLM or
+T5ForConditionalGeneration, by family. A fine-tuning workdir (one with a
+``task.json``) becomes the task class computing what its head computes
+(BertForSequenceClassification, GPT2ForTokenClassification, ...; see
+:mod:`jaxtl.convert.task`), from the parameters in its ``best/``, with its
+labels in ``config.json``. Either way ``config.json`` + ``model.safetensors``
+are written, and the tokenizer beside them: ``tokenizer.json`` for
+WordPiece/BPE tokenizers, the SentencePiece model as ``spiece.model`` (what
+``T5Tokenizer`` reads; other classes need their own tokenizer files).
 """
 
 from __future__ import annotations
@@ -18,20 +23,32 @@ from absl import app, flags, logging
 flags.DEFINE_string("checkpoint", None, "A jaxtl workdir, checkpoints dir or step dir.",
                     required=True)
 flags.DEFINE_string("out", None, "The folder to write.", required=True)
-flags.DEFINE_string("architecture", None, "HF class (default: the richest that fits).")
+flags.DEFINE_string("architecture", None, "HF class (default: the richest that fits; "
+                    "a fine-tuning workdir's is set by its task).")
 FLAGS = flags.FLAGS
 
 
 def main(argv: list[str]) -> None:
   del argv
   from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
-  from jaxtl.convert import export_hf  # pylint: disable=g-import-not-at-top
+  from jaxtl import convert  # pylint: disable=g-import-not-at-top
   from jaxtl.data.tokenizer_files import save_tokenizer  # pylint: disable=g-import-not-at-top
-  loaded = pretrained.load(FLAGS.checkpoint)
-  arch = export_hf(FLAGS.out, loaded.config, loaded.params, head=loaded.head,
-                   architecture=FLAGS.architecture)
-  save_tokenizer(loaded.tokenizer, FLAGS.out, sentencepiece_name="spiece.model")
-  logging.info("wrote %s (%s) to %s", arch, loaded.config.family, FLAGS.out)
+  from jaxtl.tasks import predictor, spec  # pylint: disable=g-import-not-at-top
+  if spec.exists(FLAGS.checkpoint):
+    if FLAGS.architecture:
+      raise app.UsageError("--architecture: a fine-tuning workdir's class follows "
+                           "from its task.json")
+    tuned = predictor.load(FLAGS.checkpoint)  # best/, LoRA merged
+    arch = convert.export_task_hf(FLAGS.out, tuned.config, tuned.params, tuned.spec,
+                                  tokenizer=tuned.tokenizer)
+    tokenizer = tuned.tokenizer
+  else:
+    loaded = pretrained.load(FLAGS.checkpoint)
+    arch = convert.export_hf(FLAGS.out, loaded.config, loaded.params, head=loaded.head,
+                             architecture=FLAGS.architecture)
+    tokenizer = loaded.tokenizer
+  save_tokenizer(tokenizer, FLAGS.out, sentencepiece_name="spiece.model")
+  logging.info("wrote %s to %s", arch, FLAGS.out)
 
 
 if __name__ == "__main__":

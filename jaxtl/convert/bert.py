@@ -1,9 +1,10 @@
-"""BERT (``BertModel``, ``BertForMaskedLM``, ``BertForSequenceClassification``).
+"""BERT (``BertModel``, ``BertForMaskedLM`` and the task classes).
 
 Post-LN blocks, exact GELU, token-type embeddings and an embedding
 LayerNorm; the MLM head is dense + GELU + LayerNorm, then the tied word
 embeddings plus an output bias. The pooler (dense + tanh on ``[CLS]``) and
-the classifier become the task head's ``pooler`` and ``out``.
+the classifier become the task head's ``pooler`` and ``out``; the token
+classifier and ``qa_outputs`` (start, end) are ``out`` too, with no pooler.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def rules(cfg: TransformerConfig) -> list[R.Rule]:
   out.append(R.Rule("cls.predictions.bias", P.join(P.LM_HEAD, P.BIAS), "vector", "mlm"))
   out += R.dense_rules("classifier", P.join(P.HEAD, P.HEAD_OUT), bias=True,
                        group="classifier")
+  out += R.dense_rules("qa_outputs", P.join(P.HEAD, P.HEAD_OUT), bias=True, group="qa")
   return out
 
 
@@ -91,9 +93,17 @@ FAMILY = Family(
     base_architecture="BertModel", base_groups=("base", "pooler"),
     architectures={"BertModel": ("base", "pooler"),
                    "BertForMaskedLM": ("base", "mlm"),
-                   "BertForSequenceClassification": ("base", "pooler", "classifier")},
+                   "BertForSequenceClassification": ("base", "pooler", "classifier"),
+                   "BertForTokenClassification": ("base", "classifier"),
+                   "BertForQuestionAnswering": ("base", "qa")},
     # Tied copies: the MLM decoder is the word embedding table plus the bias.
     tied={"cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
           "cls.predictions.decoder.bias": "cls.predictions.bias"},
     ignored=(r"^embeddings\.position_ids$", r"^cls\.seq_relationship\."),
+    tasks={"classification": "BertForSequenceClassification",
+           "regression": "BertForSequenceClassification",
+           "token_classification": "BertForTokenClassification",
+           "span_qa": "BertForQuestionAnswering"},
+    sequence_pooling=("pooler", "dense + tanh over [CLS] (the pooler), then the "
+                      "classifier"),
 )

@@ -32,6 +32,15 @@ class Family:
       equal on import, left out on export (``transformers`` re-ties them).
     ignored: Regexes of tensors that are not parameters (buffers) or that
       jaxtl has no use for (BERT's next-sentence head); dropped on import.
+    tasks: A fine-tuned model's class per jaxtl task kind
+      (:data:`jaxtl.models.heads.TASK_KINDS`); kinds not listed have no
+      Hugging Face class computing what jaxtl's head computes.
+    sequence_pooling: The jaxtl pooling that this family's sequence
+      classifier computes, and how HF describes it, for the error when a
+      model was fine-tuned with another one.
+    head_transforms: Per class, a function ``(params, head) -> (params,
+      head)`` that rewrites parameters into the class's form before export
+      (GPT-2's bias-free ``score``); it must keep the class's outputs equal.
   """
   model_type: str
   family: str
@@ -44,6 +53,10 @@ class Family:
   architectures: dict[str, tuple[str, ...]]
   tied: dict[str, str] = dataclasses.field(default_factory=dict)
   ignored: tuple[str, ...] = ()
+  tasks: dict[str, str] = dataclasses.field(default_factory=dict)
+  sequence_pooling: tuple[str, str] = ("", "")
+  head_transforms: dict[str, Callable[[Any, Any], tuple[Any, Any]]] = dataclasses.field(
+      default_factory=dict)
 
 
 def get(hf: dict[str, Any], key: str) -> Any:

@@ -1,13 +1,18 @@
-"""GPT-2 (``GPT2Model``, ``GPT2LMHeadModel``).
+"""GPT-2 (``GPT2Model``, ``GPT2LMHeadModel`` and the task classes).
 
 Pre-LN blocks with a final LayerNorm, tanh GELU, learned positions and a
 head tied to the token table. Its ``Conv1D`` layers store ``[in, out]`` and
-``c_attn`` holds q, k and v side by side.
+``c_attn`` holds q, k and v side by side. The task heads (``score``,
+``classifier``, ``qa_outputs``) are ``nn.Linear`` s over the final states;
+``score`` has no bias (see :func:`fold_score_bias`).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
+from flax import traverse_util
 
 from jaxtl.convert import rules as R
 from jaxtl.convert.family import Family, activation_from_hf, get
@@ -70,15 +75,57 @@ def rules(cfg: TransformerConfig) -> list[R.Rule]:
     out += R.dense_rules(f"{hf}.mlp.c_proj", P.join(ours, P.MLP, P.WO), bias=True,
                          kind="conv1d")
   out += R.norm_rules("ln_f", P.join(P.STACK, P.FINAL_NORM), bias=True)
+  head_out = P.join(P.HEAD, P.HEAD_OUT)
+  out += R.dense_rules("score", head_out, bias=False, group="score")
+  out += R.dense_rules("classifier", head_out, bias=True, group="classifier")
+  out += R.dense_rules("qa_outputs", head_out, bias=True, group="qa")
   return out
+
+
+_FINAL_NORM_BIAS = (P.STACK, P.FINAL_NORM, P.BIAS)
+
+
+def fold_score_bias(params: Any, head: Any) -> tuple[Any, Any]:
+  """Moves the classifier's bias into ``ln_f``'s, for the bias-free ``score``.
+
+  In ``GPT2ForSequenceClassification`` nothing but ``score`` reads ``ln_f``'s
+  output, so with ``W^T delta = b`` the logits ``W^T (h + delta)`` equal
+  jaxtl's ``W^T h + b`` exactly (only the exported model's last hidden state
+  moves by ``delta``). ``delta`` is the least-norm solution; it exists when
+  the C class columns of ``W`` [D, C] are independent, the rule for C <= D.
+  """
+  out = dict(head.get(P.HEAD_OUT, {}))
+  b = np.asarray(out.pop(P.BIAS, 0.0), np.float64)
+  if not np.any(b):
+    return params, {**head, P.HEAD_OUT: out}
+  w = np.asarray(out[P.KERNEL], np.float64)  # [D, C]
+  delta, *_ = np.linalg.lstsq(w.T, b, rcond=None)
+  if np.abs(w.T @ delta - b).max() > 1e-6 * (1 + np.abs(b).max()):
+    raise ValueError(
+        "GPT2ForSequenceClassification's score layer has no bias, and this "
+        f"classifier's bias cannot move into ln_f: its kernel {w.shape} has "
+        "linearly dependent class columns")
+  flat = traverse_util.flatten_dict(params)
+  ln_bias = flat[_FINAL_NORM_BIAS]
+  flat[_FINAL_NORM_BIAS] = (np.asarray(ln_bias, np.float64) + delta).astype(ln_bias.dtype)
+  return traverse_util.unflatten_dict(flat), {**head, P.HEAD_OUT: out}
 
 
 FAMILY = Family(
     model_type="gpt2", family="decoder", config_from_hf=config_from_hf,
     config_to_hf=config_to_hf, rules=rules, base_prefix="transformer.",
     base_architecture="GPT2Model", base_groups=("base",),
-    architectures={"GPT2LMHeadModel": ("base",), "GPT2Model": ("base",)},
+    architectures={"GPT2LMHeadModel": ("base",), "GPT2Model": ("base",),
+                   "GPT2ForSequenceClassification": ("base", "score"),
+                   "GPT2ForTokenClassification": ("base", "classifier"),
+                   "GPT2ForQuestionAnswering": ("base", "qa")},
     tied={"lm_head.weight": "wte.weight"},
     # The causal-mask buffers older checkpoints saved.
     ignored=(r"^h\.\d+\.attn\.(bias|masked_bias)$",),
+    tasks={"classification": "GPT2ForSequenceClassification",
+           "regression": "GPT2ForSequenceClassification",
+           "token_classification": "GPT2ForTokenClassification",
+           "span_qa": "GPT2ForQuestionAnswering"},
+    sequence_pooling=("last", "the last token that is not pad_token_id"),
+    head_transforms={"GPT2ForSequenceClassification": fold_score_bias},
 )

@@ -3,7 +3,8 @@
 ``import_hf(folder)`` reads ``config.json`` and the weights
 (``model.safetensors``, sharded or not, or ``pytorch_model.bin``) into a
 :class:`TransformerConfig`, the backbone's parameter tree and the task-head
-parameters the checkpoint has (BERT's pooler and classifier).
+parameters the checkpoint has (BERT's pooler; a task class's classifier,
+``score`` or ``qa_outputs``).
 ``export_hf(folder, config, params)`` writes a folder that ``transformers``
 loads with no missing or unexpected keys. Both go through one tensor table
 per family (:mod:`jaxtl.convert.rules`), and check every shape and name.
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (bert.FAMILY, gpt2.FAMILY, t5.FAMILY)}
 BY_JAXTL_FAMILY = {f.family: f for f in FAMILIES.values()}
 _SAFETENSORS, _TORCH = "model.safetensors", "pytorch_model.bin"
+# Rule groups of a classifier whose outputs are labels (id2label in config.json).
+_LABEL_GROUPS = {"classifier", "score"}
 # Architecture fields a config must keep through HF's config to be exportable.
 _ARCH_FIELDS = ("family", "vocab_size", "d_model", "num_heads", "head_dim", "mlp_dim",
                 "num_layers", "decoder_layers", "max_len", "position", "relative_buckets",
@@ -53,7 +56,8 @@ class Imported:
     params: The backbone's parameters (the tree ``build_model(config)`` uses;
       the LM head only when the checkpoint has one).
     head: Task-head parameters found in the checkpoint (``pooler``, ``out``),
-      laid out as :class:`jaxtl.models.heads.ClassifierHead` names them.
+      laid out as :class:`jaxtl.models.heads.ClassifierHead` names them
+      (GPT-2's ``score`` has no bias).
     architecture: The checkpoint's class name per ``config.json``.
     groups: The rule groups that were present (``base``, ``mlm``, ``pooler``...).
     hf_config: ``config.json`` as read.
@@ -217,9 +221,47 @@ def hf_config(config: TransformerConfig) -> dict[str, Any]:
   return _check_exportable(BY_JAXTL_FAMILY[config.family], config)
 
 
+def _flat_tree(params: Any, head: Any) -> dict[str, np.ndarray]:
+  """Backbone and ``head/...`` parameters as one flat, unscanned numpy dict."""
+  flat = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(
+      jax.device_get(params), sep="/").items()}
+  flat.update({paths.join(paths.HEAD, k): np.asarray(v) for k, v in
+               traverse_util.flatten_dict(jax.device_get(head), sep="/").items()})
+  return _unscan(flat)
+
+
+def _complete_groups(table: list[rules.Rule], flat: dict[str, np.ndarray]) -> set[str]:
+  """The rule groups whose every tensor ``flat`` holds."""
+  return {g for g in {r.group for r in table}
+          if all(r.jax in flat for r in table if r.group == g)}
+
+
+def _richest_architecture(family: Family, have: set[str]) -> str:
+  """The first class holding the most of the complete groups ``have``; the
+  bare model when none fits (a fine-tuned backbone without BERT's pooler)."""
+  fits = [a for a, g in family.architectures.items() if set(g) <= have]
+  return (max(fits, key=lambda a: len(family.architectures[a])) if fits
+          else family.base_architecture)
+
+
+def _label_fields(flat: dict[str, np.ndarray], label_names: tuple[str, ...]
+                  ) -> dict[str, Any]:
+  """``num_labels``, ``id2label`` and ``label2id`` for the classifier's outputs."""
+  n = flat[paths.join(paths.HEAD, paths.HEAD_OUT, paths.KERNEL)].shape[-1]
+  if label_names and len(label_names) != n:
+    raise ValueError(f"{len(label_names)} label names {list(label_names)} for a "
+                     f"classifier with {n} outputs")
+  names = label_names or tuple(f"LABEL_{i}" for i in range(n))
+  if len(set(names)) != n:
+    raise ValueError(f"label names must be distinct: {list(names)}")
+  return {"num_labels": n, "id2label": {str(i): name for i, name in enumerate(names)},
+          "label2id": {name: i for i, name in enumerate(names)}}
+
+
 def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *,
               head: Any = None, architecture: str | None = None,
-              label_names: tuple[str, ...] = ()) -> str:
+              label_names: tuple[str, ...] = (),
+              config_fields: dict[str, Any] | None = None) -> str:
   """Writes ``config.json`` + ``model.safetensors`` for ``transformers``.
 
   Args:
@@ -228,10 +270,12 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
       (e.g. a BERT export needs post-LN with an embedding norm).
     params: The backbone's parameters (LoRA is merged into the kernels first;
       scanned layers are unstacked).
-    head: Task-head parameters (``pooler``, ``out``) for BERT classifiers.
+    head: Task-head parameters (``pooler``, ``out``) for the task classes.
     architecture: The HF class to write; default: the richest one whose
       tensors ``params`` and ``head`` provide.
     label_names: ``id2label`` for a classifier (default ``LABEL_i``).
+    config_fields: More ``config.json`` fields (``problem_type``,
+      ``pad_token_id``...), written last.
 
   Returns:
     The architecture written.
@@ -244,22 +288,16 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
     params = layers.merge_lora(params, config)
     config = config.replace(lora_rank=0)
   hf_config = _check_exportable(family, config)
-  flat = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(
-      jax.device_get(params), sep="/").items()}
-  flat.update({paths.join(paths.HEAD, k): np.asarray(v) for k, v in
-               traverse_util.flatten_dict(jax.device_get(head), sep="/").items()})
-  flat = _unscan(flat)
   table = family.rules(config)
-  have = {g for g in {r.group for r in table}
-          if all(r.jax in flat for r in table if r.group == g)}
+  have = _complete_groups(table, _flat_tree(params, head))
   if architecture is None:
-    fits = [a for a, g in family.architectures.items() if set(g) <= have]
-    # None fits a fine-tuned backbone without BERT's pooler: the bare model.
-    architecture = max(fits, key=lambda a: len(family.architectures[a])) if fits \
-        else family.base_architecture
+    architecture = _richest_architecture(family, have)
   if architecture not in family.architectures:
     raise ValueError(f"cannot export as {architecture!r}; known for {family.model_type}: "
                      f"{sorted(family.architectures)}")
+  if architecture in family.head_transforms:
+    params, head = family.head_transforms[architecture](params, head)
+  flat = _flat_tree(params, head)
   groups = family.architectures[architecture]
   if architecture == family.base_architecture and not set(groups) <= have:
     log.warning("%s without %s (the model has none): transformers initialises "
@@ -276,11 +314,9 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
   prefix = "" if architecture == family.base_architecture else family.base_prefix
   tensors = {(prefix + k if k in in_base else k): v for k, v in tensors.items()}
   hf_config["architectures"] = [architecture]
-  if "classifier" in groups:
-    n = flat[paths.join(paths.HEAD, paths.HEAD_OUT, paths.KERNEL)].shape[-1]
-    names = label_names or tuple(f"LABEL_{i}" for i in range(n))
-    hf_config["id2label"] = {str(i): name for i, name in enumerate(names)}
-    hf_config["label2id"] = {name: i for i, name in enumerate(names)}
+  if set(groups) & _LABEL_GROUPS:
+    hf_config.update(_label_fields(flat, tuple(label_names)))
+  hf_config.update(config_fields or {})
   _write_folder(os.fspath(path), hf_config, tensors)
   return architecture
 

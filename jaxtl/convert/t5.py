@@ -104,6 +104,8 @@ FAMILY = Family(
     config_to_hf=config_to_hf, rules=rules, base_prefix="", base_architecture="T5Model",
     base_groups=("base",),
     architectures={"T5ForConditionalGeneration": ("base",)},
+    # Fine-tuned as text_to_text, T5 is still its LM (it writes the label).
+    tasks={"text_to_text": "T5ForConditionalGeneration"},
     # The stacks' own views of the shared table; a tied head is the table too
     # (an untied one has its own rule, which takes precedence).
     tied={"encoder.embed_tokens.weight": "shared.weight",

@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 import jax
-import numpy as np
 
 from jaxtl.data import pipeline
 from jaxtl.data.tokenizers import Tokenizer
