@@ -13,7 +13,7 @@ import runs
 from jaxtl import train
 from jaxtl.train import checkpoint, optim
 
-STEPS = (3, 3)  # stage 1: length 32, batch 16; stage 2: length 64, batch 8
+STEPS = (2, 2)  # stage 1: length 32, batch 16; stage 2: length 64, batch 8
 
 
 def _staged_config():
@@ -65,7 +65,7 @@ def test_stages_run_in_order_under_one_schedule(reference):
         by_step[step]["steps_per_s"] * tokens, rel=1e-6)
 
 
-@pytest.mark.parametrize("stopped_at", [2, STEPS[0], STEPS[0] + 1])
+@pytest.mark.parametrize("stopped_at", [1, STEPS[0], STEPS[0] + 1])
 def test_a_run_stopped_inside_a_stage_resumes_exactly(reference, tmp_path, stopped_at):
   """Inside stage 1, at its last step, inside stage 2: as if killed right
   after that checkpoint (the later ones removed), then run again."""
@@ -86,14 +86,14 @@ def test_a_run_stopped_inside_a_stage_resumes_exactly(reference, tmp_path, stopp
 
 
 @pytest.mark.parametrize("stages,error", [
-    ((dict(steps=3, data=dict(seq_len=32)), dict(steps=3, dat=dict())),
+    ((dict(steps=2, data=dict(seq_len=32)), dict(steps=2, dat=dict())),
      r"config.stages\[1\]: unknown key 'dat'"),
-    ((dict(steps=3, data=dict(seq_len=32)), dict(steps=3, data=dict(seq_lenn=8))),
+    ((dict(steps=2, data=dict(seq_len=32)), dict(steps=2, data=dict(seq_lenn=8))),
      r"config.stages\[1\].data.seq_lenn: config.data has no key"),
-    ((dict(steps=3), dict(steps=0)), r"config.stages\[1\].steps=0"),
-    ((dict(steps=6, data=dict(tokenizer=dict(vocab_size=9))),),
+    ((dict(steps=4), dict(steps=0)), r"config.stages\[1\].steps=0"),
+    ((dict(steps=4, data=dict(tokenizer=dict(vocab_size=9))),),
      r"config.stages\[0\].data.tokenizer: one for the whole run"),
-    ((dict(steps=4), dict(steps=4)), r"4 \+ 4 = 8 steps.*config.train.steps=6"),
+    ((dict(steps=3), dict(steps=3)), r"3 \+ 3 = 6 steps.*config.train.steps=4"),
 ])
 def test_a_bad_stage_is_named_before_any_work(tmp_path, stages, error):
   config = _staged_config()
@@ -107,7 +107,7 @@ def test_a_stage_longer_than_the_models_positions_is_named(tmp_path):
   config = _staged_config()
   config.model.max_len = 48
   config.data.seq_len = 32
-  config.stages = (dict(steps=3), dict(steps=3, data=dict(seq_len=64)))
+  config.stages = (dict(steps=2), dict(steps=2, data=dict(seq_len=64)))
   with pytest.raises(ValueError, match=r"config.stages\[1\].data.seq_len: batches "
                                        r"of 64 tokens need 64 positions, but the "
                                        r"model has 48 \(config.model.max_len\)"):

@@ -267,7 +267,7 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
           p_step = step_lib.jit_train_step(stage.loss_fn, work.weight_fn, tx,
                                            schedule, shardings, mesh, loop.accum_steps)
           if len(stages) > 1 and at == ends[k] - stage.steps + 1:
-            _announce(writer, k, stages, at - 1)
+            _announce(writer, k, stage, at - 1)
         batch = next(prefetch)
         if work.prepare is not None:
           batch = work.prepare(batch)
@@ -356,16 +356,11 @@ def _restore_position(stages: tuple[Stage, ...], ends: list[int], saved_stage: i
       f"stages now end at steps {ends}: the stages changed since (config.stages)")
 
 
-def _announce(writer: metrics_lib.MetricsWriter, k: int, stages: tuple[Stage, ...],
+def _announce(writer: metrics_lib.MetricsWriter, k: int, stage: Stage,
               step: int) -> None:
-  """Logs (and writes to the metrics) that stage ``k`` starts after ``step``."""
-  stage = stages[k]
-  info = {"stage": k, "steps": stage.steps, "batch_size": stage.batch_size,
-          **(stage.info or {})}
-  logging.info("stage %d/%d: steps %d-%d, %s", k + 1, len(stages), step + 1,
-               step + stage.steps, ", ".join(f"{key} {v}" for key, v in info.items()
-                                             if key not in ("stage", "steps")))
-  writer.write(step, "stage", info)
+  """Writes (and logs) that stage ``k`` (config.stages[k]) starts after ``step``."""
+  writer.write(step, "stage", {"stage": k, "steps": stage.steps,
+                               "batch_size": stage.batch_size, **(stage.info or {})})
 
 
 def loss_totals(window: list[Mapping[str, Any]]) -> dict[str, float]:
