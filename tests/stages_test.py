@@ -90,6 +90,8 @@ def test_a_run_stopped_inside_a_stage_resumes_exactly(reference, tmp_path, stopp
      r"config.stages\[1\]: unknown key 'dat'"),
     ((dict(steps=2, data=dict(seq_len=32)), dict(steps=2, data=dict(seq_lenn=8))),
      r"config.stages\[1\].data.seq_lenn: config.data has no key"),
+    ((dict(steps=2), dict(steps=2, data=dict(source=dict(fild="x")))),
+     r"config.stages\[1\].data.source.fild: config.data.source has no key"),
     ((dict(steps=4), dict(steps=0)), r"config.stages\[1\].steps=0"),
     ((dict(steps=4, data=dict(tokenizer=dict(vocab_size=9))),),
      r"config.stages\[0\].data.tokenizer: one for the whole run"),

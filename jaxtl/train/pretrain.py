@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
+import ml_collections
 
 from jaxtl import objectives
 from jaxtl.data import pipeline
@@ -99,6 +100,8 @@ def stage_configs(config: Any) -> list[tuple[int, Any]]:
   out = []
   for k, stage in enumerate(config.stages):
     where = f"config.stages[{k}]"
+    if isinstance(stage, ml_collections.ConfigDict):
+      stage = stage.to_dict()
     if not isinstance(stage, Mapping):
       raise ValueError(f"{where}={stage!r}: a stage is a dict of {STAGE_KEYS}")
     unknown = sorted(set(stage) - set(STAGE_KEYS))
@@ -109,18 +112,14 @@ def stage_configs(config: Any) -> list[tuple[int, Any]]:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
       raise ValueError(f"{where}.steps={steps!r}: every stage needs a whole "
                        "number of steps, 1 or more")
+    for key in RUN_WIDE_DATA_KEYS:
+      if key in stage.get("data", {}):
+        raise ValueError(f"{where}.data.{key}: one for the whole run "
+                         f"(config.data.{key})")
     c = copy.deepcopy(config)
     for section in ("data", "objective"):
-      for key, value in dict(stage.get(section, {})).items():
-        name = f"{where}.{section}.{key}"
-        if key not in c[section]:
-          raise ValueError(f"{name}: config.{section} has no key {key!r}")
-        if section == "data" and key in RUN_WIDE_DATA_KEYS:
-          raise ValueError(f"{name}: one for the whole run (config.data.{key})")
-        try:
-          c[section][key] = value
-        except (TypeError, ValueError) as e:
-          raise ValueError(f"{name}={value!r}: {e}") from e
+      _override(c[section], stage.get(section, {}), f"{where}.{section}",
+                f"config.{section}")
     out.append((steps, c))
   total = sum(steps for steps, _ in out)
   if total != config.train.steps:
@@ -128,6 +127,26 @@ def stage_configs(config: Any) -> list[tuple[int, Any]]:
                      f"{total} steps, but config.train.steps={config.train.steps}; "
                      "make them agree (the schedule spans config.train.steps)")
   return out
+
+
+def _override(section: ml_collections.ConfigDict, values: Mapping[str, Any],
+              where: str, path: str) -> None:
+  """Sets a stage's values into (a copy of) a config section. A declared
+  section (locked: data.source, ...) takes them key by key, so an unknown
+  key fails naming it and the keys a stage leaves alone stay; anything
+  else (a map such as source.files) is replaced whole."""
+  for key, value in values.items():
+    if key not in section:
+      raise ValueError(f"{where}.{key}: {path} has no key {key!r}")
+    current = section[key]
+    if (isinstance(current, ml_collections.ConfigDict) and current.is_locked
+        and isinstance(value, Mapping)):
+      _override(current, value, f"{where}.{key}", f"{path}.{key}")
+      continue
+    try:
+      section[key] = value
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"{where}.{key}={value!r}: {e}") from e
 
 
 def check_positions(model_cfg: TransformerConfig, lengths: Mapping[str, int],
