@@ -11,6 +11,7 @@ from flax import traverse_util
 
 import runs
 from jaxtl import train
+from jaxtl.data import pipeline
 from jaxtl.train import checkpoint, optim
 
 STEPS = (2, 2)  # stage 1: length 32, batch 16; stage 2: length 64, batch 8
@@ -114,3 +115,19 @@ def test_a_stage_longer_than_the_models_positions_is_named(tmp_path):
                                        r"of 64 tokens need 64 positions, but the "
                                        r"model has 48 \(config.model.max_len\)"):
     train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_a_later_stage_over_the_same_rows_draws_its_own_order_and_masks():
+  rows = {"tokens": np.arange(64, dtype=np.int32).reshape(16, 4)}
+  noisy = lambda row, rng: {"tokens": row["tokens"], "noise": rng.random(1)}
+  first, later = (pipeline.BatchIterator(rows, noisy, batch_size=8, seed=3,
+                                         stream=stream) for stream in ((), (1,)))
+  a, b = next(first), next(later)
+  # The first stage (and a run without stages) draws as the iterator always did.
+  order = np.random.default_rng((3, 0)).permutation(16)[:8]
+  np.testing.assert_array_equal(a["tokens"], rows["tokens"][order])
+  ids = a["tokens"][:, 0] // 4
+  np.testing.assert_array_equal(
+      a["noise"][:, 0], [np.random.default_rng((3, 0, i)).random() for i in ids])
+  assert not np.array_equal(a["tokens"], b["tokens"])
+  assert not np.intersect1d(a["noise"], b["noise"]).size
