@@ -19,7 +19,10 @@ steps, against a unigram entropy of 6.76 nats.
 long (32 tokens), the last 10% at the full 128, under one learning-rate
 schedule (``config.stages``); evaluation stays at 128 tokens throughout.
 ``:stages=bert,steps=N`` sets the total (``--config.train.steps`` alone
-would no longer match the stages).
+would no longer match the stages). Measured 2026-11-22 with the 2 cores
+shared: 7m24s (3m16s of it training, 30 steps/s in the first stage);
+validation loss 9.02 -> 6.28 nats (accuracy 11.4%) after 2000 steps, having
+read a third of the one-stage run's tokens.
 """
 
 from jaxtl.configs import common
