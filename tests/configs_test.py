@@ -34,6 +34,7 @@ RECIPE_ARGS = {
                  for s in ("full", "features", "scalar_mix", "adapters", "lora")],
     "finetune_minilm": [f"task={t}" for t in FINETUNE_TASKS],
     "pretrain_mixed": ["objective=mlm"],
+    "pretrain_mlm": ["stages=bert"],
 }
 
 

@@ -138,7 +138,15 @@ def pretrain_config(model: str) -> ConfigDict:
       # weights, LM head included, the run starts from.
       init_from="",
       objective=objective_config(), data=data_config(),
-      optim=optim_config(), train=pretrain_train_config(), mesh=mesh_config()), {})
+      optim=optim_config(), train=pretrain_train_config(), mesh=mesh_config(),
+      # Stages run in order, one optimizer and schedule over all of them
+      # (jaxtl.train.pretrain.stage_configs): each a dict of its ``steps``
+      # (adding up to train.steps) and overrides of ``data`` (seq_len,
+      # batch_size, source, ...) and ``objective`` keys, e.g. BERT's
+      # (dict(steps=900, data=dict(seq_len=128)), dict(steps=100)) with
+      # data.seq_len=512. Evaluation uses data and objective as they are.
+      # Empty: one stage of train.steps.
+      stages=()), {})
 
 
 # ----------------------------------------------------------------------------

@@ -78,11 +78,12 @@ def build_tokenizer(data: Mapping[str, Any], workdir: str | None,
 
 
 def _cache_key(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
-               row_length: int) -> str:
+               row_length: int, eos: bool) -> str:
   h = hashlib.sha1()
   h.update(json.dumps({k: data[k] for k in ("source", "max_docs", "packing")},
                       sort_keys=True, default=str).encode())
-  h.update(f"{split}|{row_length}|{tokenizer.fingerprint()}".encode())
+  # eos too: stages of one run may cut the same split for two objectives.
+  h.update(f"{split}|{row_length}|{eos}|{tokenizer.fingerprint()}".encode())
   return h.hexdigest()[:16]
 
 
@@ -97,7 +98,7 @@ def tokenized_rows(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
   """
   path = None
   if cache_dir:
-    key = _cache_key(data, split, tokenizer, row_length)
+    key = _cache_key(data, split, tokenizer, row_length, eos)
     path = os.path.join(cache_dir, f"rows_{split.replace('/', '_')}_{key}.npz")
     if os.path.exists(path):
       with np.load(path) as f:
@@ -175,13 +176,16 @@ class BatchIterator:
   Epoch ``e`` visits rows in ``permutation(seed, e)`` (or in order without
   shuffling), ``batch_size`` (global) rows per batch; this process keeps its
   contiguous ``1 / process_count`` share. Example ``i`` of epoch ``e`` is made
-  with ``default_rng((seed, e, i))``.
+  with ``default_rng((seed, e, i))``. A non-empty ``stream`` (a later stage
+  of a run) spawns independent generators from the same keys, so a stage
+  that reads the same rows as an earlier one does not repeat its order and
+  masks; the empty stream draws what the iterator always drew.
   """
 
   def __init__(self, rows: Rows, make_example: Callable[..., Example], *,
                batch_size: int, seed: int, shuffle: bool = True,
                repeat: bool = True, process_index: int = 0,
-               process_count: int = 1):
+               process_count: int = 1, stream: tuple[int, ...] = ()):
     if batch_size % process_count:
       raise ValueError(f"global batch size {batch_size} is not divisible by "
                        f"the {process_count} processes")
@@ -191,7 +195,7 @@ class BatchIterator:
       raise ValueError(f"only {self.num_rows} rows, fewer than one batch of "
                        f"{batch_size}")
     self.make_example = make_example
-    self.batch_size, self.seed = batch_size, seed
+    self.batch_size, self.seed, self.stream = batch_size, seed, tuple(stream)
     self.shuffle, self.repeat = shuffle, repeat
     self.local = batch_size // process_count
     self.offset = process_index * self.local
@@ -205,9 +209,14 @@ class BatchIterator:
   def set_state(self, state: Mapping[str, int]) -> None:
     self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
+  def _rng(self, *key: int) -> np.random.Generator:
+    """``default_rng((seed, *key))``, or its spawn for the stream."""
+    return np.random.default_rng(np.random.SeedSequence((self.seed, *key),
+                                                        spawn_key=self.stream))
+
   def _epoch_order(self) -> np.ndarray:
     if self._order_epoch != self.epoch:
-      self._order = (np.random.default_rng((self.seed, self.epoch)).permutation(self.num_rows)
+      self._order = (self._rng(self.epoch).permutation(self.num_rows)
                      if self.shuffle else np.arange(self.num_rows))
       self._order_epoch = self.epoch
     return self._order
@@ -225,7 +234,7 @@ class BatchIterator:
     examples = []
     for i in ids:
       row = {k: v[i] for k, v in self.rows.items()}
-      rng = np.random.default_rng((self.seed, self.epoch, int(i)))
+      rng = self._rng(self.epoch, int(i))
       examples.append(self.make_example(row, rng))
     self.index += 1
     return {k: np.stack([ex[k] for ex in examples]) for k in examples[0]}
@@ -297,20 +306,44 @@ class DataSetup:
     prepared = self.objective.prepare(self.tokenizer, config.objective, data)
     self.make_example, self.lengths = prepared.make_example, prepared.lengths
     self.max_predictions = prepared.max_predictions
-    cache = os.path.join(workdir, "data_cache") if workdir and data.cache else None
+    self._cache_dir = (os.path.join(workdir, "data_cache")
+                       if workdir and data.cache else None)
+    self._memo: dict[tuple[str, bool], Rows] = {}
+    self._rows = {split: self._split_rows(data, split, prepared)
+                  for split in (data.train_split, data.eval_split)}
+    self._texts.clear()
+    self.unigram_entropy = unigram_entropy(self._rows[data.train_split],
+                                           self.tokenizer.vocab_size)
+
+  def _split_rows(self, data: Any, split: str, prepared: objectives.Prepared) -> Rows:
+    """A split cut for ``prepared``, built once per run (stages that cut the
+    same rows share them) and cached on disk."""
     tok = self.tokenizer
-    self._rows = {}
-    for split in (data.train_split, data.eval_split):
+    key = (_cache_key(data, split, tok, prepared.row_length, prepared.eos),
+           prepared.framed)
+    if key not in self._memo:
       rows = tokenized_rows(data, split, tok, prepared.row_length, eos=prepared.eos,
-                            cache_dir=cache, texts=self._texts.get(split))
+                            cache_dir=self._cache_dir, texts=self._texts.get(split))
       if prepared.framed:
         first = tok.cls_id if tok.cls_id is not None else tok.bos_id
         last = tok.sep_id if tok.sep_id is not None else tok.eos_id
         rows = frame_rows(rows, first, last)
-      self._rows[split] = rows
-    self._texts.clear()
-    self.unigram_entropy = unigram_entropy(self._rows[data.train_split],
-                                           tok.vocab_size)
+      self._memo[key] = rows
+    return self._memo[key]
+
+  def stage_batches(self, config: Any, stream: tuple[int, ...] = ()
+                    ) -> tuple[BatchIterator, objectives.Prepared]:
+    """Training batches of ``config.data`` and ``config.objective`` (a
+    stage's: the run's with its overrides) with the run's tokenizer, and
+    the objective as bound to them (lengths, loss positions)."""
+    data = config.data
+    prepared = objectives.get(config.objective.name).prepare(
+        self.tokenizer, config.objective, data)
+    rows = self._split_rows(data, data.train_split, prepared)
+    batches = BatchIterator(rows, prepared.make_example, batch_size=data.batch_size,
+                            seed=self.seed, process_index=self.process_index,
+                            process_count=self.process_count, stream=stream)
+    return batches, prepared
 
   def _load_tokenizer(self, data: Any, workdir: str | None) -> Tokenizer:
     """Process 0 trains (and caches) a tokenizer; the others then load it."""

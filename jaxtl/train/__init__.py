@@ -2,14 +2,15 @@
 
 The names most callers need are here; the modules hold the rest:
 :mod:`~jaxtl.train.step` (state init and the jitted step),
-:mod:`~jaxtl.train.loop` (the loop and its :class:`Workload`),
+:mod:`~jaxtl.train.loop` (the loop, its :class:`Workload` and its
+:class:`Stage` s),
 :mod:`~jaxtl.train.pretrain` (pretraining, from scratch or continued),
 :mod:`~jaxtl.train.pretrained` (any pretrained model by path), :mod:`~jaxtl.train.optim`,
 :mod:`~jaxtl.train.sharding`, :mod:`~jaxtl.train.checkpoint`,
 :mod:`~jaxtl.train.metrics`, :mod:`~jaxtl.train.perf`.
 """
 
-from jaxtl.train.loop import LoopConfig, Outcome, Preempted, Workload, run
+from jaxtl.train.loop import LoopConfig, Outcome, Preempted, Stage, Workload, run
 from jaxtl.train.metrics import MetricsWriter
 from jaxtl.train.pretrain import model_config_from, train_and_evaluate
 from jaxtl.train.pretrained import load_model_config, save_model_config
@@ -17,8 +18,8 @@ from jaxtl.train.step import (TrainState, abstract_sharded_state, abstract_state
                               create_sharded_state, eval_step, evaluate,
                               jit_train_step, lm_init_inputs, train_step)
 
-__all__ = ["LoopConfig", "MetricsWriter", "Outcome", "Preempted", "TrainState",
-           "Workload", "abstract_sharded_state", "abstract_state",
+__all__ = ["LoopConfig", "MetricsWriter", "Outcome", "Preempted", "Stage",
+           "TrainState", "Workload", "abstract_sharded_state", "abstract_state",
            "create_sharded_state", "eval_step", "evaluate", "jit_train_step",
            "lm_init_inputs", "load_model_config", "model_config_from", "run",
            "save_model_config", "train_and_evaluate", "train_step"]

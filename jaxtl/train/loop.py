@@ -8,11 +8,16 @@ position is saved with the state), keeping the best state, SIGTERM
 save-and-exit, stopping after repeated non-finite steps, and metrics
 (JSON lines, TensorBoard, a progress bar). What differs between pretraining
 and a task is the :class:`Workload`: plain data and functions, no subclassing.
+A run may go in :class:`Stage` s (BERT: 90% of the steps at length 128, then
+512): one state, optimizer and schedule over all of them, each stage with its
+own batches and compiled step.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import logging
 import os
 import signal
@@ -36,17 +41,47 @@ Batch = Mapping[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
+class Stage:
+  """A stretch of a run whose batches have their own shapes.
+
+  The state, the optimizer and its schedule carry on from the stage before
+  (the schedule spans the whole run); what changes is where batches come
+  from and, with their shapes, the loss and so the compiled step.
+
+  Attributes:
+    steps: how many steps the stage runs.
+    batches: resumable host batches (``next``, ``get_state``, ``set_state``).
+    loss_fn: as :attr:`Workload.loss_fn`, for these batches.
+    batch_size: global examples per batch, for throughput.
+    flops_per_example, tokens_per_example: for tokens/s and MFU.
+    info: written to the metrics (split "stage") when the stage starts,
+      e.g. its sequence length.
+  """
+  steps: int
+  batches: Any
+  loss_fn: Callable
+  batch_size: int
+  flops_per_example: float = 0.0
+  tokens_per_example: int = 0
+  info: Mapping[str, float] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Workload:
   """What a run trains and how it is judged: all that differs between
   pretraining and fine-tuning a task.
 
   Attributes:
     model: the Flax module.
-    loss_fn: ``(params, batch, rng, normalizer) -> (loss, sums)``; ``sums``
-      holds ``loss_sum``, ``correct_sum`` and ``weight_sum``.
     weight_fn: a batch's total loss weight (the accumulation normaliser).
     init_inputs: keyword arguments of ``model.init``.
+    loss_fn: ``(params, batch, rng, normalizer) -> (loss, sums)``; ``sums``
+      holds ``loss_sum``, ``correct_sum`` and ``weight_sum``.
     batches: resumable host batches (``next``, ``get_state``, ``set_state``).
+    stages: the run in stages, instead of ``loss_fn``, ``batches``,
+      ``flops_per_example``, ``tokens_per_example`` and ``loop.batch_size``
+      (which make one stage of ``loop.steps``); their steps add up to
+      ``loop.steps``.
     evaluate: ``params -> metrics``, run every ``eval_every`` steps; None
       for no evaluation.
     eval_name: the split name metrics are logged under ("eval", "dev").
@@ -62,10 +97,11 @@ class Workload:
     info: written once to the metrics at the start of a fresh run.
   """
   model: nn.Module
-  loss_fn: Callable
   weight_fn: Callable[[Batch], Array]
   init_inputs: Mapping[str, Any]
-  batches: Any
+  loss_fn: Callable | None = None
+  batches: Any = None
+  stages: tuple[Stage, ...] = ()
   evaluate: Callable[[Any], dict[str, float]] | None = None
   eval_name: str = "eval"
   select: Callable[[Mapping[str, float]], float] | None = None
@@ -144,6 +180,22 @@ def check_bad_steps(bad_steps: Array, limit: int, step: int) -> None:
                     "(%d in a row)", step, bad)
 
 
+def stages_of(work: Workload, loop: LoopConfig) -> tuple[Stage, ...]:
+  """The workload's stages; a one-stage run is made of its own fields."""
+  if not work.stages:
+    if work.batches is None or work.loss_fn is None:
+      raise ValueError("a Workload needs batches and loss_fn, or stages")
+    return (Stage(loop.steps, work.batches, work.loss_fn, loop.batch_size,
+                  work.flops_per_example, work.tokens_per_example),)
+  if work.batches is not None or work.loss_fn is not None:
+    raise ValueError("a Workload has batches and loss_fn, or stages: not both")
+  total = sum(s.steps for s in work.stages)
+  if total != loop.steps or min(s.steps for s in work.stages) < 1:
+    raise ValueError(f"stages of {[s.steps for s in work.stages]} steps: each "
+                     f"needs one or more, adding up to the run's {loop.steps}")
+  return tuple(work.stages)
+
+
 def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
         schedule: optax.Schedule, mesh: jax.sharding.Mesh, rules: Any,
         workdir: str) -> Outcome:
@@ -166,10 +218,12 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
       os.path.join(workdir, checkpoint.BEST_DIR), save_every=1, keep=1,
       async_save=False) if keep_best else None
   history, best, window_since = [], None, []
+  stages = stages_of(work, loop)
+  ends = list(itertools.accumulate(s.steps for s in stages))  # each's last step
   restored = ckpt.restore_latest(step_lib.abstract_state(state, shardings))
   if restored is not None:
     state, extra, at = restored
-    work.batches.set_state(extra["data"])
+    _restore_position(stages, ends, extra.get("stage", 0), extra["data"], at)
     step_rng = jax.random.wrap_key_data(np.asarray(extra["rng"], np.uint32))
     history, best = list(extra.get("history", [])), extra.get("best")
     # The train loss since the last evaluation, when saved mid-way to it.
@@ -179,8 +233,6 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
     params = work.init_params(jax.device_get(state.params))
     state = state.replace(params=jax.device_put(params, shardings.params))
 
-  p_step = step_lib.jit_train_step(work.loss_fn, work.weight_fn, tx, schedule,
-                                   shardings, mesh, loop.accum_steps)
   writer = metrics_lib.MetricsWriter(workdir, enabled=jax.process_index() == 0)
   peak = loop.peak_flops or perf.peak_flops_per_device(dtype=work.model.config.dtype)
   start = int(state.step)
@@ -192,20 +244,30 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
     writer.write(at, work.eval_name, out)
     return out
 
-  prefetch = bar = None
+  prefetch = bar = p_step = None
   try:
     with _SigtermFlag() as sigterm, jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       if start == 0 and work.info:
         writer.write(0, "info", work.info)
       if start == 0 and loop.eval_at_start and work.evaluate is not None:
         eval_metrics = run_eval(0)
-      prefetch = pipeline.Prefetcher(work.batches, loop.prefetch)
       bar = _progress(loop.steps, start, work.steps_per_epoch,
                       enabled=writer.enabled)
       eta = metrics_lib.Eta(loop.steps, start)
       window, prev_bad, at = [], None, start
       t_last = t_since = time.perf_counter()
+      k, stage = 0, None
       for at in range(start + 1, loop.steps + 1):
+        if stage is None or at > ends[k]:  # the run's first step, or a new stage
+          k = bisect.bisect_left(ends, at)
+          stage = stages[k]
+          if prefetch is not None:
+            prefetch.close()
+          prefetch = pipeline.Prefetcher(stage.batches, loop.prefetch)
+          p_step = step_lib.jit_train_step(stage.loss_fn, work.weight_fn, tx,
+                                           schedule, shardings, mesh, loop.accum_steps)
+          if len(stages) > 1 and at == ends[k] - stage.steps + 1:
+            _announce(writer, k, stage, at - 1)
         batch = next(prefetch)
         if work.prepare is not None:
           batch = work.prepare(batch)
@@ -215,12 +277,12 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
           check_bad_steps(prev_bad, loop.max_bad_steps, at - 1)
         prev_bad = m["bad_steps"]
         _advance(bar, at, work.steps_per_epoch, loop.steps)
-        if at % loop.log_every == 0 or at == loop.steps:
+        if at % loop.log_every == 0 or at == ends[k]:  # a window never spans stages
           now = time.perf_counter()
           host = jax.device_get(window)
           summary = metrics_lib.summarize_train(
-              host, now - t_last, loop.batch_size, work.flops_per_example, peak,
-              work.tokens_per_example)
+              host, now - t_last, stage.batch_size, stage.flops_per_example, peak,
+              stage.tokens_per_example)
           writer.write(at, "train", summary, total=loop.steps, eta=eta(at))
           bar.set_postfix(loss=f"{summary['loss']:.3f}", refresh=False)
           window_since.extend(host)
@@ -247,7 +309,8 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
         last = (at == loop.steps and loop.save_last) or sigterm.flag
         if last or at % ckpt.save_every == 0:  # the window is fetched only to save
           since = loss_totals(window_since + jax.device_get(window))
-          ckpt.save(at, state, {"data": prefetch.get_state(), "rng": rng_data,
+          ckpt.save(at, state, {"data": prefetch.get_state(), "stage": k,
+                                "rng": rng_data,
                                 "history": history, "best": best,
                                 "train_since": since}, force=last)
         if sigterm.flag:
@@ -272,6 +335,32 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
                     f"saved in {workdir}); rerun the same command to resume")
   return Outcome(state, shardings, history, best, eval_metrics,
                  best_ckpt.directory if keep_best else None)
+
+
+def _restore_position(stages: tuple[Stage, ...], ends: list[int], saved_stage: int,
+                      position: Mapping[str, Any], step: int) -> None:
+  """Puts the data back where the checkpoint at ``step`` left it: inside
+  the stage it was saved in, or (saved at that stage's last step) at the
+  start of the next one, whose batches are fresh."""
+  if step >= ends[-1]:
+    return  # finished: nothing more is read
+  if saved_stage < len(stages):
+    first = ends[saved_stage - 1] if saved_stage else 0
+    if first < step < ends[saved_stage]:
+      stages[saved_stage].batches.set_state(position)
+      return
+    if step == ends[saved_stage]:
+      return
+  raise ValueError(
+      f"the checkpoint at step {step} was saved in stage {saved_stage}, but the "
+      f"stages now end at steps {ends}: the stages changed since (config.stages)")
+
+
+def _announce(writer: metrics_lib.MetricsWriter, k: int, stage: Stage,
+              step: int) -> None:
+  """Writes (and logs) that stage ``k`` (config.stages[k]) starts after ``step``."""
+  writer.write(step, "stage", {"stage": k, "steps": stage.steps,
+                               "batch_size": stage.batch_size, **(stage.info or {})})
 
 
 def loss_totals(window: list[Mapping[str, Any]]) -> dict[str, float]:

@@ -3,17 +3,21 @@
 From random weights, or continued from a pretrained model
 (``config.init_from``: domain-adaptive pretraining, e.g. MiniLM's MLM on
 movie reviews), whose architecture, tokenizer and weights it then takes.
+In ``config.stages`` (BERT: 90% of the steps at length 128, the rest at
+512), one optimizer and schedule over all of them.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
+import ml_collections
 
 from jaxtl import objectives
 from jaxtl.data import pipeline
@@ -79,6 +83,105 @@ def source_loader(params_shape: Any, source: pretrained.Pretrained | None,
   return load
 
 
+STAGE_KEYS = ("steps", "data", "objective")
+# One tokenizer and one evaluation for the whole run, so eval losses compare.
+RUN_WIDE_DATA_KEYS = ("tokenizer", "eval_split")
+
+
+def stage_configs(config: Any) -> list[tuple[int, Any]]:
+  """(steps, config) per stage: the run's config with the stage's ``data``
+  and ``objective`` overrides; no stages is one stage of train.steps.
+
+  Errors name the stage and the key: an unknown key, a stage without steps,
+  steps that do not add up to config.train.steps, a key the run shares.
+  """
+  if not config.stages:
+    return [(config.train.steps, config)]
+  out = []
+  for k, stage in enumerate(config.stages):
+    where = f"config.stages[{k}]"
+    if isinstance(stage, ml_collections.ConfigDict):
+      stage = stage.to_dict()
+    if not isinstance(stage, Mapping):
+      raise ValueError(f"{where}={stage!r}: a stage is a dict of {STAGE_KEYS}")
+    unknown = sorted(set(stage) - set(STAGE_KEYS))
+    if unknown:
+      raise ValueError(f"{where}: unknown key {unknown[0]!r}; a stage has "
+                       f"{', '.join(STAGE_KEYS)}")
+    steps = stage.get("steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+      raise ValueError(f"{where}.steps={steps!r}: every stage needs a whole "
+                       "number of steps, 1 or more")
+    for key in RUN_WIDE_DATA_KEYS:
+      if key in stage.get("data", {}):
+        raise ValueError(f"{where}.data.{key}: one for the whole run "
+                         f"(config.data.{key})")
+    c = copy.deepcopy(config)
+    for section in ("data", "objective"):
+      _override(c[section], stage.get(section, {}), f"{where}.{section}",
+                f"config.{section}")
+    out.append((steps, c))
+  total = sum(steps for steps, _ in out)
+  if total != config.train.steps:
+    raise ValueError(f"config.stages run {' + '.join(str(n) for n, _ in out)} = "
+                     f"{total} steps, but config.train.steps={config.train.steps}; "
+                     "make them agree (the schedule spans config.train.steps)")
+  return out
+
+
+def _override(section: ml_collections.ConfigDict, values: Mapping[str, Any],
+              where: str, path: str) -> None:
+  """Sets a stage's values into (a copy of) a config section. A declared
+  section (locked: data.source, ...) takes them key by key, so an unknown
+  key fails naming it and the keys a stage leaves alone stay; anything
+  else (a map such as source.files) is replaced whole."""
+  for key, value in values.items():
+    if key not in section:
+      raise ValueError(f"{where}.{key}: {path} has no key {key!r}")
+    current = section[key]
+    if (isinstance(current, ml_collections.ConfigDict) and current.is_locked
+        and isinstance(value, Mapping)):
+      _override(current, value, f"{where}.{key}", f"{path}.{key}")
+      continue
+    try:
+      section[key] = value
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"{where}.{key}={value!r}: {e}") from e
+
+
+def check_positions(model_cfg: TransformerConfig, lengths: Mapping[str, int],
+                    where: str) -> None:
+  """A learned position table must cover every length the run feeds it."""
+  longest = max(lengths.values())
+  if model_cfg.position == "learned" and longest > model_cfg.max_len:
+    raise ValueError(f"{where}: batches of {longest} tokens need {longest} "
+                     f"positions, but the model has {model_cfg.max_len} "
+                     "(config.model.max_len)")
+
+
+def make_stage(index: int, steps: int, stage_config: Any, data: pipeline.DataSetup,
+               model_cfg: TransformerConfig, model: nn.Module, params_shape: Any,
+               where: str) -> loop.Stage:
+  """A stage's batches (a stream of their own after the first, so a stage
+  over the same rows does not repeat its predecessor's), loss and numbers."""
+  try:
+    objectives.check_objective(stage_config.objective.name, model_cfg.family)
+    batches, prepared = data.stage_batches(stage_config,
+                                           stream=(index,) if index else ())
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from e
+  check_positions(model_cfg, prepared.lengths, f"{where}.data.seq_len")
+  loss_fn = objectives.make_loss_fn(model, prepared.max_predictions,
+                                    stage_config.objective.loss_chunk_len)
+  flops = perf.flops_per_example(model_cfg, params_shape, *prepared.lengths.values(),
+                                 head_positions=prepared.max_predictions)
+  return loop.Stage(
+      steps=steps, batches=batches, loss_fn=loss_fn,
+      batch_size=stage_config.data.batch_size, flops_per_example=flops,
+      tokens_per_example=sum(prepared.lengths.values()),
+      info={f"{side}_length": n for side, n in prepared.lengths.items()})
+
+
 def loop_config(config: Any) -> loop.LoopConfig:
   """The loop's numbers from a pretraining config (all in steps)."""
   t = config.train
@@ -97,11 +200,13 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   checkpoint: parameters, optimizer state, step, RNG and data position.
   """
   os.makedirs(workdir, exist_ok=True)
+  stage_list = stage_configs(config)  # before any work: a bad stage fails now
   source = load_source(config)
   data = pipeline.DataSetup(config, workdir, process_index=jax.process_index(),
                             process_count=jax.process_count(),
                             tokenizer=source.tokenizer if source else None)
   model_cfg = architecture(config, source, data.tokenizer.vocab_size)
+  check_positions(model_cfg, data.lengths, "config.data.seq_len")
   if jax.process_index() == 0:  # Fine-tuning rebuilds the model from this.
     pretrained.save_model_config(model_cfg, workdir)
   model = build_model(model_cfg)
@@ -110,7 +215,6 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   tx, schedule = optim.make_optimizer(config.optim, config.train.steps)
   loss_fn = objectives.make_loss_fn(model, data.max_predictions,
                                     config.objective.loss_chunk_len)
-  batches = data.train_iterator()
   p_eval = jax.jit(functools.partial(step_lib.eval_step, loss_fn=loss_fn),
                    in_shardings=(None, sharding.batch_sharding(mesh)))
 
@@ -132,11 +236,13 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
                n_params, data.num_rows(data.train_split),
                data.num_rows(data.eval_split), data.unigram_entropy)
   load_params = source_loader(params_shape, source, config.init_from)
+  where = lambda k: f"config.stages[{k}]" if config.stages else "config"
+  stages = tuple(make_stage(k, steps, c, data, model_cfg, model, params_shape, where(k))
+                 for k, (steps, c) in enumerate(stage_list))
   work = loop.Workload(
-      model=model, loss_fn=loss_fn,
+      model=model,
       weight_fn=functools.partial(objectives.loss_weight_total, family=model_cfg.family),
-      init_inputs=init_inputs, batches=batches, evaluate=evaluate,
-      flops_per_example=flops, tokens_per_example=sum(data.lengths.values()),
+      init_inputs=init_inputs, stages=stages, evaluate=evaluate,
       info={"params": n_params, "flops_per_example": flops,
             "unigram_entropy": data.unigram_entropy},
       init_params=load_params)
