@@ -22,15 +22,21 @@ import sys
 
 from absl import app, flags, logging
 
-flags.DEFINE_string("workdir", None, "A fine-tuning workdir.", required=True)
-flags.DEFINE_string("input", None, "Rows to predict (a file, or - for stdin).",
-                    required=True)
-flags.DEFINE_string("output", "-", "Where predictions go (- for stdout).")
-flags.DEFINE_list("text_fields", [], "The input columns holding the task's "
-                  "texts, in the task's order (default: the task's field names).")
-flags.DEFINE_enum("input_format", "", ["", "csv", "tsv", "jsonl", "text"],
-                  "Default: by --input's extension (plain text otherwise).")
-flags.DEFINE_integer("batch_size", 32, "Rows per forward pass.")
+
+def _define_flags() -> None:
+  """Defined only when run as a program: importing this module (for
+  :func:`predict_file`) must not add required flags to absl's global set."""
+  flags.DEFINE_string("workdir", None, "A fine-tuning workdir.", required=True)
+  flags.DEFINE_string("input", None, "Rows to predict (a file, or - for stdin).",
+                      required=True)
+  flags.DEFINE_string("output", "-", "Where predictions go (- for stdout).")
+  flags.DEFINE_list("text_fields", [], "The input columns holding the task's "
+                    "texts, in the task's order (default: the task's field names).")
+  flags.DEFINE_enum("input_format", "", ["", "csv", "tsv", "jsonl", "text"],
+                    "Default: by --input's extension (plain text otherwise).")
+  flags.DEFINE_integer("batch_size", 32, "Rows per forward pass.")
+
+
 FLAGS = flags.FLAGS
 
 
@@ -97,4 +103,5 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
   from jaxtl import console  # pylint: disable=g-import-not-at-top
   console.quiet_libraries(sys.argv)
+  _define_flags()
   app.run(main)

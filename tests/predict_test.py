@@ -137,7 +137,7 @@ def test_malformed_input_names_the_file_and_line(tuned, tmp_path):
   workdir, _ = tuned
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"text": "Who?"}\n\n{"text": "Where\n')
-  with pytest.raises(ValueError, match=r"bad.jsonl:3: not valid JSON"):
+  with pytest.raises(ValueError, match=r"bad.jsonl:3: malformed JSON"):
     predict_cli.predict_file(workdir, str(bad))
   missing = tmp_path / "missing.tsv"
   missing.write_text("id\ttext\n1\tWho?\n2\t\n")

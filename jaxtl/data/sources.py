@@ -13,7 +13,7 @@ import gzip
 import io
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 DATA_DIR_ENV = "JAXTL_DATA_DIR"
@@ -98,6 +98,22 @@ def read_text(path: PathLike, *, encoding: str = "utf-8",
     raise _decode_error(path, encoding, e) from e
 
 
+def json_objects(lines: Iterable[str], name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+  """(line number, object) for each non-blank line of a JSON-lines file;
+  malformed JSON or a non-object names ``name`` and the line."""
+  for lineno, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{name}:{lineno}: malformed JSON: {e}") from e
+    if not isinstance(row, dict):
+      raise ValueError(f"{name}:{lineno}: expected a JSON object, got "
+                       f"{type(row).__name__}")
+    yield lineno, row
+
+
 def read_jsonl(path: PathLike, *, field: str = "text",
                filter: Mapping[str, Any] | None = None  # pylint: disable=redefined-builtin
                ) -> list[str]:
@@ -119,16 +135,7 @@ def read_jsonl(path: PathLike, *, field: str = "text",
   conditions = list((filter or {}).items())
   texts = []
   with _open_text(path, "utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: malformed JSON: {e}") from e
-      if not isinstance(row, dict):
-        raise ValueError(f"{path}:{lineno}: expected a JSON object, got "
-                         f"{type(row).__name__}")
+    for lineno, row in json_objects(f, path):
       keep = True
       for key, value in conditions:
         if key not in row:

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
+from jaxtl.data import sources
+
 FORMATS = ("csv", "tsv", "jsonl", "text")
 _EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl",
                ".ndjson": "jsonl"}
@@ -44,7 +46,7 @@ def read_rows(path: str, fmt: str = "") -> list[tuple[int, dict[str, Any]]]:
   f = _open(path)
   try:
     if fmt == "jsonl":
-      return list(_json_rows(f, name))
+      return list(sources.json_objects(f, name))
     if fmt == "text":
       return [(i, {TEXT_FIELD: line.rstrip("\r\n")}) for i, line in enumerate(f, 1)
               if line.strip()]
@@ -52,20 +54,6 @@ def read_rows(path: str, fmt: str = "") -> list[tuple[int, dict[str, Any]]]:
   finally:
     if f is not sys.stdin:
       f.close()
-
-
-def _json_rows(f: TextIO, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
-  for lineno, line in enumerate(f, 1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{name}:{lineno}: not valid JSON ({e.msg})") from e
-    if not isinstance(row, dict):
-      raise ValueError(f"{name}:{lineno}: expected a JSON object, got "
-                       f"{type(row).__name__}")
-    yield lineno, row
 
 
 def _table_rows(f: TextIO, name: str, delimiter: str
