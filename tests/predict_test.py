@@ -87,6 +87,17 @@ def test_exported_to_transformers_it_predicts_the_same_labels(tuned, tmp_path):
                       token_type_ids=torch.tensor(a["encoder_token_type_ids"],
                                                   dtype=torch.long)).logits
   assert [hf_model.config.id2label[i] for i in logits.argmax(-1).tolist()] == ours
+  # Naming a class exports the tuned backbone alone.
+  subprocess.run([sys.executable, "-m", "jaxtl.convert", f"--checkpoint={workdir}",
+                  f"--out={out}_backbone", "--architecture=BertModel"], check=True,
+                 env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  backbone = transformers.BertModel.from_pretrained(f"{out}_backbone").eval()
+  with torch.no_grad():
+    mine = backbone(input_ids=torch.tensor(a["encoder_input_tokens"][:2], dtype=torch.long))
+    theirs = hf_model.bert(input_ids=torch.tensor(a["encoder_input_tokens"][:2],
+                                                  dtype=torch.long))
+  np.testing.assert_allclose(mine.last_hidden_state.numpy(),
+                             theirs.last_hidden_state.numpy(), atol=1e-5)
 
 
 def test_load_predicts_what_finetuning_scored(tuned):

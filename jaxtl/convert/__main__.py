@@ -24,7 +24,8 @@ flags.DEFINE_string("checkpoint", None, "A jaxtl workdir, checkpoints dir or ste
                     required=True)
 flags.DEFINE_string("out", None, "The folder to write.", required=True)
 flags.DEFINE_string("architecture", None, "HF class (default: the richest that fits; "
-                    "a fine-tuning workdir's is set by its task).")
+                    "a fine-tuning workdir's is set by its task, and naming one "
+                    "exports its tuned backbone, e.g. BertModel).")
 FLAGS = flags.FLAGS
 
 
@@ -34,10 +35,7 @@ def main(argv: list[str]) -> None:
   from jaxtl import convert  # pylint: disable=g-import-not-at-top
   from jaxtl.data.tokenizer_files import save_tokenizer  # pylint: disable=g-import-not-at-top
   from jaxtl.tasks import predictor, spec  # pylint: disable=g-import-not-at-top
-  if spec.exists(FLAGS.checkpoint):
-    if FLAGS.architecture:
-      raise app.UsageError("--architecture: a fine-tuning workdir's class follows "
-                           "from its task.json")
+  if spec.exists(FLAGS.checkpoint) and not FLAGS.architecture:
     tuned = predictor.load(FLAGS.checkpoint)  # best/, LoRA merged
     arch = convert.export_task_hf(FLAGS.out, tuned.config, tuned.params, tuned.spec,
                                   tokenizer=tuned.tokenizer)

@@ -42,7 +42,8 @@ def _architecture(cfg: TransformerConfig, spec: Any) -> str:
           f"{arch} pools {how}, which is jaxtl's pooling={wanted!r}; this model "
           f"was fine-tuned with pooling={pooling!r}, which no Hugging Face "
           f"{family.model_type} classifier computes (fine-tune with "
-          f"task.pooling={wanted!r} to export it)")
+          f"task.pooling={wanted!r} to export it, or pass "
+          f"--architecture={family.base_architecture} for the tuned backbone alone)")
   return arch
 
 
