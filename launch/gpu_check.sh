@@ -5,9 +5,11 @@
 #   launch/gpu_check.sh bench PRESET...    # each preset beside PyTorch, one process each
 #   launch/gpu_check.sh profile PRESET...  # jaxtl's step traced; op breakdown printed
 #
-# Packages the GPU image lacks travel as wheels in .whl/ (pip download ...
-# ml-collections tensorboardX; see launch/README or the issue notes) and are
-# installed into /tmp/site. Logs and tables go to $OUT (or ./gpu_out).
+# Packages a GPU image without a package index lacks travel as wheels in
+# .whl/ (gitignored), fetched where pip works with
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux2014_x86_64 -d .whl ml-collections==1.1.0 tensorboardX==2.6.5
+# and installed into /tmp/site. Logs and tables go to $OUT (or ./gpu_out).
 # Extra benchmark flags come from $BENCH_FLAGS (e.g. --model=attention_impl=xla).
 set -uo pipefail
 cd "$(dirname "$0")/.."
