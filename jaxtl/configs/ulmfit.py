@@ -18,7 +18,7 @@ from lr/32 to lr over the first 10% of the steps, then falls back to lr/32
 (``optim.schedule=stlr``, ``jaxtl.train.optim.make_schedule``).
 
 ``stage=classifier`` fine-tunes the whole model on the labels with the
-paper's three devices: concat pooling (the head reads [last token, max,
+paper's four devices: concat pooling (the head reads [last token, max,
 mean] of the last layer, ``task.pooling=concat``); discriminative rates,
 each layer at 1/2.6 of the rate of the one above (``adapt.layer_decay``);
 gradual unfreezing, the top group (head + final norm) in the first epoch and
