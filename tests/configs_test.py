@@ -35,6 +35,7 @@ RECIPE_ARGS = {
     "finetune_minilm": [f"task={t}" for t in FINETUNE_TASKS],
     "pretrain_mixed": ["objective=mlm"],
     "pretrain_mlm": ["stages=bert"],
+    "ulmfit": ["stage=lm,task=imdb", "stage=classifier", "stage=classifier,task=imdb"],
 }
 
 

@@ -164,6 +164,7 @@ def test_t5_text_to_text_is_its_lm(tmp_path):
     ("bert", _spec("classification", "mean"), "pooling='mean'"),
     ("gpt2", _spec("regression", "mean"), "last token that is not pad_token_id"),
     ("gpt2", _spec("classification", ""), "pooling='mean'"),  # the decoder default
+    ("gpt2", _spec("classification", "concat"), "pooling='concat'.*task.pooling='last'"),
     ("t5", _spec("classification", "mean"), r"exportable kinds: \['text_to_text'\]"),
     ("bert", _spec("classification", "pooler", scalar_mix=True), "scalar mix"),
 ])

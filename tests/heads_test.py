@@ -30,6 +30,30 @@ def test_pooling():
     heads.pool(h, seg, "max")
 
 
+def test_concat_pooling_is_last_max_mean_over_real_tokens_only():
+  h_BTD = jax.random.normal(jax.random.key(0), (2, 5, 3))
+  seg_BT = jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+  got_B3D = heads.pool(h_BTD, seg_BT, "concat")
+  assert got_B3D.shape == (2, 9)
+  parts = [heads.pool(h_BTD, seg_BT, m) for m in ("last", "mean")]
+  np.testing.assert_allclose(got_B3D[:, :3], parts[0], rtol=1e-6)
+  np.testing.assert_allclose(got_B3D[:, 6:], parts[1], rtol=1e-6)
+  np.testing.assert_allclose(got_B3D[0, 3:6], h_BTD[0, :3].max(0), rtol=1e-6)
+  # Padding invariance: huge values in the padding change nothing (max included).
+  padded_BTD = h_BTD.at[0, 3:].set(1e6)
+  np.testing.assert_allclose(heads.pool(padded_BTD, seg_BT, "concat"), got_B3D,
+                             rtol=1e-6)
+  # A row of padding only (eval's filler rows) pools to finite values.
+  assert np.isfinite(heads.pool(h_BTD, jnp.zeros_like(seg_BT), "concat")).all()
+
+
+def test_concat_pooling_head_reads_three_times_d_model():
+  cfg = TransformerConfig(**BASE, **FAMILIES["decoder"])
+  model = heads.TaskModel(cfg, num_labels=3, pooling="concat")
+  params = model.init(jax.random.key(0), jnp.ones((2, 6), jnp.int32))["params"]
+  assert nn.unbox(params)["head"]["out"]["kernel"].shape == (3 * BASE["d_model"], 3)
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("kind,shape", [("classification", (2, 3)),
                                         ("regression", (2,)),

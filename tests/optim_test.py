@@ -80,3 +80,18 @@ def test_gradual_unfreezing_goes_top_down():
   assert trained(4) == (True, True, True, False)     # steps 4-5: + layer 0
   _, longer = run(7, unfreeze_every=2)
   assert moved(PARAMS, longer[6])["backbone"]["token_embed"]["embedding"]
+
+
+def test_stlr_is_the_papers_slanted_triangle():
+  c = ml_collections.ConfigDict(dict(OPTIM.to_dict(), schedule="stlr", lr=0.01,
+                                     warmup_fraction=0.1, end_lr_ratio=1 / 32))
+  lr = optim.make_schedule(c, 100)
+  # Howard & Ruder eq. 3, T=100, cut_frac=0.1, ratio=32, lr_max=0.01.
+  cut = 10
+  def paper(t):
+    p = t / cut if t < cut else 1 - (t - cut) / (cut * (1 / 0.1 - 1))
+    return 0.01 * (1 + p * 31) / 32
+  np.testing.assert_allclose([lr(t) for t in (0, 5, 10, 55, 100)],
+                             [paper(t) for t in (0, 5, 10, 55, 100)], rtol=1e-5)
+  with pytest.raises(ValueError, match="config.optim.schedule='slanted'"):
+    optim.make_schedule(ml_collections.ConfigDict(dict(c.to_dict(), schedule="slanted")), 10)

@@ -140,6 +140,18 @@ def test_load_texts_dispatch(tmp_path, monkeypatch):
     sources.load_texts({"kind": "csv"}, "train")
 
 
+def test_line_pattern_keeps_a_labeled_files_texts(tmp_path):
+  (tmp_path / "t.label").write_bytes("DESC:def What is a caf\xe9 ?\nHUM:ind Who ?\n"
+                                     .encode("latin-1"))
+  src = {"kind": "text", "encoding": "latin-1", "line_pattern": r"^\S+ (.*)$",
+         "files": {"train": [str(tmp_path / "t.label")]}}
+  assert sources.load_texts(src, "train") == ["What is a caf\xe9 ?", "Who ?"]
+  with pytest.raises(ValueError, match=r"document 1 .*line_pattern='\^x \(.\*\)'"):
+    sources.load_texts({**src, "line_pattern": "^x (.*)"}, "train")
+  with pytest.raises(ValueError, match="needs a group"):
+    sources.load_texts({**src, "line_pattern": "^x"}, "train")
+
+
 def test_mixture_concatenates_the_parts_that_have_the_split(tmp_path):
   (tmp_path / "a.txt").write_text("a1\na2\n", encoding="utf-8")
   (tmp_path / "b.txt").write_text("b1\n", encoding="utf-8")

@@ -63,7 +63,7 @@ def optim_config(**overrides: Any) -> ConfigDict:
   return _section(dict(
       lr=1e-3, warmup_steps=100,
       warmup_fraction=0.0,  # used when warmup_steps is 0: a share of all steps
-      schedule="cosine",  # cosine | linear | constant
+      schedule="cosine",  # cosine | linear | stlr (ULMFiT) | constant
       end_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.98, eps=1e-8,
       clip_norm=1.0,
       accum_steps=1), overrides)  # micro-batches per update (same batch size)
@@ -97,6 +97,9 @@ def source_config(**overrides: Any) -> ConfigDict:
       # paths; a mixture maps part names to such sources.
       kind="tfds", name="", data_dir="", manual_dir="", field="text",
       files=ConfigDict(), paragraphs=False, encoding="utf-8",
+      # text: a regex; each document becomes its first group (a labeled
+      # file's texts without their labels, e.g. TREC's "^\\S+ (.*)$").
+      line_pattern="",
       parts=ConfigDict()), overrides)
 
 
@@ -157,7 +160,8 @@ def task_config(**overrides: Any) -> ConfigDict:
   """The labeled task and its head (jaxtl.tasks.finetune)."""
   return _section(dict(
       name="trec", kind="classification", metrics="trec", max_len=64,
-      # first ([CLS]) | last (last non-padding token) | mean | pooler
+      # first ([CLS]) | last (last non-padding token) | mean | concat
+      # (ULMFiT: [last, max, mean], 3 x d_model wide) | pooler
       # ([CLS] + BERT's dense + tanh, loaded from HF BERT checkpoints) | ""
       # (the backbone's default: first for BERT-style encoders, mean otherwise)
       pooling="",

@@ -16,7 +16,9 @@ Schemes: full, features (frozen backbone + linear probe),
 scalar_mix (probe on an ELMo mix of all layers), adapters, lora; ULMFiT
 switches: ``--config.adapt.layer_decay=0.8`` (discriminative learning rates)
 and ``--config.adapt.unfreeze_epochs=1`` (gradual unfreezing, top first: one
-more layer every that many epochs, fractions allowed).
+more layer every that many epochs, fractions allowed); the paper's whole
+recipe (concat pooling, 1/2.6 per layer, STLR, its LM stage) is
+``configs/ulmfit.py``.
 Without ``init_from`` the backbone is randomly initialised from
 ``config.model`` (``:model=bert_tiny``) and needs ``config.tokenizer_path``.
 Writes results.json (dev history, best dev, test metrics) in the workdir.

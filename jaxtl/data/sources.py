@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -305,8 +306,9 @@ def _load_files(source: Mapping[str, Any], split: str) -> list[str]:
   texts: list[str] = []
   for path in _split_files(source, split):
     if kind == "text":
-      texts += read_text(path, encoding=source.get("encoding", "utf-8"),
-                         paragraphs=source.get("paragraphs", False))
+      docs = read_text(path, encoding=source.get("encoding", "utf-8"),
+                       paragraphs=source.get("paragraphs", False))
+      texts += _match_lines(docs, source.get("line_pattern", ""), path)
     elif kind == "jsonl":
       texts += read_jsonl(path, field=source.get("field", "text"),
                           filter=source.get("filter"))
@@ -317,6 +319,29 @@ def _load_files(source: Mapping[str, Any], split: str) -> list[str]:
           path, source["column"], header=source.get("header", True),
           encoding=source.get("encoding", "utf-8-sig"))
   return texts
+
+
+def _match_lines(docs: list[str], pattern: str, path: str) -> list[str]:
+  """Each document's first ``pattern`` group (all of it without a pattern).
+
+  A labeled file's texts read as a corpus, without their labels: TREC's
+  lines are ``LABEL:fine question``, and ULMFiT's target-domain LM stage
+  reads the task's own questions (``^\\S+ (.*)$``). A line that does not
+  match is an error: silently dropping it would hide a wrong pattern.
+  """
+  if not pattern:
+    return docs
+  regex = re.compile(pattern)
+  if regex.groups < 1:
+    raise ValueError(f"line_pattern={pattern!r} needs a group: the text to keep")
+  out = []
+  for i, doc in enumerate(docs):
+    m = regex.search(doc)
+    if m is None:
+      raise ValueError(f"{path}: document {i + 1} ({doc[:60]!r}) does not match "
+                       f"line_pattern={pattern!r}")
+    out.append(m.group(1))
+  return out
 
 
 def _load_mixture(source: Mapping[str, Any], split: str) -> list[str]:
@@ -366,7 +391,8 @@ def load_texts(source: Mapping[str, Any], split: str) -> list[str]:
 
   `source["kind"]` is one of `KINDS`. File kinds take `files` (split name ->
   a path or list of paths, which may contain `{data_dir}`) plus the reader's
-  options (`field`, `filter`, `column`, `header`, `encoding`, `paragraphs`);
+  options (`field`, `filter`, `column`, `header`, `encoding`, `paragraphs`,
+  `line_pattern`: a regex whose first group is each text document's text);
   "tfds" takes `name`, optional `data_dir`, `manual_dir`, `field` and
   `splits` (a renaming of split names to TFDS split strings). "mixture"
   takes `parts`, a mapping from names to such descriptions; a split is the

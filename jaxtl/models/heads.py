@@ -23,7 +23,7 @@ from jaxtl.models.transformer import build_model
 
 Array = jax.Array
 
-POOLINGS = ("first", "last", "mean", "pooler")
+POOLINGS = ("first", "last", "mean", "concat", "pooler")
 TASK_KINDS = ("classification", "regression", "token_classification", "span_qa",
               "text_to_text")
 
@@ -33,8 +33,12 @@ def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
 
   ``first``: the first token ([CLS], BERT); ``last``: the last non-padding
   token (causal models, where only it has seen the whole text); ``mean``:
-  the average over non-padding tokens. (``pooler``, BERT's dense + tanh
-  over the first token, has parameters: :class:`ClassifierHead` owns it.)
+  the average over non-padding tokens; ``concat``: ULMFiT's concat pooling
+  (Howard & Ruder 2018), [last, max over non-padding tokens, mean] side by
+  side ([B, 3D]), so the classifier sees the whole text's states, not just
+  the last one's, which can lose what was said early in a long text.
+  (``pooler``, BERT's dense + tanh over the first token, has parameters:
+  :class:`ClassifierHead` owns it.)
   """
   mask_BT = segment_ids_BT > 0
   if method == "first":
@@ -45,6 +49,12 @@ def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
   if method == "mean":
     w_BT = mask_BT.astype(hidden_BTD.dtype)
     return (hidden_BTD * w_BT[..., None]).sum(1) / jnp.maximum(w_BT.sum(1), 1)[:, None]
+  if method == "concat":
+    neg = jnp.finfo(hidden_BTD.dtype).min
+    max_BD = jnp.where(mask_BT[..., None], hidden_BTD, neg).max(1)
+    max_BD = jnp.where(mask_BT.any(-1, keepdims=True), max_BD, 0)  # all-padding rows
+    return jnp.concatenate([pool(hidden_BTD, segment_ids_BT, "last"), max_BD,
+                            pool(hidden_BTD, segment_ids_BT, "mean")], axis=-1)
   raise ValueError(f"unknown pooling {method!r}; expected one of {POOLINGS}")
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig
-from jaxtl.models.heads import TASK_KINDS, TaskModel, default_pooling
+from jaxtl.models.heads import POOLINGS, TASK_KINDS, TaskModel, default_pooling
 from jaxtl.tasks import features as task_features
 
 TASK_FILE = "task.json"
@@ -43,7 +43,8 @@ class TaskSpec:
       text_to_text.
     label_names: Class (or tag) names by class id; None for regression and
       span_qa.
-    pooling: How the head pools the sequence: first, last, mean or pooler.
+    pooling: How the head pools the sequence: first, last, mean, concat or
+      pooler.
     max_len: Tokens per input (longer inputs are cut as in training).
     family: The backbone's family: encoder, decoder or encoder_decoder.
     scalar_mix: The head reads an ELMo mix of all layers.
@@ -107,6 +108,9 @@ def from_config(config: Any, family: str, label_names: tuple[str, ...] | None,
     raise ValueError(f"config.adapt.scheme={scheme!r} trains only a "
                      "classifier head, and text_to_text has none (the LM writes "
                      "the label): use full, adapters or lora")
+  if task.pooling and task.pooling not in POOLINGS:
+    raise ValueError(f"config.task.pooling={task.pooling!r}; known: "
+                     f"{', '.join(POOLINGS)} (or empty: the backbone's default)")
   words = label_words(task, label_names) if task.kind == "text_to_text" else None
   fields = _FIELDS.get(task.kind) or _FIELDS["pair" if pair else "single"]
   return TaskSpec(

@@ -20,21 +20,29 @@ def make_schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.S
   Decay ends at ``optim.end_lr_ratio * lr`` on the last training step.
   Without ``warmup_steps``, ``warmup_fraction`` (if the config has it) gives
   the warmup as a share of all steps (BERT recipes: 10%).
+
+  ``stlr`` is ULMFiT's slanted triangular learning rate (Howard & Ruder
+  2018, eq. 3): "linear" with the warmup starting at the end rate instead of
+  0, so the rate climbs from lr/ratio to lr over ``cut_frac`` of the steps
+  and falls back to lr/ratio. The paper's numbers are
+  ``warmup_fraction=0.1`` (cut_frac) and ``end_lr_ratio=1/32`` (ratio 32);
+  plain "linear" differs only in its first step's rate (0, not lr/32).
   """
   warmup = int(optim.warmup_steps) or int(round(optim.get("warmup_fraction", 0.0)
                                                  * total_steps))
   decay_steps = max(total_steps - warmup, 1)
   end = optim.lr * optim.end_lr_ratio
-  warm = optax.linear_schedule(0.0, optim.lr, max(warmup, 1))
+  warm = optax.linear_schedule(end if optim.schedule == "stlr" else 0.0, optim.lr,
+                               max(warmup, 1))
   if optim.schedule == "cosine":
     decay = optax.cosine_decay_schedule(optim.lr, decay_steps, alpha=optim.end_lr_ratio)
-  elif optim.schedule == "linear":
+  elif optim.schedule in ("linear", "stlr"):
     decay = optax.linear_schedule(optim.lr, end, decay_steps)
   elif optim.schedule == "constant":
     decay = optax.constant_schedule(optim.lr)
   else:
     raise ValueError(f"config.optim.schedule={optim.schedule!r}; expected "
-                     "cosine, linear or constant")
+                     "cosine, linear, stlr or constant")
   if warmup == 0:
     return decay
   return optax.join_schedules([warm, decay], [warmup])
