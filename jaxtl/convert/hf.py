@@ -284,9 +284,7 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   family = BY_JAXTL_FAMILY[config.family]
   params, head = nn.unbox(params), nn.unbox(head or {})  # as model.init returns them
-  if config.lora_rank:
-    params = layers.merge_lora(params, config)
-    config = config.replace(lora_rank=0)
+  config, params = layers.without_lora(config, params)
   hf_config = _check_exportable(family, config)
   table = family.rules(config)
   have = _complete_groups(table, _flat_tree(params, head))

@@ -360,6 +360,15 @@ class Adapter(nn.Module):
                             bias_init=zeros_init(("embed",)), name=paths.ADAPTER_UP)(h)
 
 
+def without_lora(config: TransformerConfig, params: Any) -> tuple[TransformerConfig, Any]:
+  """(config, params) with any LoRA update folded into its kernel: the same
+  function, with ``lora_rank=0`` and no LoRA parameters (for export, or for
+  a later scheme that would otherwise drop what LoRA learned)."""
+  if not config.lora_rank:
+    return config, params
+  return config.replace(lora_rank=0), merge_lora(params, config)
+
+
 def merge_lora(params: Any, config: TransformerConfig) -> Any:
   """Folds every LoRA update into its kernel (for inference).
 

@@ -23,7 +23,7 @@ import jax
 
 from jaxtl.data import pipeline
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.models import TransformerConfig, paths
+from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.models.config import input_side
 from jaxtl.models.heads import TaskModel
 from jaxtl.tasks import finetune, kinds
@@ -104,7 +104,7 @@ def load(workdir: str) -> FineTuned:
   if paths.BACKBONE not in params:
     raise ValueError(f"{workdir}: its checkpoint holds no task model (no "
                      f"{paths.BACKBONE!r} parameters)")
-  cfg, backbone = pretrained.merged_lora(cfg, params[paths.BACKBONE])
+  cfg, backbone = layers.without_lora(cfg, params[paths.BACKBONE])
   params = {**params, paths.BACKBONE: backbone}
   return FineTuned(cfg, spec, tok, params, task_spec.task_model(cfg, spec, tok))
 

@@ -21,7 +21,7 @@ from jaxtl import convert
 from jaxtl.data import pipeline, sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.models import TransformerConfig, paths
+from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.train import checkpoint
 
 MODEL_CONFIG_FILE = "model_config.json"
@@ -91,22 +91,12 @@ def tuned_backbone(cfg: TransformerConfig, tok: Tokenizer, params: dict[str, Any
   classifier and a scalar mix belong to the old task and are dropped.
   """
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
-  cfg, backbone = merged_lora(cfg, params[paths.BACKBONE])
+  cfg, backbone = layers.without_lora(cfg, params[paths.BACKBONE])
   head = {k: v for k, v in params.get(paths.HEAD, {}).items() if k == paths.POOLER}
   rest = {k: v for k, v in params.items() if k != paths.BACKBONE}
   dropped = tuple(name for name in traverse_util.flatten_dict(rest, sep="/")
                   if not name.startswith(paths.join(paths.HEAD, paths.POOLER) + "/"))
   return Pretrained(cfg, tok, backbone, head, dropped)
-
-
-def merged_lora(cfg: TransformerConfig, backbone: dict[str, Any]
-                ) -> tuple[TransformerConfig, dict[str, Any]]:
-  """(config, backbone params) with any LoRA update folded into its kernel:
-  the same function, with no LoRA parameters for a later scheme to drop."""
-  if not cfg.lora_rank:
-    return cfg, backbone
-  from jaxtl.models import layers  # pylint: disable=g-import-not-at-top
-  return cfg.replace(lora_rank=0), layers.merge_lora(backbone, cfg)
 
 
 def params_loader(abstract: Any, init_params: Any | None, source: str,
