@@ -2,7 +2,7 @@
 # One GPU session's checks, in as few device commands as possible:
 #
 #   launch/gpu_check.sh tests              # the GPU-relevant tests
-#   launch/gpu_check.sh bench PRESET...    # each preset beside PyTorch, one process each
+#   launch/gpu_check.sh bench PRESET...    # each preset beside PyTorch, profiled, one process each
 #   launch/gpu_check.sh profile PRESET...  # jaxtl's step traced; op breakdown printed
 #
 # Packages a GPU image without a package index lacks travel as wheels in
@@ -40,11 +40,25 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
       2>&1 | tee "$out/tests.log" | tail -40
     ;;
   bench)
+    # PRESET[:ITEM+ITEM...]: an ITEM --flag=value goes to the benchmark, an ITEM
+    # VAR=value into its environment (e.g. JAX_DEFAULT_PRNG_IMPL=unsafe_rbg).
+    # Each run is also profiled ($PROFILE_STEPS steps, 0: not), its op
+    # breakdown printed into bench.log. NO_TORCH=1 leaves PyTorch out.
     for p in "$@"; do
-      IFS=: read -r name extra <<<"$p"  # PRESET[:--flag=...+--flag=...]
-      timeout ${BENCH_TIMEOUT:-300} python3 -m jaxtl.tools.benchmark --presets="$name" --torch \
-        --steps=10 --warmup=3 --results="$out/benchmark_results.md" \
-        ${extra//+/ } ${BENCH_FLAGS:-} 2>&1 | tee -a "$out/bench.log" | grep -E "^\||Error|error" | tail -4
+      IFS=: read -r name extra <<<"$p"
+      envs=(); args=()
+      for item in ${extra//+/ }; do
+        if [[ $item == --* ]]; then args+=("$item"); else envs+=("$item"); fi
+      done
+      [[ ${NO_TORCH:-0} == 1 ]] || args+=(--torch)
+      [[ ${PROFILE_STEPS:-3} == 0 ]] || args+=(--profile="/tmp/prof/${p//[^A-Za-z0-9]/_}")
+      echo "=== $p" | tee -a "$out/bench.log"
+      # Past the time limit, SIGABRT makes faulthandler print where Python was.
+      env PYTHONFAULTHANDLER=1 "${envs[@]}" timeout -s ABRT -k 10 ${BENCH_TIMEOUT:-300} \
+        python3 -m jaxtl.tools.benchmark \
+        --presets="$name" --steps=10 --warmup=3 --results="$out/benchmark_results.md" \
+        "${args[@]}" ${BENCH_FLAGS:-} 2>&1 | tee -a "$out/bench.log" \
+        | grep -vE "^(I|W|E)[0-9]{4}|^\[transformers\]|^\{" | tail -22
     done
     ;;
   profile)

@@ -43,6 +43,17 @@ def test_tiny_presets_run_and_append_a_results_table(tmp_path):
   assert "| tiny_t5 | 4 x 128+32 | float32 |" in text
 
 
+def test_fusion_summaries_say_what_each_fusion_computes():
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jaxtl.tools import profiling  # pylint: disable=g-import-not-at-top
+  hlo = jax.jit(lambda x: jax.nn.softmax(x @ x.T) * 2).lower(
+      jnp.ones((8, 8))).compile().as_text()
+  what = profiling.fusion_summaries(hlo)
+  exp = [v for v in what.values() if "exponential" in v]
+  assert exp and exp[0].startswith("f32[8,8] "), what
+  assert all("." not in k for k in what)  # keyed as kernels are named in traces
+
+
 def test_batches_have_the_layout_each_loss_reads():
   mlm = presets.make_batch(presets.PRESETS["bert_base"])
   # 15% of 512 positions carry loss, as the MLM pipeline bounds them.

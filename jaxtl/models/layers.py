@@ -179,8 +179,12 @@ class RelativePositionBias(nn.Module):
     buckets_BTS = relative_position_buckets(
         rel_BTS, self.bidirectional, cfg.relative_buckets,
         cfg.relative_max_distance)
-    bias_BTSH = jnp.asarray(table_NH, cfg.jnp_dtype)[buckets_BTS]
-    return jnp.transpose(bias_BTSH, (0, 3, 1, 2))  # [B, H, T, S]
+    # A one-hot product, not a gather: the gather's gradient scatter-adds
+    # every (row, query, key) into the same 32 or so rows, and those colliding
+    # 16-bit atomic adds took 99% of a T5 train step on an H100 (README
+    # "Performance"). The product's gradient is a matmul.
+    buckets_BTSN = jax.nn.one_hot(buckets_BTS, cfg.relative_buckets, dtype=cfg.jnp_dtype)
+    return jnp.einsum("btsn,nh->bhts", buckets_BTSN, jnp.asarray(table_NH, cfg.jnp_dtype))
 
 
 # ----------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
 
     step_s = time_steps(run_step, warmup, steps)
     if profile_dir:
-      _profile(run_step, steps, profile_dir)
+      _profile(run_step, steps, profile_dir, compiled.as_text())
   params = holder[0].params
   if preset.objective == "classify":
     params = params[paths.BACKBONE]
@@ -103,13 +103,14 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
   return Measurement(step_s, compile_s, peak, source), flops
 
 
-def _profile(run_step: Callable[[], Any], steps: int, logdir: str) -> None:
+def _profile(run_step: Callable[[], Any], steps: int, logdir: str,
+             hlo_text: str = "") -> None:
   """Traces ``steps`` steps into ``logdir``; prints and saves their op breakdown."""
   from jaxtl.tools import profiling  # pylint: disable=g-import-not-at-top
   with jax.profiler.trace(logdir, create_perfetto_trace=True):
     for _ in range(steps):
       run_step()
-  breakdown = profiling.op_breakdown(logdir, steps)
+  breakdown = profiling.op_breakdown(logdir, steps, hlo_text=hlo_text)
   with open(os.path.join(logdir, "op_breakdown.json"), "w") as f:
     json.dump(breakdown, f, indent=1)
   print(profiling.markdown(f"{os.path.basename(logdir)} on {jax.devices()[0].device_kind}",

@@ -58,12 +58,57 @@ def _trace_events(logdir: str) -> tuple[list[dict[str, Any]], dict[int, str]]:
   return events, processes
 
 
-def op_breakdown(logdir: str, steps: int, top: int = 12) -> dict[str, Any]:
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) \(.*\{$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\S+) ([\w-]+)\(")
+_OP_NAME = re.compile(r'op_name="([^"]+)"')
+_CALLS = re.compile(r"calls=%([\w.-]+)")
+
+
+def fusion_summaries(hlo_text: str) -> dict[str, str]:
+  """What each fusion of an optimized HLO module computes, keyed by the name
+  its kernel has in a GPU trace (``fusion.12`` runs as ``fusion_12``):
+  its output shape, its costliest-looking ops and the JAX source op most of
+  its instructions came from. A profile then says "the attention softmax"
+  rather than "fusion_4521"."""
+  bodies: dict[str, list[tuple[str, str]]] = {}  # computation -> (opcode, op_name)
+  fusions: list[tuple[str, str, str, str]] = []  # (name, shape, calls, op_name)
+  current = None
+  for line in hlo_text.splitlines():
+    header = _COMPUTATION.match(line)
+    if header:
+      current = bodies.setdefault(header.group(1), [])
+      continue
+    inst = _INSTRUCTION.match(line)
+    if not inst or current is None:
+      continue
+    name, shape, opcode = inst.groups()
+    op_name = _OP_NAME.search(line)
+    current.append((opcode, op_name.group(1) if op_name else ""))
+    calls = _CALLS.search(line)
+    if opcode == "fusion" and calls:
+      fusions.append((name, shape, calls.group(1), op_name.group(1) if op_name else ""))
+  boring = {"parameter", "constant", "broadcast", "bitcast", "reshape", "convert",
+            "get-tuple-element", "tuple", "slice", "iota", "copy"}
+  out = {}
+  for name, shape, calls, op_name in fusions:
+    body = bodies.get(calls, [])
+    ops = collections.Counter(o for o, _ in body if o not in boring)
+    sources = collections.Counter(n for _, n in body if n) or collections.Counter([op_name])
+    source = "/".join(sources.most_common(1)[0][0].split("/")[-3:])
+    what = ", ".join(o for o, _ in ops.most_common(4))
+    out[re.sub(r"[.-]", "_", name)] = f"{shape.split('{')[0]} {what} <- {source}"
+  return out
+
+
+def op_breakdown(logdir: str, steps: int, top: int = 12,
+                 hlo_text: str = "") -> dict[str, Any]:
   """Per-step device time by kind of op, and the ``top`` costliest ops.
 
   Ops are the events of the device processes (``/device:...``) when the trace
   has any, else the host's XLA thunks. Names end in ``.N`` per instance
-  (``fusion.12``); instances are summed under one name.
+  (``fusion.12``); instances are summed under one name. With the compiled
+  module's ``hlo_text``, each fusion also says what it computes
+  (:func:`fusion_summaries`).
   """
   events, processes = _trace_events(logdir)
   device_pids = {pid for pid, name in processes.items() if name.startswith("/device:")}
@@ -87,13 +132,15 @@ def op_breakdown(logdir: str, steps: int, top: int = 12) -> dict[str, Any]:
   for name, us in by_op.items():
     by_kind[kind_of(name)] += us
   ms = lambda us: round(us / steps / 1e3, 2)
+  what = fusion_summaries(hlo_text) if hlo_text else {}
   return {
       "source": "device" if device_pids else "host (XLA:CPU thunks)",
       "ms_per_step": ms(total),
       "kinds": [{"kind": k, "ms_per_step": ms(v), "share": round(v / total, 3)}
                 for k, v in by_kind.most_common()],
       "ops": [{"op": k, "kind": kind_of(k), "ms_per_step": ms(v),
-               "share": round(v / total, 3), "per_step": count[k] // steps}
+               "share": round(v / total, 3), "per_step": count[k] // steps,
+               "what": what.get(k, "")}
               for k, v in by_op.most_common(top)],
   }
 
@@ -104,7 +151,8 @@ def markdown(title: str, breakdown: dict[str, Any]) -> str:
            f"({breakdown['source']})", "", "| kind | ms/step | share |", "|---|---:|---:|"]
   lines += [f"| {k['kind']} | {k['ms_per_step']} | {100 * k['share']:.1f}% |"
             for k in breakdown["kinds"]]
-  lines += ["", "| op | kind | ms/step | share | per step |", "|---|---|---:|---:|---:|"]
+  lines += ["", "| op | kind | ms/step | share | per step | what |",
+            "|---|---|---:|---:|---:|---|"]
   lines += [f"| {o['op']} | {o['kind']} | {o['ms_per_step']} | {100 * o['share']:.1f}% "
-            f"| {o['per_step']} |" for o in breakdown["ops"]]
+            f"| {o['per_step']} | {o.get('what', '')} |" for o in breakdown["ops"]]
   return "\n".join(lines)
