@@ -41,6 +41,7 @@ AUTO = {"BertForSequenceClassification": "AutoModelForSequenceClassification",
         "GPT2ForTokenClassification": "AutoModelForTokenClassification",
         "BertForQuestionAnswering": "AutoModelForQuestionAnswering",
         "GPT2ForQuestionAnswering": "AutoModelForQuestionAnswering",
+        "T5ForTokenClassification": "AutoModelForTokenClassification",
         "T5ForConditionalGeneration": "AutoModelForSeq2SeqLM"}
 
 
@@ -91,6 +92,7 @@ def _load(folder, arch):
     ("gpt2", "regression", "last", "GPT2ForSequenceClassification"),
     ("gpt2", "token_classification", "", "GPT2ForTokenClassification"),
     ("gpt2", "span_qa", "", "GPT2ForQuestionAnswering"),
+    ("t5", "token_classification", "", "T5ForTokenClassification"),
 ])
 def test_task_heads_match_transformers(family, kind, pooling, arch, tmp_path):
   labels = LABELS if kind in ("classification", "token_classification") else None
@@ -165,7 +167,7 @@ def test_t5_text_to_text_is_its_lm(tmp_path):
     ("gpt2", _spec("regression", "mean"), "last token that is not pad_token_id"),
     ("gpt2", _spec("classification", ""), "pooling='mean'"),  # the decoder default
     ("gpt2", _spec("classification", "concat"), "pooling='concat'.*task.pooling='last'"),
-    ("t5", _spec("classification", "mean"), r"exportable kinds: \['text_to_text'\]"),
+    ("t5", _spec("classification", "mean"), r"exportable kinds: \['text_to_text', 'token_classification'\]"),
     ("bert", _spec("classification", "pooler", scalar_mix=True), "scalar mix"),
 ])
 def test_what_hf_cannot_compute_is_refused(family, spec, match, tmp_path):

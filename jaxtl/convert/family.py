@@ -25,6 +25,8 @@ class Family:
     base_prefix: Task architectures keep the base model under this prefix
       (``bert.``, ``transformer.``); the base model class has none.
     base_architecture: The base model class, whose names have no prefix.
+    prefixes: Classes that keep the base model under another prefix than
+      ``base_prefix`` (T5ForTokenClassification's ``transformer.``).
     base_groups: Rule groups that live inside the base model.
     architectures: Exportable class names -> the rule groups they hold; the
       first one holding the most of the available groups is the default.
@@ -51,12 +53,19 @@ class Family:
   base_architecture: str
   base_groups: tuple[str, ...]
   architectures: dict[str, tuple[str, ...]]
+  prefixes: dict[str, str] = dataclasses.field(default_factory=dict)
   tied: dict[str, str] = dataclasses.field(default_factory=dict)
   ignored: tuple[str, ...] = ()
   tasks: dict[str, str] = dataclasses.field(default_factory=dict)
   sequence_pooling: tuple[str, str] = ("", "")
   head_transforms: dict[str, Callable[[Any, Any], tuple[Any, Any]]] = dataclasses.field(
       default_factory=dict)
+
+  def prefix(self, architecture: str) -> str:
+    """Where ``architecture``'s checkpoints keep the base model's tensors."""
+    if architecture in self.prefixes:
+      return self.prefixes[architecture]
+    return "" if architecture == self.base_architecture else self.base_prefix
 
 
 def get(hf: dict[str, Any], key: str) -> Any:

@@ -172,7 +172,7 @@ def import_hf(path: str | os.PathLike) -> Imported:
   hf_config = read_config(path)
   family = _family(hf_config, path)
   cfg = family.config_from_hf(hf_config)
-  prefix = family.base_prefix
+  prefix = family.prefix((hf_config.get("architectures") or [""])[0])
   tensors = {k[len(prefix):] if prefix and k.startswith(prefix) else k: v
              for k, v in read_tensors(path).items()}
   table = family.rules(cfg)
@@ -309,7 +309,7 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
                      f"(adapters?): {rules._describe(extra)}")  # pylint: disable=protected-access
   tensors = rules.dump(table, flat)
   in_base = {r.hf for r in table if r.group in family.base_groups}
-  prefix = "" if architecture == family.base_architecture else family.base_prefix
+  prefix = family.prefix(architecture)
   tensors = {(prefix + k if k in in_base else k): v for k, v in tensors.items()}
   hf_config["architectures"] = [architecture]
   if set(groups) & _LABEL_GROUPS:

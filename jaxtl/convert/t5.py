@@ -11,6 +11,7 @@ then tells v1.0 from v1.1).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from jaxtl.convert import rules as R
@@ -96,16 +97,28 @@ def rules(cfg: TransformerConfig) -> list[R.Rule]:
     out += R.norm_rules(f"{hf}.final_layer_norm", P.join(stack, P.FINAL_NORM), bias=False)
   if not cfg.tie_embeddings:
     out += R.dense_rules("lm_head", P.join(P.LM_HEAD, P.LOGITS), bias=False)
+  # The decoder is a group of its own: a model fine-tuned on the encoder alone
+  # (token classification) has none, and is a T5ForTokenClassification.
+  out = [dataclasses.replace(r, group="decoder") if r.hf.startswith(("decoder.", "lm_head"))
+         else r for r in out]
+  out += R.dense_rules("classifier", P.join(P.HEAD, P.HEAD_OUT), bias=True,
+                       group="classifier")
   return out
 
 
 FAMILY = Family(
     model_type="t5", family="encoder_decoder", config_from_hf=config_from_hf,
     config_to_hf=config_to_hf, rules=rules, base_prefix="", base_architecture="T5Model",
-    base_groups=("base",),
-    architectures={"T5ForConditionalGeneration": ("base",)},
-    # Fine-tuned as text_to_text, T5 is still its LM (it writes the label).
-    tasks={"text_to_text": "T5ForConditionalGeneration"},
+    base_groups=("base", "decoder"),
+    architectures={"T5ForConditionalGeneration": ("base", "decoder"),
+                   "T5ForTokenClassification": ("base", "classifier")},
+    # T5ForTokenClassification keeps its encoder (a T5EncoderModel) under
+    # ``transformer.``; T5ForConditionalGeneration has no prefix.
+    prefixes={"T5ForTokenClassification": "transformer."},
+    # Fine-tuned as text_to_text, T5 is still its LM (it writes the label); a
+    # tagger is the encoder with a linear classifier per token, as jaxtl's.
+    tasks={"text_to_text": "T5ForConditionalGeneration",
+           "token_classification": "T5ForTokenClassification"},
     # The stacks' own views of the shared table; a tied head is the table too
     # (an untied one has its own rule, which takes precedence).
     tied={"encoder.embed_tokens.weight": "shared.weight",
