@@ -60,10 +60,15 @@ def main(argv: list[str]) -> None:
     logging.info("config written to %s", write_config(FLAGS.config, FLAGS.workdir))
   if FLAGS.verbose:
     logging.info("config:\n%s", FLAGS.config)
+  from jaxtl.train import checkpoint  # pylint: disable=g-import-not-at-top
   try:
     _run_mode()
   except train.Preempted as e:  # a clean stop: the same command resumes
     logging.warning("%s", e)
+    sys.exit(train.EXIT_PREEMPTED)
+  except checkpoint.UnreadableCheckpoints as e:  # the message says it all
+    logging.error("%s", e)
+    sys.exit(1)
 
 
 def _run_mode() -> None:

@@ -46,7 +46,7 @@ def test_killed_and_resumed_run_matches_uninterrupted(config_file, tmp_path):
 def test_sigterm_saves_a_checkpoint_at_the_stop_step(config_file, tmp_path):
   workdir = str(tmp_path / "term")
   code, err = runs.interrupt(config_file, workdir, signal.SIGTERM, min_step=10)
-  assert code == 0, err[-3000:]
+  assert code == train.EXIT_PREEMPTED, err[-3000:]
   assert "SIGTERM" in err
   last_logged = max(s for (split, s) in runs.logged_losses(workdir) if split == "train")
   assert runs.checkpoint_steps(workdir)[-1] == last_logged < STEPS
@@ -59,11 +59,24 @@ def _tiny_state(value):
                           skipped_steps=jnp.array(0, jnp.int32))
 
 
-def test_unreadable_latest_falls_back_to_previous(tmp_path, caplog):
-  ckpt = checkpoint.Checkpointer(tmp_path, save_every=1, keep=3, async_save=False)
-  for step in (1, 2):
+def _save_steps(directory, steps, keep=3):
+  ckpt = checkpoint.Checkpointer(directory, save_every=1, keep=keep, async_save=False)
+  for step in steps:
     ckpt.save(step, _tiny_state(step), {"data": {"epoch": 0, "index": step}})
   ckpt.close()
+
+
+def _abstract():
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _tiny_state(0))
+
+
+def _data_files(step_dir):
+  return [f for f in (step_dir / "state").rglob("*")
+          if f.is_file() and f.parent.name == "d"]
+
+
+def test_unreadable_latest_is_moved_aside_and_the_previous_restored(tmp_path, caplog):
+  _save_steps(tmp_path, (1, 2))
   # Corrupt step 2's array data; leave a half-written step 3 lying around.
   for f in (tmp_path / "2" / "state").rglob("*"):
     if f.is_file() and "metadata" not in f.name:
@@ -71,13 +84,66 @@ def test_unreadable_latest_falls_back_to_previous(tmp_path, caplog):
   (tmp_path / "3.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
   ckpt = checkpoint.Checkpointer(tmp_path, save_every=1, keep=3, async_save=False)
   assert ckpt.all_steps() == [1, 2]
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                          _tiny_state(0))
   with caplog.at_level("WARNING"):
-    state, extra, step = ckpt.restore_latest(abstract)
+    state, extra, step = ckpt.restore_latest(_abstract())
   assert step == 1 and extra["data"]["index"] == 1
+  assert checkpoint.FINGERPRINTS not in extra
   np.testing.assert_array_equal(state.params["w"], np.ones((4, 3)))
-  assert "step 2" in caplog.text and "falling back" in caplog.text
+  assert "step 2" in caplog.text and "previous one" in caplog.text
+  # Moved aside, not deleted, so the recomputed step 2 can be written.
+  assert (tmp_path / "2.corrupt").is_dir() and not (tmp_path / "2").exists()
+  ckpt._manager.reload()  # pylint: disable=protected-access
+  assert ckpt.save(2, _tiny_state(2), {"data": {}}, force=True)
+  assert ckpt.all_steps() == [1, 2]
+
+
+def test_changed_array_data_is_caught_by_the_fingerprints(tmp_path, caplog):
+  """Array data that still decodes but holds other values (flipped bytes in
+  an uncompressed chunk; here another save's arrays under step 2) restores
+  without an error; the fingerprints saved with the step catch it."""
+  _save_steps(tmp_path / "run", (1, 2))
+  _save_steps(tmp_path / "other", (5,))
+  shutil.rmtree(tmp_path / "run" / "2" / "state")
+  shutil.copytree(tmp_path / "other" / "5" / "state", tmp_path / "run" / "2" / "state")
+  run = tmp_path / "run"
+  ckpt = checkpoint.Checkpointer(run, save_every=1, keep=3, async_save=False)
+  with caplog.at_level("WARNING"):
+    _, _, step = ckpt.restore_latest(_abstract())
+  assert step == 1, caplog.text
+  assert "step 2" in caplog.text and "fingerprint mismatch: params/w" in caplog.text
+  # load_params falls back the same way from a workdir's checkpoints.
+  (run / "2.corrupt").rename(run / "2")
+  with caplog.at_level("WARNING"):
+    np.testing.assert_array_equal(checkpoint.load_params(run)["w"], np.ones((4, 3)))
+  assert "previous one" in caplog.text
+
+
+def test_no_intact_checkpoint_stops_instead_of_starting_over(tmp_path):
+  _save_steps(tmp_path, (1, 2))
+  for step in (1, 2):
+    for f in _data_files(tmp_path / str(step)):
+      f.write_bytes(b"garbage")
+  ckpt = checkpoint.Checkpointer(tmp_path, save_every=1, keep=3, async_save=False)
+  with pytest.raises(checkpoint.UnreadableCheckpoints,
+                     match=r"(?s)step 2: .*step 1: .*new workdir"):
+    ckpt.restore_latest(_abstract())
+  assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [
+      "1.corrupt", "2.corrupt"]
+  with pytest.raises(checkpoint.UnreadableCheckpoints, match="no intact checkpoint"):
+    checkpoint.load_params(tmp_path / "2.corrupt")
+
+
+def test_fingerprints_are_exact_and_the_same_on_device_and_host():
+  tree = {"w": np.random.RandomState(0).normal(size=(5, 7)).astype(np.float32),
+          "b": np.arange(6, dtype=np.int32), "h": jnp.ones((3, 2), jnp.bfloat16)}
+  host = checkpoint.fingerprints(jax.tree.map(np.asarray, tree))
+  assert checkpoint.fingerprints(jax.tree.map(jnp.asarray, tree)) == host
+  flipped = np.array(tree["w"])
+  flipped.view(np.uint32)[2, 3] ^= 1 << 30
+  assert checkpoint.fingerprints({**tree, "w": flipped})["w"] != host["w"]
+  swapped = np.array(tree["w"])
+  swapped[[0, 1]] = swapped[[1, 0]]
+  assert checkpoint.fingerprints({**tree, "w": swapped})["w"] != host["w"]
 
 
 def test_refuses_to_save_non_finite_params(tmp_path):

@@ -14,6 +14,7 @@ import pytest
 
 from jaxtl.data import pipeline
 from jaxtl.tasks import finetune
+from jaxtl import train
 from jaxtl.train import checkpoint
 
 import runs
@@ -76,7 +77,7 @@ def test_sigterm_saves_fine_tuning_at_the_stop_step_and_the_rerun_finishes(
     config_file, uninterrupted, tmp_path):  # pylint: disable=redefined-outer-name
   workdir = str(tmp_path)
   code, err = runs.interrupt(config_file, workdir, signal.SIGTERM, 1, "--mode=finetune")
-  assert code == 0, err[-3000:]
+  assert code == train.EXIT_PREEMPTED, err[-3000:]
   assert "rerun the same command to resume" in err
   assert not (tmp_path / "results.json").exists()
   stopped = max(s for (_, s) in runs.logged_losses(workdir, ("train",)))

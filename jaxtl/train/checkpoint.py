@@ -4,29 +4,142 @@ A checkpoint holds everything needed for an exact resume: the train state
 (params, optimizer state, step, bad-step counters), the base RNG key and the
 data iterator's position. Orbax writes each step into a temporary directory
 and renames it only when complete, so a killed run never leaves a
-half-written checkpoint looking like the latest one; if the newest readable
-step still fails to restore (a corrupted file), restore falls back to the
-previous one and says so.
+half-written checkpoint looking like the latest one.
+
+Integrity is verified on restore, not assumed: each save records an exact
+fingerprint of every array (:func:`fingerprints`), and a step that fails to
+restore, whose arrays no longer match their fingerprints (flipped bytes
+restore "successfully" otherwise) or whose parameters are not finite is
+moved aside as ``N.corrupt`` (renamed, never deleted) and the previous step
+is tried. The recomputed step can then be saved again. When steps exist but
+none is readable, :class:`UnreadableCheckpoints` stops the run rather than
+retrain silently over a workdir that held one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
 log = logging.getLogger(__name__)
 
+FINGERPRINTS = "fingerprints"  # the key in a checkpoint's ``extra`` JSON
+CORRUPT_SUFFIX = ".corrupt"
+
+
+class UnreadableCheckpoints(RuntimeError):
+  """Checkpoints exist but none restores intact: the run must not start over."""
+
 
 def _is_finite_tree(tree: Any) -> bool:
   leaves = [x for x in jax.tree.leaves(tree)
-            if hasattr(x, "dtype") and np.issubdtype(x.dtype, np.floating)]
+            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
   return all(bool(jax.numpy.isfinite(x).all()) for x in leaves)
+
+
+def _fingerprintable(x: Any) -> bool:
+  return (hasattr(x, "dtype") and hasattr(x, "shape")
+          and (jnp.issubdtype(x.dtype, jnp.number) or x.dtype == np.bool_)
+          and np.dtype(x.dtype).itemsize <= 4)
+
+
+def _as_uint32(x: Any, xp: Any) -> Any:
+  """The array's bits as uint32, one element each (16-bit types widened)."""
+  width = np.dtype(x.dtype).itemsize
+  if x.dtype == np.bool_:
+    return x.astype(xp.uint32)
+  unsigned = {1: xp.uint8, 2: xp.uint16, 4: xp.uint32}[width]
+  bits = (jax.lax.bitcast_convert_type(x, unsigned) if xp is jnp
+          else np.ascontiguousarray(x).view(unsigned))
+  return bits.astype(xp.uint32)
+
+
+def _fingerprint(x: Any, xp: Any) -> Any:
+  """sum_i bits_i * (2i + 1) mod 2**32 over the flattened array.
+
+  Integer addition mod 2**32 is associative, so the figure is the same on
+  any sharding and in numpy; the odd multipliers make any change of one
+  element (a flipped bit) change it, and the index in them catches swapped
+  elements.
+  """
+  weights = (xp.arange(x.size, dtype=xp.uint32) * xp.uint32(2) + xp.uint32(1))
+  return xp.sum(_as_uint32(x, xp).reshape(-1) * weights, dtype=xp.uint32)
+
+
+def _key_name(key: Any) -> str:
+  for attr in ("name", "key", "idx"):  # GetAttrKey, DictKey, SequenceKey
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def _named_leaves(tree: Any) -> dict[str, Any]:
+  """Arrays by "/"-joined path: ``params/stack/...`` in a TrainState and in
+  a ``{"params": ...}`` dict alike."""
+  return {"/".join(_key_name(k) for k in path): x
+          for path, x in jax.tree_util.tree_leaves_with_path(tree) if _fingerprintable(x)}
+
+
+@jax.jit
+def _device_fingerprints(leaves: dict[str, Any]) -> dict[str, Any]:
+  return {k: _fingerprint(x, jnp) for k, x in leaves.items()}
+
+
+def fingerprints(tree: Any) -> dict[str, int]:
+  """An exact fingerprint per array of ``tree`` (device arrays, computed where
+  they live; numpy arrays on the host), keyed by its path."""
+  leaves = _named_leaves(tree)
+  if all(isinstance(x, np.ndarray) for x in leaves.values()):
+    return {k: int(_fingerprint(x, np)) for k, x in leaves.items()}
+  return {k: int(v) for k, v in jax.device_get(_device_fingerprints(leaves)).items()}
+
+
+def _mismatches(expected: dict[str, int], tree: Any, prefix: str = "") -> list[str]:
+  """Paths whose fingerprint differs from ``expected`` (restricted to the
+  paths under ``prefix`` when the tree is a part of what was saved)."""
+  actual = fingerprints(tree)
+  wanted = {k[len(prefix):]: v for k, v in expected.items() if k.startswith(prefix)}
+  return sorted(k for k in wanted.keys() | actual.keys()
+                if wanted.get(k) != actual.get(k))
+
+
+def _move_aside(step_dir: str) -> str:
+  """Renames a bad step directory so that it is no longer a step (and the
+  step can be written again); returns the new name."""
+  target, n = step_dir + CORRUPT_SUFFIX, 1
+  while os.path.exists(target):
+    n += 1
+    target = f"{step_dir}{CORRUPT_SUFFIX}{n}"
+  if jax.process_index() == 0:
+    os.rename(step_dir, target)
+  return target
+
+
+def _first_line(e: BaseException) -> str:
+  lines = str(e).strip().splitlines()
+  return lines[0] if lines else ""
+
+
+def _verify(state: Any, extra: dict[str, Any]) -> str | None:
+  """Why a restored checkpoint cannot be trusted, or None. Checkpoints from
+  before fingerprints were recorded are checked for finiteness only."""
+  expected = extra.pop(FINGERPRINTS, None)
+  if expected is not None:
+    bad = _mismatches(expected, state)
+    if bad:
+      return (f"{len(bad)} array(s) differ from what was saved (fingerprint "
+              f"mismatch: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''})")
+  if not _is_finite_tree(getattr(state, "params", state)):
+    return "its parameters contain NaN or Inf"
+  return None
 
 
 class Checkpointer:
@@ -61,6 +174,7 @@ class Checkpointer:
     if not _is_finite_tree(state.params):
       raise FloatingPointError(f"refusing to checkpoint step {step}: the "
                                "parameters contain NaN or Inf")
+    extra = {**extra, FINGERPRINTS: fingerprints(state)}
     return self._manager.save(
         step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                       extra=ocp.args.JsonSave(extra)),
@@ -68,23 +182,40 @@ class Checkpointer:
 
   def restore_latest(self, abstract_state: Any
                      ) -> tuple[Any, dict[str, Any], int] | None:
-    """Restores the newest readable checkpoint, or None when there is none.
+    """Restores the newest intact checkpoint, or None when there is none.
 
     ``abstract_state`` (ShapeDtypeStructs with shardings) decides the layout
-    the arrays land in, so restore works on any mesh.
+    the arrays land in, so restore works on any mesh. A step that fails to
+    restore or to verify is moved aside with a warning giving the cause, and
+    the previous one is tried; when every step fails, raises
+    :class:`UnreadableCheckpoints`.
     """
+    problems = []
     for step in reversed(self.all_steps()):
       try:
         restored = self._manager.restore(
             step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state),
                 extra=ocp.args.JsonRestore()))
+        state, extra = restored["state"], dict(restored["extra"])
+        problem = _verify(state, extra)
       except Exception as e:  # pylint: disable=broad-except
-        log.warning("checkpoint at step %d in %s is unreadable (%s: %s); "
-                    "falling back to the previous one", step, self.directory,
-                    type(e).__name__, str(e).splitlines()[0][:200])
-        continue
-      return restored["state"], dict(restored["extra"]), step
+        problem = f"{type(e).__name__}: {_first_line(e)}"
+      if problem is None:
+        return state, extra, step
+      moved = _move_aside(os.path.join(self.directory, str(step)))
+      problems.append(f"step {step}: {problem}")
+      log.warning("checkpoint at step %d in %s is unusable (%s); moved it to %s%s",
+                  step, self.directory, problem, moved,
+                  "; trying the previous one" if step != self.all_steps()[0] else "")
+    if problems:
+      self._manager.reload()
+      raise UnreadableCheckpoints(
+          f"no checkpoint in {self.directory} restores intact, so this run cannot "
+          "resume, and starting over would overwrite a workdir that held one:\n  "
+          + "\n  ".join(problems) + "\nThe bad steps were moved aside (*"
+          f"{CORRUPT_SUFFIX}). To start over, use a new workdir or move "
+          f"{self.directory} away.")
     return None
 
   def wait(self) -> None:
@@ -133,21 +264,56 @@ def selected_checkpoint(path: str | os.PathLike) -> str:
   return find_checkpoint(path)
 
 
-def load_params(path: str | os.PathLike) -> dict[str, Any]:
-  """The model parameters (host numpy arrays) of a jaxtl checkpoint.
-
-  Read as numpy, not into the shardings it was saved with, so a checkpoint
-  from any topology loads (8 devices' pretraining fine-tuned on one).
-  """
-  state_dir = epath.Path(find_checkpoint(path)) / "state"
+def _read_params(step_dir: str) -> dict[str, Any]:
+  state_dir = epath.Path(step_dir) / "state"
   reader = ocp.PyTreeCheckpointHandler()
   try:
     as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
                             reader.metadata(state_dir))
-    return reader.restore(state_dir, args=ocp.args.PyTreeRestore(
+    params = reader.restore(state_dir, args=ocp.args.PyTreeRestore(
         restore_args=as_numpy))["params"]
   finally:
     reader.close()
+  extra_file = os.path.join(step_dir, "extra", "metadata")
+  extra = {}
+  if os.path.isfile(extra_file):
+    with open(extra_file, encoding="utf-8") as f:
+      extra = json.load(f)
+  problem = _verify({"params": params}, {FINGERPRINTS: {
+      k: v for k, v in extra.get(FINGERPRINTS, {}).items()
+      if k.startswith("params/")}} if FINGERPRINTS in extra else {})
+  if problem:
+    raise ValueError(problem)
+  return params
+
+
+def load_params(path: str | os.PathLike) -> dict[str, Any]:
+  """The model parameters (host numpy arrays) of a jaxtl checkpoint.
+
+  Read as numpy, not into the shardings it was saved with, so a checkpoint
+  from any topology loads (8 devices' pretraining fine-tuned on one). Given
+  a workdir or checkpoints directory, an unreadable or corrupt newest step
+  falls back to the previous one, as resuming does (with a warning); a
+  step directory given explicitly must be intact.
+  """
+  chosen = find_checkpoint(path)
+  root = os.path.dirname(chosen)
+  explicit = os.path.abspath(os.fspath(path)) == chosen
+  steps = [chosen] if explicit else [
+      os.path.join(root, str(n)) for n in sorted(
+          (int(n) for n in os.listdir(root) if n.isdigit()
+           and os.path.isdir(os.path.join(root, n, "state"))), reverse=True)]
+  problems = []
+  for step_dir in steps:
+    try:
+      return _read_params(step_dir)
+    except Exception as e:  # pylint: disable=broad-except
+      problems.append(f"{step_dir}: {type(e).__name__}: {_first_line(e)}")
+      if step_dir != steps[-1]:
+        log.warning("checkpoint %s is unusable (%s); trying the previous one",
+                    step_dir, problems[-1])
+  raise UnreadableCheckpoints("no intact checkpoint to load parameters from:\n  "
+                              + "\n  ".join(problems))
 
 
 def _flat_transfer(target: Any, pretrained: Any, prefix: tuple[str, ...], skip: Any

@@ -143,7 +143,16 @@ class Outcome:
 
 
 class Preempted(RuntimeError):
-  """Training stopped early on SIGTERM, after saving a checkpoint."""
+  """Training stopped early on SIGTERM, after saving a checkpoint.
+
+  ``python -m jaxtl.main`` then exits with :data:`EXIT_PREEMPTED`, so that a
+  shell chain (``&&``) or a job system does not take the run as finished.
+  """
+
+
+# sysexits.h's EX_TEMPFAIL, "a temporary failure; the user is invited to
+# retry": the same command resumes. launch/slurm.sbatch requeues on it.
+EXIT_PREEMPTED = 75
 
 
 class _SigtermFlag:
