@@ -12,6 +12,7 @@ logs (TensorFlow's C++ and Python, JAX's backend probing, Orbax, absl).
 
 from __future__ import annotations
 
+import ast
 import datetime
 import os
 import shlex
@@ -56,17 +57,21 @@ def main(argv: list[str]) -> None:
   logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
                jax.device_count(), jax.devices()[0].platform,
                jax.process_index(), jax.process_count())
-  if jax.process_index() == 0:
-    logging.info("config written to %s", write_config(FLAGS.config, FLAGS.workdir))
-  if FLAGS.verbose:
-    logging.info("config:\n%s", FLAGS.config)
-  from jaxtl.train import checkpoint  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import checkpoint, workdir  # pylint: disable=g-import-not-at-top
   try:
-    _run_mode()
+    # Held from before config.txt is written: a second run on this workdir
+    # leaves no trace in it.
+    with workdir.owned(FLAGS.workdir, enabled=jax.process_index() == 0):
+      if jax.process_index() == 0:
+        logging.info("config written to %s", write_config(FLAGS.config, FLAGS.workdir))
+      if FLAGS.verbose:
+        logging.info("config:\n%s", FLAGS.config)
+      _run_mode()
   except train.Preempted as e:  # a clean stop: the same command resumes
     logging.warning("%s", e)
     sys.exit(train.EXIT_PREEMPTED)
-  except checkpoint.UnreadableCheckpoints as e:  # the message says it all
+  except (checkpoint.UnreadableCheckpoints, workdir.WorkdirBusy,
+          workdir.WorkdirConflict, train.ConfigError) as e:  # the message says it all
     logging.error("%s", e)
     sys.exit(1)
 
@@ -105,8 +110,22 @@ def write_config(config: Any, workdir: str) -> str:
   return path
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's parse, with a bad flag or ``--config.KEY=VALUE`` (a misspelt key,
+  a value of the wrong type) reported in one paragraph, not a traceback."""
+  try:
+    return FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    message = str(e)
+    if message[:1] in "'\"" and message[-1:] == message[:1]:  # a KeyError's repr inside
+      message = ast.literal_eval(message)
+    message = " ".join(message.split())
+    sys.exit(f"jaxtl: bad flag or config override: {message}\n"
+             "(--verbose prints a run's whole config: every key and its value)")
+
+
 if __name__ == "__main__":
   console.quiet_libraries(sys.argv)
   hugepages.restart_with_huge_pages()
   sys.argv = cli.with_recipe_paths(sys.argv)
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

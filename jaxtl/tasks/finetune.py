@@ -222,6 +222,10 @@ def keep_loadable(workdir: str, cfg: TransformerConfig, tok: Tokenizer,
 def loop_config(config: Any, steps_per_epoch: int) -> train.LoopConfig:
   """The loop's numbers from a fine-tuning config: epochs become steps."""
   t = config.train
+  if t.epochs <= 0 or t.checkpoint_every < 0:
+    bad = ("epochs", t.epochs, "more than 0") if t.epochs <= 0 else (
+        "checkpoint_every", t.checkpoint_every, "0 (only best/ and on SIGTERM) or more epochs")
+    raise train.ConfigError(f"config.train.{bad[0]}={bad[1]!r}: must be {bad[2]}")
   # Fractions of an epoch round to whole steps, but never to 0 (no checkpoints).
   every = max(1, round(t.checkpoint_every * steps_per_epoch)) if t.checkpoint_every else 0
   return train.LoopConfig(
@@ -229,7 +233,7 @@ def loop_config(config: Any, steps_per_epoch: int) -> train.LoopConfig:
       eval_every=steps_per_epoch, checkpoint_every=every,
       save_last=t.checkpoint_every > 0, keep_checkpoints=1,
       max_bad_steps=t.max_bad_steps, accum_steps=config.optim.accum_steps,
-      seed=config.seed)
+      seed=config.seed).check({"steps": "train.epochs", "accum_steps": "optim.accum_steps"})
 
 
 def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ The names most callers need are here; the modules hold the rest:
 :mod:`~jaxtl.train.metrics`, :mod:`~jaxtl.train.perf`.
 """
 
-from jaxtl.train.loop import (EXIT_PREEMPTED, LoopConfig, Outcome, Preempted, Stage,
+from jaxtl.train.loop import (EXIT_PREEMPTED, ConfigError, LoopConfig, Outcome, Preempted, Stage,
                               Workload, run)
 from jaxtl.train.metrics import MetricsWriter
 from jaxtl.train.pretrain import model_config_from, train_and_evaluate
@@ -19,7 +19,7 @@ from jaxtl.train.step import (TrainState, abstract_sharded_state, abstract_state
                               create_sharded_state, eval_step, evaluate,
                               jit_train_step, lm_init_inputs, train_step)
 
-__all__ = ["EXIT_PREEMPTED", "LoopConfig", "MetricsWriter", "Outcome", "Preempted", "Stage",
+__all__ = ["ConfigError", "EXIT_PREEMPTED", "LoopConfig", "MetricsWriter", "Outcome", "Preempted", "Stage",
            "TrainState", "Workload", "abstract_sharded_state", "abstract_state",
            "create_sharded_state", "eval_step", "evaluate", "jit_train_step",
            "lm_init_inputs", "load_model_config", "model_config_from", "run",

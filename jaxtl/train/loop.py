@@ -35,6 +35,7 @@ from jaxtl.data import pipeline
 from jaxtl.train import checkpoint, perf, sharding
 from jaxtl.train import metrics as metrics_lib
 from jaxtl.train import step as step_lib
+from jaxtl.train import workdir as workdir_lib
 
 Array = jax.Array
 Batch = Mapping[str, Any]
@@ -130,6 +131,36 @@ class LoopConfig:
   peak_flops: float = 0.0  # per device; 0: look the device up
   seed: int = 0
 
+  def check(self, keys: Mapping[str, str]) -> "LoopConfig":
+    """Returns self, or raises :class:`ConfigError` for the first value outside
+    what it allows, naming its config key (``keys``: field -> key; others
+    are ``train.FIELD``). Run before any work, so a bad value fails in a
+    second with its name, not deep inside (a ZeroDivisionError, a reshape).
+    """
+    b = self.batch_size
+    rules = (
+        ("steps", self.steps >= 1, "at least 1"),
+        ("batch_size", b >= 1, "at least 1"),
+        ("log_every", self.log_every >= 1, "at least 1"),
+        ("eval_every", self.eval_every >= 0, "0 (evaluate only at the end) or more"),
+        ("checkpoint_every", self.checkpoint_every >= 0,
+         "0 (save only at the end and on SIGTERM) or more"),
+        ("keep_checkpoints", self.keep_checkpoints >= 1,
+         "at least 1: the last checkpoint is what resuming, fine-tuning and export read"),
+        ("max_bad_steps", self.max_bad_steps >= 1, "at least 1"),
+        ("accum_steps", self.accum_steps >= 1 and b % max(self.accum_steps, 1) == 0,
+         f"at least 1 and a divisor of the batch size {b}"),
+    )
+    for field, ok, allowed in rules:
+      if not ok:
+        raise ConfigError(f"config.{keys.get(field, 'train.' + field)}="
+                          f"{getattr(self, field)!r}: must be {allowed}")
+    return self
+
+
+class ConfigError(ValueError):
+  """A config value outside what it allows; the message names the key."""
+
 
 @dataclasses.dataclass
 class Outcome:
@@ -214,7 +245,16 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
   checkpoint (state, RNG, data position, evaluation history, the train loss
   since the last evaluation) and ends exactly as an uninterrupted run.
   Raises :class:`Preempted` after a SIGTERM (a checkpoint was saved first).
+  The workdir is held for the run (:func:`jaxtl.train.workdir.owned`): a
+  second run on it fails at once.
   """
+  with workdir_lib.owned(workdir, enabled=jax.process_index() == 0):
+    return _run(work, loop, tx, schedule, mesh, rules, workdir)
+
+
+def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
+         schedule: optax.Schedule, mesh: jax.sharding.Mesh, rules: Any,
+         workdir: str) -> Outcome:
   os.makedirs(workdir, exist_ok=True)
   init_rng, step_rng = jax.random.split(jax.random.key(loop.seed))
   state, shardings = step_lib.create_sharded_state(

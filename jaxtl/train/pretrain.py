@@ -190,7 +190,8 @@ def loop_config(config: Any) -> loop.LoopConfig:
       eval_every=t.eval_every, eval_at_start=True,
       checkpoint_every=t.checkpoint_every, keep_checkpoints=t.keep_checkpoints,
       max_bad_steps=t.max_bad_steps, accum_steps=config.optim.accum_steps,
-      prefetch=config.data.prefetch, peak_flops=t.peak_flops, seed=config.seed)
+      prefetch=config.data.prefetch, peak_flops=t.peak_flops, seed=config.seed,
+  ).check({"batch_size": "data.batch_size", "accum_steps": "optim.accum_steps"})
 
 
 def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
@@ -201,6 +202,11 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   """
   os.makedirs(workdir, exist_ok=True)
   stage_list = stage_configs(config)  # before any work: a bad stage fails now
+  numbers = loop_config(config)  # and a bad number
+  if config.optim.warmup_steps > numbers.steps:
+    logging.warning("config.optim.warmup_steps=%d is more than config.train.steps=%d: "
+                    "the run ends inside its learning-rate warmup",
+                    config.optim.warmup_steps, numbers.steps)
   source = load_source(config)
   data = pipeline.DataSetup(config, workdir, process_index=jax.process_index(),
                             process_count=jax.process_count(),
@@ -246,5 +252,5 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
       info={"params": n_params, "flops_per_example": flops,
             "unigram_entropy": data.unigram_entropy},
       init_params=load_params)
-  return loop.run(work, loop_config(config), tx, schedule, mesh, rules,
+  return loop.run(work, numbers, tx, schedule, mesh, rules,
                   workdir).eval_metrics

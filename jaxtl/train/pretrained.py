@@ -23,14 +23,41 @@ from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.train import checkpoint
+from jaxtl.train import workdir as workdir_lib
 
 MODEL_CONFIG_FILE = "model_config.json"
 
 
+# Fields a resumed run may change: they shape no parameter.
+RUNTIME_FIELDS = ("dropout_rate", "attention_dropout_rate", "lora_dropout", "dtype",
+                  "remat", "attention_impl", "init_std")
+
+
 def save_model_config(cfg: TransformerConfig, workdir: str) -> None:
-  """Writes the architecture, so the workdir can be loaded (fine-tuned, continued)."""
-  with open(os.path.join(workdir, MODEL_CONFIG_FILE), "w") as f:
-    json.dump(dataclasses.asdict(cfg), f, indent=1)
+  """Writes the architecture, so the workdir can be loaded (fine-tuned, continued).
+
+  A workdir that already holds checkpoints of another architecture is
+  refused (:class:`jaxtl.train.workdir.WorkdirConflict`) before anything is
+  overwritten: resuming it would fail on every checkpoint, and starting over
+  would rotate the other model's checkpoints away.
+  """
+  path = os.path.join(workdir, MODEL_CONFIG_FILE)
+  new = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples as lists, as saved
+  if os.path.exists(path) and workdir_lib.holds_checkpoints(workdir):
+    with open(path) as f:
+      old = json.load(f)
+    diff = [f"{k}: {old.get(k)!r} there, {new.get(k)!r} here"
+            for k in sorted(old.keys() | new.keys())
+            if k not in RUNTIME_FIELDS and old.get(k) != new.get(k)]
+    if diff:
+      raise workdir_lib.WorkdirConflict(
+          f"{workdir} holds checkpoints of another model ({'; '.join(diff)}), "
+          f"recorded in {path}. Resume it with its own model settings, or pass "
+          "another --workdir for this one.")
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    json.dump(new, f, indent=1)
+  os.replace(tmp, path)
 
 
 def load_model_config(workdir: str) -> TransformerConfig:
