@@ -1,5 +1,6 @@
 """Checkpoints: exact resume after a kill, SIGTERM saves, corrupted-latest fallback."""
 
+import json
 import shutil
 import signal
 
@@ -41,6 +42,10 @@ def test_killed_and_resumed_run_matches_uninterrupted(config_file, tmp_path):
   assert ref.keys() == resumed.keys()
   np.testing.assert_allclose([resumed[k] for k in sorted(ref)],
                              [ref[k] for k in sorted(ref)], rtol=1e-6)
+  # The killed run's records past its checkpoint were dropped on resume.
+  with open(f"{dir_}/metrics.jsonl") as f:
+    keys = [(r["split"], r["step"]) for r in map(json.loads, f)]
+  assert len(keys) == len(set(keys))
 
 
 def test_sigterm_saves_a_checkpoint_at_the_stop_step(config_file, tmp_path):

@@ -282,7 +282,8 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
     params = work.init_params(jax.device_get(state.params))
     state = state.replace(params=jax.device_put(params, shardings.params))
 
-  writer = metrics_lib.MetricsWriter(workdir, enabled=jax.process_index() == 0)
+  writer = metrics_lib.MetricsWriter(workdir, enabled=jax.process_index() == 0,
+                                     keep_through=-1 if restored is None else at)
   peak = loop.peak_flops or perf.peak_flops_per_device(dtype=work.model.config.dtype)
   start = int(state.step)
   rng_data = np.asarray(jax.random.key_data(step_rng)).tolist()
@@ -327,15 +328,17 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
         prev_bad = m["bad_steps"]
         _advance(bar, at, work.steps_per_epoch, loop.steps)
         if at % loop.log_every == 0 or at == ends[k]:  # a window never spans stages
-          now = time.perf_counter()
+          # Timed to when the window's results are on the host, not to when its
+          # steps were dispatched (which runs ahead of the device).
           host = jax.device_get(window)
+          now = time.perf_counter()
           summary = metrics_lib.summarize_train(
               host, now - t_last, stage.batch_size, stage.flops_per_example, peak,
               stage.tokens_per_example)
           writer.write(at, "train", summary, total=loop.steps, eta=eta(at))
           bar.set_postfix(loss=f"{summary['loss']:.3f}", refresh=False)
           window_since.extend(host)
-          window, t_last = [], time.perf_counter()
+          window, t_last = [], now
         if (loop.eval_every and at % loop.eval_every == 0) or at == loop.steps:
           window_since.extend(jax.device_get(window))
           seconds = time.perf_counter() - t_since

@@ -43,13 +43,20 @@ def summarize_train(window: list[dict[str, Any]], seconds: float,
 
 
 class MetricsWriter:
-  """metrics.jsonl (one JSON object per line) + TensorBoard event files."""
+  """metrics.jsonl (one JSON object per line) + TensorBoard event files.
 
-  def __init__(self, workdir: str, enabled: bool = True):
+  ``keep_through`` is the step the run goes on from: records after it, which
+  a killed run wrote and the resumed one writes again, are dropped first, so
+  the file holds one record per step and split (-1: a fresh start, none kept).
+  """
+
+  def __init__(self, workdir: str, enabled: bool = True, keep_through: int = -1):
     self.enabled = enabled
     if not enabled:
       return
-    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+    path = os.path.join(workdir, "metrics.jsonl")
+    _truncate_after(path, keep_through)
+    self._jsonl = open(path, "a")
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
     self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
@@ -74,6 +81,27 @@ class MetricsWriter:
     if self.enabled:
       self._jsonl.close()
       self._tb.close()
+
+
+def _truncate_after(path: str, step: int) -> None:
+  """Rewrites ``path`` (atomically) without the records of steps after ``step``."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = f.readlines()
+  kept = []
+  for line in lines:
+    try:
+      if json.loads(line)["step"] <= step:
+        kept.append(line if line.endswith("\n") else line + "\n")
+    except (ValueError, KeyError, TypeError):
+      continue  # a line cut short by a kill
+  if len(kept) == len(lines):
+    return
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(kept)
+  os.replace(tmp, path)
 
 
 class Eta:
