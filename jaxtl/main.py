@@ -23,6 +23,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxtl import cli, console, hugepages
+from jaxtl.data import network
 
 FLAGS = flags.FLAGS
 CONFIG_FILE = "config.txt"
@@ -71,7 +72,8 @@ def main(argv: list[str]) -> None:
     logging.warning("%s", e)
     sys.exit(train.EXIT_PREEMPTED)
   except (checkpoint.UnreadableCheckpoints, workdir.WorkdirBusy,
-          workdir.WorkdirConflict, train.ConfigError) as e:  # the message says it all
+          workdir.WorkdirConflict, train.ConfigError,
+          network.DataUnavailable) as e:  # the message says it all
     logging.error("%s", e)
     sys.exit(1)
 

@@ -188,8 +188,8 @@ def test_data_dir_resolution(monkeypatch):
 
 
 def test_import_does_not_load_tensorflow():
-  code = ("import sys, jaxtl.data.sources, jaxtl.data.tokenizers; "
-          "assert 'tensorflow' not in sys.modules")
+  code = ("import sys, jaxtl.data.sources, jaxtl.data.tokenizers, jaxtl.data.hf_datasets; "
+          "assert 'tensorflow' not in sys.modules and 'datasets' not in sys.modules")
   subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -69,10 +69,12 @@ def build_tokenizer(data: Mapping[str, Any], workdir: str | None,
   prefix = os.path.join(cache_dir, f"spm_{spec['model_type']}_{spec['vocab_size']}")
   if os.path.exists(prefix + ".model"):
     return get_tokenizer(prefix + ".model")
-  os.makedirs(cache_dir, exist_ok=True)
+  # train_sentencepiece makes the folder once the model is trained, so data
+  # that cannot be read (or a failed training) leaves no empty tokenizer/.
+  texts = train_texts()
   log.info("training a %s sentencepiece model (vocab %d) -> %s.model",
            spec["model_type"], spec["vocab_size"], prefix)
-  return train_sentencepiece(train_texts(), prefix, spec["vocab_size"],
+  return train_sentencepiece(texts, prefix, spec["vocab_size"],
                              model_type=spec["model_type"],
                              max_sentences=spec.get("max_sentences", 1_000_000))
 
