@@ -147,3 +147,18 @@ def test_pack_mode_keeps_documents_apart():
                                     32, eos=True, cache_dir=None, texts=texts)
   assert (chunked["segment_ids"] == 1).all()
   assert chunked["tokens"].ravel().tolist() == sum(docs, [])[:chunked["tokens"].size]
+
+
+def test_unreadable_data_leaves_no_tokenizer_folder(tmp_path):
+  """A run whose data cannot be read fails before writing tokenizer/: an
+  empty one would be taken for a trained tokenizer's folder next time.
+  (TFDS's offline error itself: sources_test.)"""
+  from jaxtl.configs import pretrain_clm  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import pretrain  # pylint: disable=g-import-not-at-top
+  config = pretrain_clm.get_config()
+  missing = str(tmp_path / "missing.jsonl")
+  config.data.source.update(kind="jsonl", name="", manual_dir="")
+  config.data.source.files = dict(train=[missing], validation=[missing])
+  with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+    pretrain.train_and_evaluate(config, str(tmp_path / "wd"))
+  assert not list((tmp_path / "wd").iterdir())

@@ -250,3 +250,50 @@ def test_tfds_tiny_shakespeare(tmp_path):
   texts = sources.load_texts(source, "validation")
   assert len(texts) == 1 and len(texts[0]) == 55_770
   assert isinstance(texts[0], str)
+
+
+# --- offline: missing data fails at once, leaving nothing behind -------------
+
+
+def test_tfds_unknown_name_is_one_line():
+  pytest.importorskip("tensorflow_datasets")
+  with pytest.raises(ValueError, match="TFDS has no dataset 'no_such_corpus'") as e:
+    sources.read_tfds("no_such_corpus", "train")
+  assert "\n" not in str(e.value)  # TFDS's own lists every dataset it has.
+
+
+def test_tfds_offline_fails_in_seconds_and_leaves_nothing(tmp_path, monkeypatch):
+  pytest.importorskip("tensorflow_datasets")
+  monkeypatch.delenv(sources.DATA_DIR_ENV, raising=False)
+  monkeypatch.setattr(sources.network, "unreachable", lambda url: "no network: test")
+  data_dir = tmp_path / "tfds"
+  start = time.perf_counter()
+  with pytest.raises(sources.network.DataUnavailable) as e:
+    sources.load_texts({"kind": "tfds", "name": "tiny_shakespeare",
+                        "data_dir": str(data_dir)}, "train")
+  assert time.perf_counter() - start < 5
+  for part in ("'tiny_shakespeare'", str(data_dir), "no network: test",
+               "manual_dir", "JAXTL_DATA_DIR", "~/tensorflow_datasets"):
+    assert part in str(e.value), part
+  assert not data_dir.exists()
+
+
+def test_tfds_failed_preparation_removes_what_it_created(tmp_path, monkeypatch):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  monkeypatch.setattr(sources.network, "unreachable", lambda url: None)
+  data_dir = tmp_path / "tfds"
+
+  class Builder:  # Fails as a download does, after writing partial folders.
+    def download_and_prepare(self):
+      (data_dir / "corpus" / "incomplete.x_1.0.0").mkdir(parents=True)
+      (data_dir / "downloads" / "corpus").mkdir(parents=True)
+      raise OSError("Max retries exceeded\nwith url")
+
+  with pytest.raises(sources.network.DataUnavailable, match="Max retries exceeded"):
+    sources._prepare_tfds(tfds, Builder(), "corpus", str(data_dir), None)
+  assert not data_dir.exists()
+  data_dir.mkdir()  # A data_dir that was there stays; only the new parts go.
+  (data_dir / "other").mkdir()
+  with pytest.raises(sources.network.DataUnavailable):
+    sources._prepare_tfds(tfds, Builder(), "corpus", str(data_dir), None)
+  assert sorted(p.name for p in data_dir.iterdir()) == ["other"]
