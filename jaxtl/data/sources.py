@@ -8,10 +8,12 @@ TensorFlow (for TFDS) is imported only inside `read_tfds`.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -241,15 +243,17 @@ def read_tfds(name: str, split: str, *, data_dir: PathLike | None = None,
   """
   tfds = _import_tfds()
   data_dir = os.fspath(data_dir) if data_dir is not None else tfds.core.constants.DATA_DIR
-  try:
-    builder = tfds.builder(name, data_dir=data_dir)
-  except tfds.core.registered.DatasetNotFoundError as e:
-    # TFDS's own message lists every dataset it knows: hundreds of lines.
-    raise ValueError(f"TFDS has no dataset {name!r} (tensorflow-datasets "
-                     f"{tfds.__version__}); see tensorflow.org/datasets/catalog, "
-                     "or read local files with source kind text/jsonl/tsv/hf"
-                     ) from e
-  if not builder.is_prepared():
+  with _quiet_absent_variant(os.path.join(data_dir, name)):
+    try:
+      builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError as e:
+      # TFDS's own message lists every dataset it knows: hundreds of lines.
+      raise ValueError(f"TFDS has no dataset {name!r} (tensorflow-datasets "
+                       f"{tfds.__version__}); see tensorflow.org/datasets/"
+                       "catalog, or read local files with source kind text, "
+                       "jsonl, tsv or hf") from e
+    prepared = builder.is_prepared()
+  if not prepared:
     _prepare_tfds(tfds, builder, name, data_dir, manual_dir)
   texts = []
   for example in tfds.as_numpy(builder.as_dataset(split=split)):
@@ -281,6 +285,23 @@ def _import_tfds():
   except RuntimeError:  # TF already initialised its devices.
     pass
   return tfds
+
+
+@contextlib.contextmanager
+def _quiet_absent_variant(folder: str) -> Iterator[None]:
+  """Drops TFDS's "Variant folder ... has no dataset_info.json" warning while
+  ``folder`` does not exist: it names a folder that is not there and would
+  read as a broken dataset on a first, clean run."""
+  if os.path.exists(folder):
+    yield
+    return
+  drop = lambda record: "has no dataset_info.json" not in record.getMessage()
+  logger = logging.getLogger("absl")
+  logger.addFilter(drop)
+  try:
+    yield
+  finally:
+    logger.removeFilter(drop)
 
 
 def _prepare_tfds(tfds: Any, builder: Any, name: str, data_dir: str,
