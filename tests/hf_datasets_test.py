@@ -122,7 +122,7 @@ def test_pretraining_source_kind_hf(tmp_path):
   files = {"kind": "hf", "name": "json", "field": "body",
            "files": {"train": [str(tmp_path / "t.jsonl")]},
            "cache_dir": str(tmp_path / "cache")}
-  with pytest.raises(ValueError, match=r"t\.jsonl row 1: column 'body' is int"):
+  with pytest.raises(ValueError, match=r"t\.jsonl row 1: field 'body' is int"):
     sources.load_texts(files, "train")
   mixture = {"kind": "mixture", "parts": {"a": source, "b": {
       "kind": "hf", "name": str(folder), "splits": {"train": "validation"}}}}

@@ -13,8 +13,9 @@ A spec says where a dataset lives, in one of three ways:
 
 `records` yields ``(location, row)`` pairs, with ClassLabel values turned into
 their names, so a labeled-file task reads a Hugging Face dataset as it reads
-its other formats; `label_names` gives a ClassLabel's names in id order;
-`read_texts` is the pretraining corpus kind ``"hf"`` of `jaxtl.data.sources`.
+its other formats; `label_names` gives a ClassLabel's names in id order.
+`jaxtl.data.sources` reads a text column of them as the pretraining corpus
+kind ``"hf"``.
 
 Without network, a Hub name is read from the cache or fails within seconds
 (one TCP probe, then `datasets` in offline mode) with a message naming the
@@ -301,25 +302,3 @@ def label_names(spec: SpecLike, split: str = "train",
     raise ValueError(f"{where}: no column {column!r}; it has {ds.column_names}")
   found = _class_labels(ds.features).get(column)
   return tuple(found[0].names) if found else None
-
-
-def read_texts(source: Mapping[str, Any], split: str) -> list[str]:
-  """One text column of a split, for pretraining (source kind "hf").
-
-  ``source["field"]`` names the column (default "text"). Blank texts are
-  left out (WikiText on the Hub has an empty row between paragraphs); a
-  value that is not a string is an error naming its row.
-  """
-  field = source.get("field") or "text"
-  texts = []
-  for where, row in records(HFSpec.from_mapping(source), split):
-    if field not in row:
-      raise ValueError(f"{where}: no text column {field!r}; the rows have "
-                       f"{sorted(row)} (set the source's field)")
-    text = row[field]
-    if not isinstance(text, str):
-      raise ValueError(f"{where}: column {field!r} is {type(text).__name__}, "
-                       "not text")
-    if text.strip():
-      texts.append(text)
-  return texts

@@ -120,6 +120,17 @@ def json_objects(lines: Iterable[str], name: str) -> Iterator[tuple[int, dict[st
     yield lineno, row
 
 
+def text_field(row: Mapping[str, Any], field: str, where: str) -> str:
+  """``row[field]``, checked to be a string; errors start with ``where``."""
+  if field not in row:
+    raise ValueError(f"{where}: field {field!r} missing (row has {sorted(row)})")
+  text = row[field]
+  if not isinstance(text, str):
+    raise ValueError(f"{where}: field {field!r} is {type(text).__name__}, not "
+                     "a string")
+  return text
+
+
 def read_jsonl(path: PathLike, *, field: str = "text",
                filter: Mapping[str, Any] | None = None  # pylint: disable=redefined-builtin
                ) -> list[str]:
@@ -152,13 +163,7 @@ def read_jsonl(path: PathLike, *, field: str = "text",
           break
       if not keep:
         continue
-      if field not in row:
-        raise ValueError(f"{path}:{lineno}: field {field!r} missing (row "
-                         f"has {sorted(row)})")
-      text = row[field]
-      if not isinstance(text, str):
-        raise ValueError(f"{path}:{lineno}: field {field!r} is "
-                         f"{type(text).__name__}, not a string")
+      text = text_field(row, field, f"{path}:{lineno}")
       if not text.strip():
         raise ValueError(f"{path}:{lineno}: field {field!r} is empty")
       texts.append(text)
@@ -395,7 +400,11 @@ def _load_tfds(source: Mapping[str, Any], split: str) -> list[str]:
 
 
 def _load_hf(source: Mapping[str, Any], split: str) -> list[str]:
-  """A Hugging Face dataset's text column (jaxtl.data.hf_datasets)."""
+  """A Hugging Face dataset's text column (jaxtl.data.hf_datasets), ``field``.
+
+  Blank texts are left out (WikiText on the Hub has an empty row between
+  paragraphs); a value that is not a string is an error naming its row.
+  """
   from jaxtl.data import hf_datasets  # pylint: disable=g-import-not-at-top
   source = dict(source)
   if source.get("files"):  # A builder (csv, json, parquet) on local files.
@@ -405,7 +414,10 @@ def _load_hf(source: Mapping[str, Any], split: str) -> list[str]:
   for key in ("name", "cache_dir"):
     if source.get(key) and _DATA_DIR_PLACEHOLDER in source[key]:
       source[key] = expand_path(source[key])
-  return hf_datasets.read_texts(source, split)
+  field = source.get("field") or "text"
+  texts = (text_field(row, field, where)
+           for where, row in hf_datasets.records(source, split))
+  return [text for text in texts if text.strip()]
 
 
 def _load_files(source: Mapping[str, Any], split: str) -> list[str]:
