@@ -1,7 +1,8 @@
 r"""Causal LM pretraining (GPT-2 style) on tiny Shakespeare through TFDS.
 
 Command (JAXTL_DATA_DIR set: TFDS prepares tiny_shakespeare offline from
-$JAXTL_DATA_DIR/tiny_shakespeare; unset: TFDS downloads it):
+$JAXTL_DATA_DIR/tiny_shakespeare; unset: TFDS downloads it, and without
+network the run stops within seconds, saying so):
 
   python -m jaxtl.main --config=configs/pretrain_clm.py --workdir=/tmp/clm
 
