@@ -96,6 +96,7 @@ SpecLike = HFSpec | Mapping[str, Any]
 
 
 def as_spec(spec: SpecLike) -> HFSpec:
+  """An `HFSpec` as it is, or one made from a config mapping."""
   return spec if isinstance(spec, HFSpec) else HFSpec.from_mapping(spec)
 
 
@@ -104,7 +105,7 @@ def _datasets():
     import datasets  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError("reading Hugging Face datasets needs the `datasets` "
-                      f"package: pip install 'jaxtl[hf]' ({e})") from e
+                      f"package: pip install datasets ({e})") from e
   return datasets
 
 
