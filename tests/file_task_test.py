@@ -15,7 +15,6 @@ import jaxtl
 from jaxtl import cli
 from jaxtl.data import row_files
 from jaxtl.tasks import file_task, finetune
-from jaxtl.tasks import readers
 from jaxtl.tasks.examples import Examples
 
 TEXT = file_task.FileTask(("text",), "label")
@@ -160,11 +159,16 @@ def test_dev_and_test_are_held_out_of_train_by_seed(tmp_path):
 
 def test_sst2_through_the_generic_task_equals_the_builtin_reader():
   root = datadir.require_data("glue", "SST-2")
-  sst2 = file_task.FileTask(("sentence",), "label", labels=("0", "1"))
-  for split in ("train", "dev"):
-    generic = file_task.read_split(sst2, str(root / f"{split}.tsv"))
-    builtin = readers.read_glue("sst2", split)
-    assert (generic.texts, generic.labels) == (builtin.texts, builtin.labels)
+  files = _config("--config=configs/finetune.py:task=files",
+                  f"--config.task.train={root / 'train.tsv'}",
+                  f"--config.task.dev={root / 'dev.tsv'}",
+                  "--config.task.text_fields=('sentence',)")
+  builtin = _config("--config=configs/finetune.py:task=sst2")
+  generic, known = (finetune.load_task_splits(c.task, 0) for c in (files, builtin))
+  for split in ("train", "dev", "test"):
+    assert generic[split].texts == known[split].texts
+    assert generic[split].labels == known[split].labels
+  assert generic["train"].label_names == ("0", "1")  # the file's own labels
 
 
 def test_unknown_format_and_missing_train_are_clear(tmp_path):

@@ -19,12 +19,13 @@ somewhere in the middle of a file.
 from __future__ import annotations
 
 import csv
+import functools
 import gzip
 import io
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
 Row = tuple[int, dict[str, Any]]
@@ -65,9 +66,10 @@ def _has_undecodable(values: Any) -> bool:
   return any(any("\udc80" <= ch <= "\udcff" for ch in v) for v in values)
 
 
-def _table_rows(path: str, report: Report, delimiter: str,
-                quoting: int) -> Iterator[Row]:
-  """CSV-like rows keyed by the header line; ragged rows are reported."""
+def _table_rows(path: str, report: Report, *, delimiter: str, quoting: int,
+                columns: Sequence[str] = ()) -> Iterator[Row]:
+  """CSV-like rows keyed by the header line (or by ``columns``, for a file
+  without one: GLUE's CoLA); ragged rows are reported."""
   name = _display(path)
   raw = _open_bytes(path)
   # utf-8-sig drops a byte-order mark; surrogateescape keeps bad bytes
@@ -76,7 +78,7 @@ def _table_rows(path: str, report: Report, delimiter: str,
                           newline="")
   try:
     reader = csv.reader(text, delimiter=delimiter, quoting=quoting)
-    header = next(reader, None)
+    header = list(columns) or next(reader, None)
     if not header:
       raise ValueError(f"{name}:1: no header line naming the columns")
     if _has_undecodable(header):
@@ -143,11 +145,12 @@ def _parquet_rows(path: str, report: Report) -> Iterator[Row]:
       yield number, row
 
 
-READERS: dict[str, Callable[[str, Report], Iterator[Row]]] = {
-    "csv": lambda path, report: _table_rows(path, report, ",", csv.QUOTE_MINIMAL),
-    "tsv": lambda path, report: _table_rows(path, report, "\t", csv.QUOTE_MINIMAL),
-    "tsv_unquoted": lambda path, report: _table_rows(path, report, "\t",
-                                                     csv.QUOTE_NONE),
+TABLES = {"csv": (",", csv.QUOTE_MINIMAL), "tsv": ("\t", csv.QUOTE_MINIMAL),
+          "tsv_unquoted": ("\t", csv.QUOTE_NONE)}  # format: (delimiter, quoting)
+
+READERS: dict[str, Callable[..., Iterator[Row]]] = {
+    **{fmt: functools.partial(_table_rows, delimiter=d, quoting=q)
+       for fmt, (d, q) in TABLES.items()},
     "jsonl": _jsonl_rows,
     "parquet": _parquet_rows,
 }
@@ -158,14 +161,15 @@ def where(path: str, fmt: str, line: int) -> str:
   return f"{_display(path)}:row {line}" if fmt == "parquet" else f"{_display(path)}:{line}"
 
 
-def read_rows(path: str, fmt: str = "", report: Report = raise_report
-              ) -> Iterator[Row]:
+def read_rows(path: str, fmt: str = "", report: Report = raise_report,
+              columns: Sequence[str] = ()) -> Iterator[Row]:
   """``(line, fields)`` for every non-blank row of ``path`` (``-``: stdin).
 
   Args:
     path: The file; gzipped when its name ends in ``.gz`` (not Parquet).
     fmt: One of ``READERS``; "" takes it from the extension.
     report: Called as ``report(where, reason)`` for each unreadable row.
+    columns: A table's column names when it has no header line.
   """
   fmt = format_of(path, fmt)
   if not fmt:
@@ -173,4 +177,9 @@ def read_rows(path: str, fmt: str = "", report: Report = raise_report
                      f"{', '.join(READERS)}")
   if path != "-" and not os.path.isfile(path):
     raise FileNotFoundError(f"data file not found: {path}")
+  if columns:
+    if fmt not in TABLES:
+      raise ValueError(f"{path}: only tables ({', '.join(TABLES)}) take column "
+                       f"names; {fmt} rows name their fields")
+    return READERS[fmt](path, report, columns=columns)
   return READERS[fmt](path, report)

@@ -48,6 +48,7 @@ class FileTask:
     label_names: What predictions call each class (default: ``labels``),
       e.g. GLUE's "0"/"1" shown as "negative"/"positive".
     score_range: Regression: the allowed [low, high] of scores, if any.
+    columns: A table's column names when it has no header line.
   """
   text_fields: tuple[str, ...]
   label_field: str
@@ -56,6 +57,7 @@ class FileTask:
   labels: tuple[str, ...] = ()
   label_names: tuple[str, ...] = ()
   score_range: tuple[float, float] | None = None
+  columns: tuple[str, ...] = ()
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -124,6 +126,14 @@ def _inputs(task: FileTask, row: dict[str, Any]) -> tuple[list[Any], Any] | str:
   return texts, row[task.label_field]
 
 
+def _check_header(task: FileTask, path: str, row: dict[str, Any]) -> None:
+  """A table's columns are the same on every row: a missing one is one
+  error about the header, not one per row."""
+  for field in (*task.text_fields, task.label_field):
+    if field not in row:
+      raise ValueError(f"{path}:1: no column {field!r}; the header has {list(row)}")
+
+
 def _score(task: FileTask, value: Any) -> float | str:
   """A regression target, or why it is not one."""
   try:
@@ -178,8 +188,10 @@ def read_split(task: FileTask, path: str, labels: Sequence[str] | None = None, *
   bad = BadRows(on_error)
   fmt = row_files.format_of(path, task.format)
   parsed = []  # (where, texts or [words], raw label)
-  for line, row in row_files.read_rows(path, fmt, bad.bad):
+  for line, row in row_files.read_rows(path, fmt, bad.bad, task.columns):
     where = row_files.where(path, fmt, line)
+    if not parsed and fmt in row_files.TABLES:
+      _check_header(task, path, row)
     got = _inputs(task, row)
     if isinstance(got, str):
       bad.bad(where, got)
