@@ -121,10 +121,10 @@ def test_glue_formats(tmp_path):
 
 @pytest.mark.parametrize("task, row, message", [
     ("sst2", "fine\t2", r"train\.tsv:3: unknown label '2'"),
-    ("sst2", "fine", r"train\.tsv:3: expected 2 tab-separated columns, got 1"),
-    ("sst2", " \t1", r"train\.tsv:3: empty sentence"),
+    ("sst2", "fine", r"train\.tsv:3: 1 columns, the header has 2"),
+    ("sst2", " \t1", r"train\.tsv:3: empty text"),
     ("rte", "1\tP\tH\tentails", r"train\.tsv:3: unknown label 'entails'"),
-    ("rte", "1\tP\t\tentailment", r"train\.tsv:3: empty sentence"),
+    ("rte", "1\tP\t\tentailment", r"train\.tsv:3: empty text"),
     ("stsb", "A\tB\t5.5", r"train\.tsv:3: score 5\.5 outside"),
     ("stsb", "A\tB\thigh", r"train\.tsv:3: score 'high' is not a number"),
     ("cola", "src\t1\t\tok", None),  # Checked separately (no header).
@@ -148,7 +148,7 @@ def test_glue_errors_name_file_and_line(tmp_path, task, row, message):
 
 def test_glue_cola_errors_and_decoding(tmp_path):
   _write(tmp_path, "glue/CoLA/dev.tsv", "s\t1\t\tok\ns\t1\tonly three\n")
-  with pytest.raises(ValueError, match=r"dev\.tsv:2: expected 4"):
+  with pytest.raises(ValueError, match=r"dev\.tsv:2: 3 columns, the header has 4"):
     tasks.read_glue("cola", "dev", tmp_path)
   path = _write(tmp_path, "glue/SST-2/dev.tsv", "sentence\tlabel\nok\t1\n")
   path.write_bytes(path.read_bytes() + b"caf\xe9\t1\nfine\t0\n")
@@ -182,8 +182,8 @@ def test_imdb_reads_and_errors(tmp_path):
   assert ex.texts == ["Great<br />film", "Dull"] and ex.labels == [1, 0]
   for bad, message in [
       (json.dumps({"text": "x", "label": -1}), "unknown label -1"),
-      (json.dumps({"text": "x", "label": True}), "unknown label True"),
-      (json.dumps({"text": " ", "label": 1}), "empty or missing 'text'"),
+      (json.dumps({"text": "x", "label": True}), "label True is not a class"),
+      (json.dumps({"text": " ", "label": 1}), "empty text"),
       ("{not json", "malformed JSON")]:
     _write_imdb(tmp_path, good + [bad])
     with pytest.raises(ValueError, match=rf"test\.jsonl\.gz:3: {message}"):

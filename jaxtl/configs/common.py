@@ -181,7 +181,14 @@ def task_config(**overrides: Any) -> ConfigDict:
       doc_stride=128, max_answer_tokens=30,  # span_qa only
       # text_to_text (T5 backbones, classification tasks): the text written
       # for each class; empty: the label names.
-      label_words=()), overrides)
+      label_words=(),
+      # task=files (jaxtl.tasks.file_task): the user's own labeled files.
+      train="", dev="", test="",  # dev/test "": held out of train by a fraction
+      test_fraction=0.0,  # with dev_fraction, drawn with config.seed
+      format="",  # csv | tsv | tsv_unquoted | jsonl | parquet; "": by extension
+      text_fields=("text",),  # one field, two for pairs; tagging: the words list
+      label_field="label",  # class, score, or (tagging) the list of tags
+      labels=()), overrides)  # class order; empty: train's labels, sorted
 
 
 def adapt_config(**overrides: Any) -> ConfigDict:

@@ -8,7 +8,12 @@ Command (after ``configs/pretrain_mlm.py`` wrote /tmp/mlm):
 
 Tasks: trec, sst2, cola, mrpc, rte, stsb (regression), imdb, pos (UD EWT
 UPOS tagging), squad (extractive QA on article halves of SQuAD dev, long
-contexts in windows of ``max_len`` tokens every ``doc_stride``). On a T5
+contexts in windows of ``max_len`` tokens every ``doc_stride``), and files:
+your own CSV, TSV, JSON lines or Parquet (``jaxtl.tasks.file_task``):
+
+  python -m jaxtl.main --mode=finetune --config=configs/finetune.py:task=files \
+    --config.task.train=train.csv --config.task.dev_fraction=0.1 \
+    --config.task.text_fields="('review',)" --config.task.label_field=stars ... On a T5
 backbone (``configs/pretrain_span.py``), ``--config.task.kind=text_to_text``
 turns a classification task into T5's text-to-text form: the decoder learns
 to write the label (``task.label_words``) and predicts the likeliest one.
@@ -37,6 +42,10 @@ TASKS = {
     "imdb": ("classification", 256, 2),
     "pos": ("token_classification", 128, 3),
     "squad": ("span_qa", 256, 2),
+    # Your own CSV / TSV / JSON lines / Parquet files (README, "Your own
+    # data"): --config.task.train=PATH --config.task.text_fields="('text',)"
+    # --config.task.label_field=label, and dev/test files or fractions.
+    "files": ("classification", 128, 3),
 }
 
 # Words for label codes, for text-to-text models to write.
@@ -50,7 +59,10 @@ def get_config(arg: str | None = None):
     raise ValueError(f"unknown task {args.task!r}; known: {sorted(TASKS)}")
   kind, max_len, epochs = TASKS[args.task]
   c = common.finetune_config(args.model)
-  c.task.update(name=args.task, kind=kind, metrics=args.task, max_len=max_len,
+  # task=files is scored by its kind's metrics (it may be changed on the
+  # command line: --config.task.kind=regression).
+  metrics = "" if args.task == "files" else args.task
+  c.task.update(name=args.task, kind=kind, metrics=metrics, max_len=max_len,
                 label_words=LABEL_WORDS.get(args.task, ()))
   c.adapt.scheme = args.scheme
   c.optim.lr = 2e-4 if args.scheme == "full" else 1e-3

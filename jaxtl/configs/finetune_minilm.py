@@ -13,8 +13,9 @@ Hugging Face BERT folder (config.json + model.safetensors + vocab.txt) works
 batch 32, 10% warmup then linear decay, max length 64 (128 for sentence
 pairs), dropout 0.1, a fixed 3 epochs (tasks without a dev split train on
 all of train and report the last epoch). Tasks as in ``configs/finetune.py``
-(trec, sst2, cola, mrpc, rte, stsb, ...). Measured results and times: README, "Pretrained
-checkpoints".
+(trec, sst2, cola, mrpc, rte, stsb, ..., and ``files``: your own CSV / TSV /
+JSON lines / Parquet, README "Your own data"). Measured results and times:
+README, "Pretrained checkpoints".
 """
 
 from jaxtl.configs import finetune

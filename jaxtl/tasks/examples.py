@@ -11,6 +11,8 @@ import gzip
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 ON_ERROR = ("raise", "skip")
 
 
@@ -29,6 +31,8 @@ class Examples:
     path: The file read, for messages.
     skipped_rows: "file:line: reason" for each row dropped with
       on_error="skip".
+    lines: Where each example was read ("file:line"), for messages; None
+      when the reader does not say.
   """
   texts: list[str]
   labels: list[Any]
@@ -37,12 +41,33 @@ class Examples:
   words: list[list[str]] | None = None
   path: str = ""
   skipped_rows: list[str] = dataclasses.field(default_factory=list)
+  lines: list[str] | None = None
 
   def __post_init__(self):
-    for name in ("labels", "text_pairs", "words"):
+    for name in ("labels", "text_pairs", "words", "lines"):
       value = getattr(self, name)
       if value is not None and len(value) != len(self.texts):
         raise ValueError(f"{len(self.texts)} texts but {len(value)} {name}")
+    if self.label_names is not None:
+      self._check_class_ids()
+
+  def _check_class_ids(self) -> None:
+    """Every class (or tag) id indexes ``label_names``.
+
+    An id past the head's classes makes a NaN loss that fine-tuning skips
+    as a bad step, and -1 silently picks the last class: both are data
+    errors, named here by file and line before any training.
+    """
+    n = len(self.label_names)
+    for i, label in enumerate(self.labels):
+      ids = label if isinstance(label, (list, tuple, np.ndarray)) else (label,)
+      for x in ids:
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)) \
+            or not 0 <= x < n:
+          where = self.lines[i] if self.lines else f"{self.path or 'examples'}: " \
+              f"example {i}"
+          raise ValueError(f"{where}: label {x!r} is not a class id of the {n} "
+                           f"classes {tuple(self.label_names)} (0..{n - 1})")
 
   def __len__(self) -> int:
     return len(self.texts)
@@ -52,7 +77,17 @@ class Examples:
     pick = lambda xs: None if xs is None else [xs[i] for i in indices]
     return Examples(texts=pick(self.texts), labels=pick(self.labels),
                     label_names=self.label_names, text_pairs=pick(self.text_pairs),
-                    words=pick(self.words), path=self.path)
+                    words=pick(self.words), path=self.path, lines=pick(self.lines))
+
+  def split_off(self, fraction: float, seed: int) -> tuple["Examples", "Examples"]:
+    """(rest, held out): a random ``fraction`` (at least one example) held
+    out by ``seed``, both in file order; the rest keeps the skipped rows.
+    How dev (or test) is made for tasks that come without one."""
+    order = np.random.default_rng(seed + 12345).permutation(len(self))
+    n_held = max(1, int(round(len(self) * fraction)))
+    rest = self.subset(np.sort(order[n_held:]))
+    rest.skipped_rows = list(self.skipped_rows)
+    return rest, self.subset(np.sort(order[:n_held]))
 
   @property
   def skipped(self) -> int:

@@ -34,7 +34,7 @@ from jaxtl.models import TransformerConfig, paths
 from jaxtl.models.config import input_side
 from jaxtl.models.heads import TaskModel
 from jaxtl.tasks import features as task_features
-from jaxtl.tasks import kinds
+from jaxtl.tasks import file_task, kinds
 from jaxtl.tasks import readers as tasks
 from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.squad import SquadExamples, split_squad_by_article
@@ -72,7 +72,34 @@ def make_task_loss_fn(model: TaskModel) -> Callable:
 
 
 def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
-  """train / dev / test Examples.
+  """train / dev / test Examples, of a built-in task or (``task=files``) of
+  the user's files (:func:`jaxtl.tasks.file_task.load_splits`).
+
+  Bad rows dropped with ``on_error=skip`` are logged (and counted in
+  results.json, see :func:`data_report`); ``num_train_examples`` and
+  ``max_eval_examples`` then cut the splits.
+  """
+  if task.name == file_task.TASK_NAME:
+    splits = file_task.load_splits(task, seed)
+  else:
+    splits = _builtin_splits(task, seed)
+  for name, ex in splits.items():
+    if ex is not None and ex.skipped and (name != "test" or ex is not splits["dev"]):
+      logging.warning("%s %s: skipped %d bad rows, the first: %s", task.name, name,
+                      ex.skipped, ex.skipped_rows[0])
+  train_ex, dev_ex, test_ex = splits["train"], splits["dev"], splits["test"]
+  if task.num_train_examples:
+    order = np.random.default_rng(seed).permutation(len(train_ex))
+    train_ex = train_ex.subset(np.sort(order[:task.num_train_examples]))
+    train_ex.skipped_rows = splits["train"].skipped_rows
+  if task.max_eval_examples:  # quick looks only: not comparable to full scores
+    dev_ex, test_ex = (None if ex is None else ex.subset(range(min(
+        len(ex), task.max_eval_examples))) for ex in (dev_ex, test_ex))
+  return {"train": train_ex, "dev": dev_ex, "test": test_ex}
+
+
+def _builtin_splits(task: Any, seed: int) -> dict[str, Any]:
+  """A built-in task's splits.
 
   Without a dev split (TREC, IMDB) ``task.dev_fraction`` of train is held
   out deterministically for model selection; ``dev_fraction=0`` trains on
@@ -92,16 +119,16 @@ def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
     train_ex, dev_ex = _hold_out(train_ex, task.dev_fraction, seed)
   test_split = next((s for s in ("test", "eval") if s in names), None)
   test_ex = load(test_split) if test_split else dev_ex
-  for name, ex in (("train", train_ex), ("dev", dev_ex), ("test", test_ex)):
-    if ex is not None and ex.skipped:
-      logging.warning("%s %s: skipped %d bad rows", task.name, name, ex.skipped)
-  if task.num_train_examples:
-    order = np.random.default_rng(seed).permutation(len(train_ex))
-    train_ex = train_ex.subset(np.sort(order[:task.num_train_examples]))
-  if task.max_eval_examples:  # quick looks only: not comparable to full scores
-    dev_ex, test_ex = (None if ex is None else ex.subset(range(min(
-        len(ex), task.max_eval_examples))) for ex in (dev_ex, test_ex))
   return {"train": train_ex, "dev": dev_ex, "test": test_ex}
+
+
+def data_report(splits: Mapping[str, Any], feats: Mapping[str, Any]
+                ) -> dict[str, dict[str, int]]:
+  """Per split: examples used, bad rows skipped, inputs cut to max_len;
+  results.json keeps it, so lost data is on record, not only in a log."""
+  return {name: {"examples": len(ex), "skipped_rows": getattr(ex, "skipped", 0),
+                 "truncated": int(feats[name].truncated)}
+          for name, ex in splits.items() if ex is not None}
 
 
 def _hold_out(ex: Any, fraction: float, seed: int) -> tuple[Any, Any]:
@@ -110,9 +137,7 @@ def _hold_out(ex: Any, fraction: float, seed: int) -> tuple[Any, Any]:
     train, dev = split_squad_by_article(ex.examples, fraction, seed)
     return (dataclasses.replace(ex, examples=train),
             dataclasses.replace(ex, examples=dev, skipped_rows=[]))
-  order = np.random.default_rng(seed + 12345).permutation(len(ex))
-  n_dev = max(1, int(round(len(ex) * fraction)))
-  return ex.subset(np.sort(order[n_dev:])), ex.subset(np.sort(order[:n_dev]))
+  return ex.split_off(fraction, seed)
 
 
 def _pad_rows(arrays: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
@@ -315,7 +340,8 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
              "train_examples": len(feats["train"]), "epochs": config.train.epochs,
              "trainable_params": trainable, "total_params": n_params,
              "best_dev": out.best, "test": test, "history": history,
-             "discarded": report.get("discarded", []), "new": report.get("new", [])}
+             "discarded": report.get("discarded", []), "new": report.get("new", []),
+             "data": data_report(splits, feats)}
   with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
   return results

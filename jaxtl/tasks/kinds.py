@@ -107,9 +107,14 @@ def _best_spans(out: Array, batch: Batch, task: Any) -> Array:
   return jnp.stack(spans, -1).astype(jnp.float32)
 
 
+def _metric_set(task) -> str:
+  """The task's own metrics, else (task=files) its kind's."""
+  return task.metrics or task.kind
+
+
 def _metrics(task, preds, feats, examples):
   del examples
-  return task_metrics.compute_metrics(task.metrics, preds, feats.arrays["labels"])
+  return task_metrics.compute_metrics(_metric_set(task), preds, feats.arrays["labels"])
 
 
 def _tag_metrics(task, preds, feats, examples):
@@ -117,7 +122,7 @@ def _tag_metrics(task, preds, feats, examples):
   del examples
   keep = feats.arrays["label_weights"] > 0
   return task_metrics.compute_metrics(
-      task.metrics, [p[k] for p, k in zip(preds, keep)],
+      _metric_set(task), [p[k] for p, k in zip(preds, keep)],
       [l[k] for l, k in zip(feats.arrays["labels"], keep)])
 
 

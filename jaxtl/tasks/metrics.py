@@ -386,6 +386,14 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
     "squad": ("exact_match", "f1"),
 }
 
+# Metrics of a task known only by its kind (task=files): the first selects.
+KIND_METRICS: dict[str, tuple[str, ...]] = {
+    "classification": ("accuracy", "macro_f1"),
+    "text_to_text": ("accuracy", "macro_f1"),
+    "regression": ("pearson", "spearman"),
+    "token_classification": ("token_accuracy",),
+}
+
 _METRIC_FNS: dict[str, Callable[[Any, Any], float]] = {
     "accuracy": accuracy,
     "macro_f1": macro_f1,
@@ -402,22 +410,22 @@ def compute_metrics(task: str, preds: Any, labels: Any) -> dict[str, float]:
 
   Args:
     task: A key of `TASK_METRICS` other than "squad" (use `squad_metrics`,
-      which needs answer texts rather than arrays).
+      which needs answer texts rather than arrays), or of `KIND_METRICS`.
     preds: Class ids, regression scores, or per-token tag ids.
     labels: The matching gold values.
 
   Returns:
     Metric name -> value, in the order of `TASK_METRICS[task]`.
   """
-  if task not in TASK_METRICS:
+  names = TASK_METRICS.get(task) or KIND_METRICS.get(task)
+  if names is None:
     raise ValueError(f"unknown task {task!r}; known tasks: "
-                     f"{', '.join(TASK_METRICS)}")
+                     f"{', '.join(TASK_METRICS)} (or kinds {', '.join(KIND_METRICS)})")
   if task == "squad":
     raise ValueError("score SQuAD with squad_metrics(predictions, dataset)")
-  if task == "stsb":  # A regression head's [N, 1] output scores as [N].
+  if names == KIND_METRICS["regression"]:  # A head's [N, 1] output scores as [N].
     preds = np.asarray(preds)
     if preds.ndim == np.ndim(labels) + 1 and preds.shape[-1] == 1:
       preds = preds[..., 0]
-  return {name: _METRIC_FNS[name](preds, labels)
-          for name in TASK_METRICS[task]}
+  return {name: _METRIC_FNS[name](preds, labels) for name in names}
 

@@ -1,5 +1,9 @@
 """Readers for the labeled target tasks that pretrained models adapt to.
 
+GLUE and IMDB are plain tables: entries of the generic file task
+(`jaxtl.tasks.file_task`, also `task=files` for users' own data). TREC's
+and CoNLL-U's line formats keep small parsers of their own.
+
 Each reader turns one split of a task's local files into an `Examples`
 (sentence or sentence-pair classification, regression, word tagging) or,
 for SQuAD, a `SquadExamples` (see `jaxtl.tasks.squad`); `load_task` picks
@@ -15,14 +19,13 @@ are passed over in either mode.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import json
-import math
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from jaxtl.data import sources
+from jaxtl.tasks import file_task
 from jaxtl.tasks.examples import BadRows, Examples, iter_lines
 # SQuAD lives in its own module; re-exported so tasks.py is the one entry.
 # pylint: disable-next=unused-import
@@ -78,7 +81,7 @@ def read_trec(split: str, data_dir: sources.PathLike | None = None, *,
   path = _path(data_dir, "trec", _TREC_FILES[split])
   rows = BadRows(on_error)
   label_ids = {name: i for i, name in enumerate(TREC_LABELS)}
-  texts, labels = [], []
+  texts, labels, lines = [], [], []
   for lineno, line in iter_lines(path, "latin-1", rows):
     where = f"{path}:{lineno}"
     head, _, text = line.partition(" ")
@@ -92,65 +95,39 @@ def read_trec(split: str, data_dir: sources.PathLike | None = None, *,
     else:
       texts.append(text.strip())
       labels.append(label_ids[coarse])
+      lines.append(where)
   return Examples(texts, labels, TREC_LABELS, path=path,
-                  skipped_rows=rows.skipped)
+                  skipped_rows=rows.skipped, lines=lines)
 
 
 # --- GLUE --------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class _GlueSpec:
-  folder: str
-  header: bool
-  columns: int | None  # Expected count when there is no header.
-  text: int | str  # Column index, or name in the header.
-  pair: int | str | None
-  label: int | str
-  label_values: tuple[str, ...] | None  # File's label strings by class id.
-  label_names: tuple[str, ...] | None  # None: regression.
+def _glue(folder: str, text_fields: tuple[str, ...], label: str,
+          labels: tuple[str, ...] = ("0", "1"), names: tuple[str, ...] = (),
+          **kw: Any) -> tuple[str, file_task.FileTask]:
+  """A GLUE task: its folder and where its fields are. Quotes are not
+  special in these files (sentences hold stray ``"``): IANA TSV."""
+  regression = kw.get("kind") == "regression"
+  return folder, file_task.FileTask(
+      text_fields, label, format="tsv_unquoted", labels=() if regression else labels,
+      label_names=() if regression else names or labels, **kw)
 
 
 _GLUE = {
     # CoLA has no header: source, label, original mark, sentence.
-    "cola": _GlueSpec("CoLA", False, 4, 3, None, 1, ("0", "1"),
-                      ("unacceptable", "acceptable")),
-    "sst2": _GlueSpec("SST-2", True, None, "sentence", None, "label",
-                      ("0", "1"), SENTIMENT_LABELS),
-    "mrpc": _GlueSpec("MRPC", True, None, "#1 String", "#2 String", "Quality",
-                      ("0", "1"), ("not_equivalent", "equivalent")),
-    "rte": _GlueSpec("RTE", True, None, "sentence1", "sentence2", "label",
-                     ("entailment", "not_entailment"),
-                     ("entailment", "not_entailment")),
-    "stsb": _GlueSpec("STS-B", True, None, "sentence1", "sentence2", "score",
-                      None, None),
+    "cola": _glue("CoLA", ("sentence",), "label", names=("unacceptable", "acceptable"),
+                  columns=("source", "label", "mark", "sentence")),
+    "sst2": _glue("SST-2", ("sentence",), "label", names=SENTIMENT_LABELS),
+    "mrpc": _glue("MRPC", ("#1 String", "#2 String"), "Quality",
+                  names=("not_equivalent", "equivalent")),
+    "rte": _glue("RTE", ("sentence1", "sentence2"), "label",
+                 labels=("entailment", "not_entailment")),
+    "stsb": _glue("STS-B", ("sentence1", "sentence2"), "score", kind="regression",
+                  score_range=(0.0, 5.0)),
 }
 GLUE_TASKS = tuple(_GLUE)
-STSB_RANGE = (0.0, 5.0)
-
-
-def _column(spec_value: int | str, header: list[str], path: str) -> int:
-  if isinstance(spec_value, int):
-    return spec_value
-  if spec_value not in header:
-    raise ValueError(f"{path}:1: no column {spec_value!r}; the header has "
-                     f"{header}")
-  return header.index(spec_value)
-
-
-def _glue_label(spec: _GlueSpec, value: str) -> int | float | str:
-  """Returns the label, or an error message (a str) for a bad value."""
-  if spec.label_values is not None:
-    if value in spec.label_values:
-      return spec.label_values.index(value)
-    return f"unknown label {value!r}; known: {spec.label_values}"
-  try:
-    score = float(value)
-  except ValueError:
-    return f"score {value!r} is not a number"
-  if not (math.isfinite(score) and STSB_RANGE[0] <= score <= STSB_RANGE[1]):
-    return f"score {score} outside {list(STSB_RANGE)}"
-  return score
+STSB_RANGE = _GLUE["stsb"][1].score_range
 
 
 def read_glue(task: str, split: str,
@@ -158,9 +135,9 @@ def read_glue(task: str, split: str,
               on_error: str = "raise") -> Examples:
   """Reads a GLUE task from the official TSV files.
 
-  Quotes are not special in these files (sentences hold stray `"`), so the
-  TSV is read with csv.QUOTE_NONE. Test labels are not public: evaluate on
-  "dev". Texts are kept as in the file (SST-2's end in a space).
+  Each task is a `file_task.FileTask` entry of `_GLUE`. Test labels are not
+  public: evaluate on "dev". Texts are kept as in the file (SST-2's end in
+  a space).
 
   Args:
     task: One of `GLUE_TASKS`: cola, sst2, mrpc, rte, stsb.
@@ -174,40 +151,15 @@ def read_glue(task: str, split: str,
   if task not in _GLUE:
     raise ValueError(f"unknown GLUE task {task!r}; known: {GLUE_TASKS}")
   _check_split(task, split, ("train", "dev"))
-  spec = _GLUE[task]
-  path = _path(data_dir, "glue", spec.folder, f"{split}.tsv")
-  rows = BadRows(on_error)
-  texts, pairs, labels = [], [], []
-  wanted = [c for c in (spec.text, spec.pair, spec.label) if c is not None]
-  cols = None if spec.header else wanted  # Header files: set from line 1.
-  width = spec.columns
-  for lineno, line in iter_lines(path, "utf-8", rows):
-    where = f"{path}:{lineno}"
-    row = next(csv.reader([line], delimiter="\t", quoting=csv.QUOTE_NONE))
-    if cols is None:
-      width, cols = len(row), [_column(c, row, path) for c in wanted]
-      continue
-    if len(row) != width:
-      rows.bad(where, f"expected {width} tab-separated columns, got "
-               f"{len(row)}")
-      continue
-    row_texts = [row[c] for c in cols[:-1]]
-    label = _glue_label(spec, row[cols[-1]].strip())
-    if any(not t.strip() for t in row_texts):
-      rows.bad(where, "empty sentence")
-    elif isinstance(label, str):
-      rows.bad(where, label)
-    else:
-      texts.append(row_texts[0])
-      if spec.pair is not None:
-        pairs.append(row_texts[1])
-      labels.append(label)
-  return Examples(texts, labels, spec.label_names,
-                  text_pairs=pairs if spec.pair is not None else None,
-                  path=path, skipped_rows=rows.skipped)
+  folder, spec = _GLUE[task]
+  return file_task.read_split(spec, _path(data_dir, "glue", folder, f"{split}.tsv"),
+                              on_error=on_error)
 
 
 # --- IMDB --------------------------------------------------------------------
+
+_IMDB = file_task.FileTask(("text",), "label", labels=("0", "1"),
+                           label_names=SENTIMENT_LABELS)
 
 
 def read_imdb(split: str, data_dir: sources.PathLike | None = None, *,
@@ -226,29 +178,8 @@ def read_imdb(split: str, data_dir: sources.PathLike | None = None, *,
     The reviews and their labels.
   """
   _check_split("imdb", split, ("train", "test"))
-  path = _path(data_dir, "imdb", f"{split}.jsonl.gz")
-  rows = BadRows(on_error)
-  texts, labels = [], []
-  for lineno, line in iter_lines(path, "utf-8", rows):
-    where = f"{path}:{lineno}"
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError as e:
-      rows.bad(where, f"malformed JSON ({e})")
-      continue
-    if not isinstance(row, dict):
-      rows.bad(where, "expected a JSON object")
-      continue
-    text, label = row.get("text"), row.get("label")
-    if not isinstance(text, str) or not text.strip():
-      rows.bad(where, "empty or missing 'text'")
-    elif type(label) is not int or label not in (0, 1):  # Not True/1.0.
-      rows.bad(where, f"unknown label {label!r}; known: 0, 1")
-    else:
-      texts.append(text)
-      labels.append(label)
-  return Examples(texts, labels, SENTIMENT_LABELS, path=path,
-                  skipped_rows=rows.skipped)
+  return file_task.read_split(_IMDB, _path(data_dir, "imdb", f"{split}.jsonl.gz"),
+                              on_error=on_error)
 
 
 # --- CoNLL-U (UD English EWT) ------------------------------------------------

@@ -1,4 +1,5 @@
-"""Rows in and out of files for prediction: CSV, TSV, JSON lines, plain text.
+"""Rows in and out of files for prediction: CSV, TSV, JSON lines, Parquet,
+plain text.
 
 Every row is read (and checked) before any is predicted, so a malformed
 line fails at once with ``FILE:LINE``, not after an hour of compute. Rows
@@ -9,68 +10,41 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import sys
-from collections.abc import Iterator, Sequence
-from typing import Any, TextIO
+from collections.abc import Sequence
+from typing import Any
 
-from jaxtl.data import sources
+from jaxtl.data import row_files
 
-FORMATS = ("csv", "tsv", "jsonl", "text")
-_EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl",
-               ".ndjson": "jsonl"}
+FORMATS = ("text", *row_files.READERS)
 TEXT_FIELD = "text"  # a plain-text line's one field
 
 
 def format_of(path: str, given: str = "") -> str:
   """The format ``given``, else the one the file's extension names (plain
   text for other names and for stdin, ``-``)."""
-  if given:
-    if given not in FORMATS:
-      raise ValueError(f"unknown format {given!r}; known: {', '.join(FORMATS)}")
+  if given == "text":
     return given
-  return _EXTENSIONS.get(os.path.splitext(path)[1].lower(), "text")
-
-
-def _open(path: str) -> TextIO:
-  return sys.stdin if path == "-" else open(path, encoding="utf-8", newline="")
+  return row_files.format_of(path, given) or "text"
 
 
 def read_rows(path: str, fmt: str = "") -> list[tuple[int, dict[str, Any]]]:
   """(line number, row) for every non-blank row of ``path`` (``-``: stdin).
 
   CSV and TSV take their field names from the header line; a plain-text
-  line is one ``text`` field.
+  line is one ``text`` field. The first unreadable row is an error naming
+  its line (:mod:`jaxtl.data.row_files`).
   """
-  fmt, name = format_of(path, fmt), "<stdin>" if path == "-" else path
-  f = _open(path)
+  fmt = format_of(path, fmt)
+  if fmt != "text":
+    return list(row_files.read_rows(path, fmt))
+  f = sys.stdin if path == "-" else open(path, encoding="utf-8", newline="")
   try:
-    if fmt == "jsonl":
-      return list(sources.json_objects(f, name))
-    if fmt == "text":
-      return [(i, {TEXT_FIELD: line.rstrip("\r\n")}) for i, line in enumerate(f, 1)
-              if line.strip()]
-    return list(_table_rows(f, name, "\t" if fmt == "tsv" else ","))
+    return [(i, {TEXT_FIELD: line.rstrip("\r\n")}) for i, line in enumerate(f, 1)
+            if line.strip()]
   finally:
     if f is not sys.stdin:
       f.close()
-
-
-def _table_rows(f: TextIO, name: str, delimiter: str
-                ) -> Iterator[tuple[int, dict[str, Any]]]:
-  reader = csv.reader(f, delimiter=delimiter)
-  header = next(reader, None)
-  if not header:
-    raise ValueError(f"{name}:1: no header line naming the columns")
-  line = reader.line_num
-  for values in reader:
-    start, line = line + 1, reader.line_num
-    if not any(v.strip() for v in values):
-      continue
-    if len(values) != len(header):
-      raise ValueError(f"{name}:{start}: {len(values)} columns, the header has "
-                       f"{len(header)} ({header})")
-    yield start, dict(zip(header, values))
 
 
 def pick(rows: Sequence[tuple[int, dict[str, Any]]], fields: Sequence[str],
@@ -93,7 +67,7 @@ class Writer:
 
   def __init__(self, path: str, fmt: str = ""):
     self.fmt = "jsonl" if path == "-" and not fmt else format_of(path, fmt)
-    if self.fmt == "text":
+    if self.fmt not in ("csv", "tsv"):  # text, Parquet: rows need fields
       self.fmt = "jsonl"
     self.f = sys.stdout if path == "-" else open(path, "w", encoding="utf-8",
                                                   newline="")

@@ -1,0 +1,231 @@
+"""task=files: labeled data from the user's own CSV / TSV / JSON lines /
+Parquet files, configured from the command line only."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+import datadir
+import jaxtl
+from jaxtl import cli
+from jaxtl.data import row_files
+from jaxtl.tasks import file_task, finetune, readers
+from jaxtl.tasks.examples import Examples
+
+TEXT = file_task.FileTask(("text",), "label")
+
+
+def _config(*argv: str):
+  """The config exactly as ``python -m jaxtl.main ARGV`` builds it."""
+  argv = ["main", *cli.with_recipe_paths(list(argv))]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values,
+                                  lock_config=True, sys_argv=argv)
+  values(argv)
+  return values.config
+
+
+_WORDS = ("good", "great", "bad", "awful", "fine", "dull")
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+  """A WordPiece vocabulary of the test texts' words: a tiny random BERT
+  needs no pretraining run (or data) to fine-tune."""
+  path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+  path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ",", "film",
+                             "cast", "word", *_WORDS]) + "\n")
+  return str(path)
+
+
+def _finetune(vocab, workdir, *flags_):
+  """A tiny fine-tuning run through configs/finetune.py and its flags."""
+  config = _config("--config=configs/finetune.py:task=files",
+                   f"--config.tokenizer_path={vocab}", "--config.model.num_layers=1",
+                   "--config.model.d_model=16", "--config.model.num_heads=2",
+                   "--config.model.head_dim=8", "--config.model.mlp_dim=32",
+                   "--config.train.epochs=1", "--config.train.checkpoint_every=0",
+                   "--config.train.batch_size=8", "--config.task.max_len=16",
+                   "--config.train.length_multiple=16", *flags_)
+  return finetune.finetune_and_evaluate(config, str(workdir))
+
+
+# --- Reading -----------------------------------------------------------------
+
+
+def test_csv_quoted_commas_and_newlines_are_read_and_labels_sorted(tmp_path):
+  path = tmp_path / "reviews.csv"
+  path.write_text('id,text,label\n1,"Good, really good",pos\n'
+                  '2,"Two\nlines, a ""quote""",neg\n3,fine,pos\n')
+  ex = file_task.read_split(TEXT, str(path))
+  assert ex.texts == ["Good, really good", 'Two\nlines, a "quote"', "fine"]
+  assert ex.label_names == ("neg", "pos") and ex.labels == [1, 0, 1]
+  assert ex.lines == [f"{path}:2", f"{path}:3", f"{path}:5"]
+
+
+def test_integer_labels_keep_their_order_and_gzip_is_looked_through(tmp_path):
+  path = tmp_path / "stars.jsonl.gz"
+  with gzip.open(path, "wt") as f:
+    for i, stars in enumerate([10, 2, 1, 2]):
+      f.write(json.dumps({"text": f"review {i}", "stars": stars}) + "\n")
+  ex = file_task.read_split(file_task.FileTask(("text",), "stars"), str(path))
+  assert ex.label_names == ("1", "2", "10") and ex.labels == [2, 1, 0, 1]
+
+
+def test_parquet_pairs_tagging_and_regression(tmp_path):
+  pq = pytest.importorskip("pyarrow.parquet")
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / "nli.parquet")
+  pq.write_table(pa.table({"premise": ["A man", "A cat"], "hypothesis": ["A person", "x"],
+                           "label": [0, 2]}), path)
+  pair = file_task.FileTask(("premise", "hypothesis"), "label")
+  ex = file_task.read_split(pair, path)
+  assert (ex.texts, ex.text_pairs, ex.labels) == (["A man", "A cat"], ["A person", "x"],
+                                                  [0, 1])
+  assert ex.lines == [f"{path}:row 1", f"{path}:row 2"]
+  tags = tmp_path / "pos.jsonl"
+  tags.write_text(json.dumps({"words": ["I", "run"], "tags": ["PRON", "VERB"]}) + "\n")
+  ex = file_task.read_split(file_task.FileTask(("words",), "tags",
+                                               "token_classification"), str(tags))
+  assert ex.words == [["I", "run"]] and ex.labels == [[0, 1]]
+  scores = tmp_path / "sts.tsv"
+  scores.write_text("a\tb\tscore\nx\ty\t4.5\n")
+  ex = file_task.read_split(file_task.FileTask(("a", "b"), "score", "regression"),
+                            str(scores))
+  assert ex.labels == [4.5] and ex.label_names is None
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("dev.csv", "text,label\nok,pos\nmeh,neutral\n", r"dev\.csv:3: unknown label 'neutral'"),
+    ("dev.csv", "text,label\nok,pos\nmeh\n",
+     r"dev\.csv:3: 1 columns, the header has 2"),
+    ("dev.csv", 'text,label\nok,pos\n"  ",neg\n', r"dev\.csv:3: empty text in field 'text'"),
+    ("dev.csv", 'text,label\n"a\nb, c",pos\nok,\xff\n', r"dev\.csv:4: not valid utf-8"),
+    ("dev.jsonl", '{"text": "ok", "label": "pos"}\n{"label": "neg"}\n',
+     r"dev\.jsonl:2: no field 'text'"),
+    ("dev.jsonl", '{"text": "ok", "label": "pos"}\n{"text": "\xff", "label": "neg"}\n',
+     r"dev\.jsonl:2: not valid utf-8"),
+    ("dev.jsonl", '{"text": "ok", "label": "pos"}\n{"text": "x"\n',
+     r"dev\.jsonl:2: malformed JSON"),
+])
+def test_every_bad_row_names_file_and_line_or_is_skipped_and_counted(
+    tmp_path, name, content, message):
+  path = tmp_path / name
+  # \xff stands for a byte that is not UTF-8.
+  path.write_bytes(content.encode("utf-8").replace(b"\xc3\xbf", b"\xff"))
+  labels = ("neg", "pos")
+  with pytest.raises(ValueError, match=message):
+    file_task.read_split(TEXT, str(path), labels)
+  ex = file_task.read_split(TEXT, str(path), labels, on_error="skip")
+  first = 1 if name.endswith(".jsonl") else 2  # a table's line 1 is its header
+  assert len(ex) == 1 and ex.skipped == 1 and ex.lines == [f"{path}:{first}"]
+
+
+def test_labels_outside_the_head_are_errors_naming_the_line(tmp_path):
+  path = tmp_path / "t.csv"
+  path.write_text("text,label\na,1\nb,5\n")
+  given = file_task.FileTask(("text",), "label", labels=("1", "2", "3", "4"))
+  with pytest.raises(ValueError, match=r"t\.csv:3: unknown label '5'"):
+    file_task.read_split(given, str(path))
+  # Class ids made in Python are checked too: 4 of 4 classes, -1, True.
+  for bad in (4, -1, True):
+    with pytest.raises(ValueError, match=rf"x\.tsv:7: label {bad!r} is not a class id"):
+      Examples(["a"], [bad], ("a", "b", "c", "d"), lines=["x.tsv:7"])
+  with pytest.raises(ValueError, match=r"f: example 1: label 9"):
+    Examples(["a", "b"], [[0], [9]], ("A", "B"), words=[["a"], ["b"]], path="f")
+
+
+def test_dev_and_test_are_held_out_of_train_by_seed(tmp_path):
+  path = tmp_path / "all.csv"
+  path.write_text("text,label\n" + "".join(f"t{i},{i % 3}\n" for i in range(20)))
+  config = _config("--config=configs/finetune.py:task=files",
+                   f"--config.task.train={path}", "--config.task.dev_fraction=0.2",
+                   "--config.task.test_fraction=0.25")
+  splits = finetune.load_task_splits(config.task, seed=0)
+  sizes = {k: len(v) for k, v in splits.items()}
+  assert sizes == {"train": 12, "dev": 3, "test": 5}
+  texts = [t for ex in splits.values() for t in ex.texts]
+  assert sorted(texts) == sorted(f"t{i}" for i in range(20))
+  again = finetune.load_task_splits(config.task, seed=0)
+  assert again["test"].texts == splits["test"].texts
+  assert finetune.load_task_splits(config.task, seed=1)["test"].texts != \
+      splits["test"].texts
+
+
+def test_sst2_through_the_generic_task_equals_the_builtin_reader():
+  """Dev only (train, 67k rows, goes through the same reader: test_real_glue)."""
+  dev = datadir.require_data("glue", "SST-2", "dev.tsv")
+  files = _config("--config=configs/finetune.py:task=files", f"--config.task.train={dev}",
+                  f"--config.task.dev={dev}", "--config.task.text_fields=('sentence',)")
+  generic = finetune.load_task_splits(files.task, 0)["dev"]
+  known = readers.load_task("sst2", "dev")
+  assert (generic.texts, generic.labels) == (known.texts, known.labels)
+  assert len(known) == 872 and generic.label_names == ("0", "1")  # the file's labels
+
+
+def test_unknown_format_and_missing_train_are_clear(tmp_path):
+  with pytest.raises(ValueError, match="cannot tell the format"):
+    list(row_files.read_rows(str(tmp_path / "data.txt")))
+  with pytest.raises(ValueError, match="unknown format 'xlsx'"):
+    row_files.format_of("a.csv", "xlsx")
+  config = _config("--config=configs/finetune.py:task=files")
+  with pytest.raises(ValueError, match="task.train=PATH"):
+    finetune.load_task_splits(config.task, 0)
+
+
+# --- Fine-tuning with no Python ----------------------------------------------
+
+def _text(i: int) -> str:
+  return f"{_WORDS[i % 6]} film, {_WORDS[(i * 7) % 6]} cast"
+
+
+def test_a_csv_with_string_labels_fine_tunes_and_predicts_its_labels(
+    vocab, tmp_path):
+  train = tmp_path / "train.csv"
+  rows = "".join(f'"{_text(i)}",{("sad", "happy")[i % 2]}\n' for i in range(24))
+  long = " ".join(["word"] * 40)
+  train.write_text(f"review,mood\n{rows}{long},happy\nno label here\n")
+  dev = tmp_path / "dev.csv"
+  dev.write_text("review,mood\ngood film,happy\nbad film,sad\nodd,angry\n")
+  results = _finetune(vocab, tmp_path / "w", f"--config.task.train={train}",
+                      f"--config.task.dev={dev}", "--config.task.text_fields=('review',)",
+                      "--config.task.label_field=mood", "--config.task.on_error=skip")
+  assert set(results["test"]) == {"accuracy", "macro_f1"}
+  assert results["data"]["train"] == {"examples": 25, "skipped_rows": 1,
+                                      "truncated": 1}
+  assert results["data"]["dev"]["skipped_rows"] == 1  # the unknown label
+  preds = jaxtl.load(str(tmp_path / "w")).predict(["good film"])
+  assert set(preds[0]["probabilities"]) == {"happy", "sad"}
+
+
+def test_jsonl_integer_labels_parquet_and_a_pair_tsv_fine_tune(vocab, tmp_path):
+  pq = pytest.importorskip("pyarrow.parquet")
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  jsonl = tmp_path / "stars.jsonl"
+  jsonl.write_text("".join(json.dumps({"body": _text(i), "stars": 1 + i % 4}) + "\n"
+                           for i in range(32)))
+  results = _finetune(vocab, tmp_path / "j", f"--config.task.train={jsonl}",
+                      "--config.task.dev_fraction=0.25", "--config.task.test_fraction=0.25",
+                      "--config.task.text_fields=('body',)", "--config.task.label_field=stars")
+  assert results["data"]["test"]["examples"] == 8 and "accuracy" in results["test"]
+  assert jaxtl.load(str(tmp_path / "j")).spec.label_names == ("1", "2", "3", "4")
+  table = tmp_path / "t.parquet"
+  pq.write_table(pa.table({"text": [_text(i) for i in range(16)],
+                           "label": ["a", "b"] * 8}), str(table))
+  results = _finetune(vocab, tmp_path / "p", f"--config.task.train={table}",
+                      f"--config.task.test={table}", "--config.task.dev_fraction=0")
+  assert results["best_dev"] is None and "accuracy" in results["test"]
+  pairs = tmp_path / "pairs.tsv"
+  pairs.write_text("premise\thypothesis\tgold\n" + "".join(
+      f"{_text(i)}\t{_text(i + 1)}\t{('yes', 'no')[i % 2]}\n" for i in range(16)))
+  results = _finetune(vocab, tmp_path / "s", f"--config.task.train={pairs}",
+                      f"--config.task.dev={pairs}",
+                      "--config.task.text_fields=('premise', 'hypothesis')",
+                      "--config.task.label_field=gold")
+  assert "accuracy" in results["test"]
+  assert jaxtl.load(str(tmp_path / "s")).spec.is_pair
