@@ -229,3 +229,43 @@ def test_jsonl_integer_labels_parquet_and_a_pair_tsv_fine_tune(vocab, tmp_path):
                       "--config.task.label_field=gold")
   assert "accuracy" in results["test"]
   assert jaxtl.load(str(tmp_path / "s")).spec.is_pair
+
+
+def _saved_hf_dataset(tmp_path):
+  """A save_to_disk folder with a ClassLabel whose ids are not sorted names."""
+  datasets = pytest.importorskip("datasets")
+  features = datasets.Features({
+      "premise": datasets.Value("string"), "hypothesis": datasets.Value("string"),
+      "label": datasets.ClassLabel(names=["yes", "no"])})
+  split = lambda n, k: datasets.Dataset.from_dict(
+      {"premise": [_text(i) for i in range(k, k + n)],
+       "hypothesis": [_text(i + 1) for i in range(k, k + n)],
+       "label": [i % 2 for i in range(k, k + n)]}, features=features)
+  folder = tmp_path / "nli"
+  datasets.DatasetDict({"train": split(16, 0), "validation": split(8, 16)}).save_to_disk(
+      str(folder))
+  return folder
+
+
+def test_a_hugging_face_dataset_is_a_file_task_with_its_classlabel_order(tmp_path):
+  folder = _saved_hf_dataset(tmp_path)
+  config = _config("--config=configs/finetune.py:task=files", "--config.task.format=hf",
+                   f"--config.task.hf.name={folder}", "--config.task.dev=validation",
+                   "--config.task.text_fields=('premise', 'hypothesis')")
+  splits = finetune.load_task_splits(config.task, 0)
+  assert {k: len(v) for k, v in splits.items()} == {"train": 16, "dev": 8, "test": 8}
+  assert splits["train"].label_names == ("yes", "no")  # the dataset's ids, not sorted
+  assert splits["train"].labels[:2] == [0, 1] and splits["dev"].text_pairs
+  assert splits["dev"].lines[0] == f"{folder} validation row 0"
+  config.task.hf.name = ""
+  with pytest.raises(ValueError, match="task.hf.name"):
+    finetune.load_task_splits(config.task, 0)
+
+
+def test_a_saved_hugging_face_dataset_fine_tunes(vocab, tmp_path):
+  folder = _saved_hf_dataset(tmp_path)
+  results = _finetune(vocab, tmp_path / "h", "--config.task.format=hf",
+                      f"--config.task.hf.name={folder}", "--config.task.dev=validation",
+                      "--config.task.text_fields=('premise', 'hypothesis')")
+  assert "accuracy" in results["test"] and results["data"]["train"]["examples"] == 16
+  assert jaxtl.load(str(tmp_path / "h")).spec.label_names == ("yes", "no")

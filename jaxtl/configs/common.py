@@ -185,7 +185,10 @@ def task_config(**overrides: Any) -> ConfigDict:
       # task=files (jaxtl.tasks.file_task): the user's own labeled files.
       train="", dev="", test="",  # dev/test "": held out of train by a fraction
       test_fraction=0.0,  # with dev_fraction, drawn with config.seed
-      format="",  # csv | tsv | tsv_unquoted | jsonl | parquet; "": by extension
+      # csv | tsv | tsv_unquoted | jsonl | parquet; "": by extension; hf: a
+      # Hugging Face dataset (task.hf), train/dev/test then name its splits
+      format="",
+      hf=dict(name="", subset="", cache_dir=""),  # jaxtl.data.hf_datasets.HFSpec
       text_fields=("text",),  # one field, two for pairs; tagging: the words list
       label_field="label",  # class, score, or (tagging) the list of tags
       labels=()), overrides)  # class order; empty: train's labels, sorted

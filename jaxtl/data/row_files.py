@@ -6,8 +6,9 @@ quirk is handled once. A reader is ``(path, report) -> iterator of
 (line, dict)``: ``line`` is the 1-based line where the row starts (a
 Parquet row's 1-based row number), and ``report(where, reason)`` receives
 each row that cannot be read; it raises or records (``tasks.examples.BadRows``),
-and the reader goes on with the next row. Another source of rows (Hugging
-Face ``datasets``, a database) plugs in as one more entry of ``READERS``.
+and the reader goes on with the next row. Another file format plugs in as
+one more entry of ``READERS``; Hugging Face datasets, which are not files,
+come in through ``jaxtl.data.hf_datasets.records`` in the file task.
 
 CSV and TSV are read with the standard library's ``csv`` module (quoted
 fields may hold commas, tabs, quotes and newlines); ``tsv_unquoted`` is

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,9 @@ class FileTask:
       e.g. GLUE's "0"/"1" shown as "negative"/"positive".
     score_range: Regression: the allowed [low, high] of scores, if any.
     columns: A table's column names when it has no header line.
+    hf: With ``format="hf"``, the Hugging Face dataset
+      (:class:`jaxtl.data.hf_datasets.HFSpec` fields); a split's "path" is
+      then the dataset's split name.
   """
   text_fields: tuple[str, ...]
   label_field: str
@@ -58,6 +61,7 @@ class FileTask:
   label_names: tuple[str, ...] = ()
   score_range: tuple[float, float] | None = None
   columns: tuple[str, ...] = ()
+  hf: tuple[tuple[str, str], ...] = ()
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -186,11 +190,10 @@ def read_split(task: FileTask, path: str, labels: Sequence[str] | None = None, *
     The examples, each with its ``file:line``.
   """
   bad = BadRows(on_error)
-  fmt = row_files.format_of(path, task.format)
   parsed = []  # (where, texts or [words], raw label)
-  for line, row in row_files.read_rows(path, fmt, bad.bad, task.columns):
-    where = row_files.where(path, fmt, line)
-    if not parsed and fmt in row_files.TABLES:
+  for where, row in _rows(task, path, bad):
+    if not parsed and task.format != HF and row_files.format_of(
+        path, task.format) in row_files.TABLES:
       _check_header(task, path, row)
     got = _inputs(task, row)
     if isinstance(got, str):
@@ -211,6 +214,21 @@ def read_split(task: FileTask, path: str, labels: Sequence[str] | None = None, *
       targets.append(target)
   return _examples(task, path, kept, targets,
                    None if regression else tuple(task.label_names or labels), bad)
+
+
+HF = "hf"  # FileTask.format of a Hugging Face dataset
+
+
+def _rows(task: FileTask, path: str, bad: BadRows) -> Iterator[tuple[str, dict[str, Any]]]:
+  """(where, row) of one split: a file's rows, or a Hugging Face dataset's
+  split ``path`` (``hf_datasets.records``: "glue/qnli train row 17")."""
+  if task.format == HF:
+    from jaxtl.data import hf_datasets  # pylint: disable=g-import-not-at-top
+    yield from hf_datasets.records(dict(task.hf), path)
+    return
+  fmt = row_files.format_of(path, task.format)
+  for line, row in row_files.read_rows(path, fmt, bad.bad, task.columns):
+    yield row_files.where(path, fmt, line), row
 
 
 def _examples(task: FileTask, path: str, kept: list[tuple[str, list[Any]]],
@@ -236,10 +254,23 @@ def train_labels(task: FileTask, train: Examples) -> tuple[str, ...] | None:
 
 
 def from_config(task: Any) -> FileTask:
-  """The ``FileTask`` of ``config.task`` (``task=files``)."""
+  """The ``FileTask`` of ``config.task`` (``task=files``). A Hugging Face
+  dataset's ClassLabel names are its class order unless ``task.labels``
+  gives one (its authors' ids, not the sorted names)."""
+  labels = tuple(str(v) for v in task.labels)
+  hf = ()
+  if task.format == HF:
+    hf = tuple((k, str(v)) for k, v in dict(task.get("hf", {})).items() if v)
+    if not dict(hf).get("name"):
+      raise ValueError("task.format=hf needs --config.task.hf.name (a Hub dataset "
+                       "such as glue, with task.hf.subset=qnli, or a save_to_disk "
+                       "folder)")
+    if not labels and task.kind != "regression":
+      from jaxtl.data import hf_datasets  # pylint: disable=g-import-not-at-top
+      labels = hf_datasets.label_names(dict(hf), task.train or "train",
+                                       task.label_field) or ()
   return FileTask(text_fields=tuple(task.text_fields), label_field=task.label_field,
-                  kind=task.kind, format=task.format,
-                  labels=tuple(str(v) for v in task.labels))
+                  kind=task.kind, format=task.format, labels=labels, hf=hf)
 
 
 def load_splits(task: Any, seed: int) -> dict[str, Examples | None]:
@@ -250,11 +281,11 @@ def load_splits(task: Any, seed: int) -> dict[str, Examples | None]:
   split; without test, dev is reported; without dev, the last epoch is the
   model). Hold-outs are drawn with ``seed``.
   """
-  if not task.train:
+  if not task.train and task.format != HF:
     raise ValueError("task=files needs --config.task.train=PATH (and dev/test "
                      "files, or task.dev_fraction / task.test_fraction)")
   spec = from_config(task)
-  train = read_split(spec, task.train, on_error=task.on_error)
+  train = read_split(spec, task.train or "train", on_error=task.on_error)
   labels = train_labels(spec, train)
   read = lambda path: read_split(spec, path, labels, on_error=task.on_error)
   test = read(task.test) if task.test else None
