@@ -269,3 +269,13 @@ def test_a_saved_hugging_face_dataset_fine_tunes(vocab, tmp_path):
                       "--config.task.text_fields=('premise', 'hypothesis')")
   assert "accuracy" in results["test"] and results["data"]["train"]["examples"] == 16
   assert jaxtl.load(str(tmp_path / "h")).spec.label_names == ("yes", "no")
+
+
+def test_a_field_over_128_kib_is_a_text_and_an_empty_split_names_its_file(tmp_path):
+  path = tmp_path / "long.csv"
+  path.write_text("text,label\na,x\n" + "b" * 200_000 + ",y\n")
+  assert [len(t) for t in file_task.read_split(TEXT, str(path)).texts] == [1, 200_000]
+  header_only = tmp_path / "dev.csv"
+  header_only.write_text("text,label\n")
+  with pytest.raises(ValueError, match=rf"{header_only}: no usable rows"):
+    file_task.read_split(TEXT, str(header_only), ("x", "y"))

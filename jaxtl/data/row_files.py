@@ -77,6 +77,9 @@ def _table_rows(path: str, report: Report, *, delimiter: str, quoting: int,
   # until the row holding them is known.
   text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape",
                           newline="")
+  # The csv module refuses fields over 128 KiB by default, with an error that
+  # names no file; a long document is a valid text (tokenization cuts it).
+  csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
   try:
     reader = csv.reader(text, delimiter=delimiter, quoting=quoting)
     header = list(columns) or next(reader, None)
