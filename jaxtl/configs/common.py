@@ -107,7 +107,11 @@ def source_config(**overrides: Any) -> ConfigDict:
       # text: a regex; each document becomes its first group (a labeled
       # file's texts without their labels, e.g. TREC's "^\\S+ (.*)$").
       line_pattern="",
-      parts=ConfigDict()), overrides)
+      # mixture: parts maps names to sources; mixing is concat (all of every
+      # part) | rates (each part's ``rate``: its share of the documents) |
+      # proportional (T5: share ∝ min(documents, cap) ** (1 / temperature);
+      # cap 0: none). jaxtl.data.mixtures.
+      parts=ConfigDict(), mixing="concat", cap=0, temperature=1.0), overrides)
 
 
 def tokenizer_config(**overrides: Any) -> ConfigDict:
