@@ -4,6 +4,7 @@
   jaxtl finetune  --config=finetune:task=trec --config.init_from=... --workdir=...
   jaxtl study     --config=transfer_study --workdir=workdirs/study
   jaxtl predict   --workdir=workdirs/trec_full --input=texts.txt --output=out.jsonl
+  jaxtl pretokenize --config=pretrain_mixed --out=DIR  (jaxtl.tools.pretokenize)
   jaxtl generate | convert | benchmark | analysis  (their own flags)
 
 Each subcommand runs its module as ``python -m <module>`` would, so the two
@@ -28,6 +29,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "predict": ("jaxtl.predict", ()),
     "benchmark": ("jaxtl.tools.benchmark", ()),
     "analysis": ("jaxtl.tools.analysis", ()),
+    "pretokenize": ("jaxtl.tools.pretokenize", ()),
 }
 
 RECIPES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")

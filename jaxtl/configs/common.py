@@ -93,14 +93,16 @@ def objective_config(**overrides: Any) -> ConfigDict:
 def source_config(**overrides: Any) -> ConfigDict:
   """A corpus, handed whole to jaxtl.data.sources.load_texts."""
   return _section(dict(
-      # tfds | hf | text | jsonl | tsv | mixture; file kinds map split -> list
-      # of paths; a mixture maps part names to such sources.
+      # tfds | hf | text | jsonl | tsv | mixture | pretokenized; file kinds
+      # map split -> list of paths; a mixture maps part names to such sources.
       # tfds: name; data_dir holds prepared data ("": $TFDS_DATA_DIR, else
       # ~/tensorflow_datasets); manual_dir, source files to prepare from.
       # hf: name is a Hub dataset, a save_to_disk folder, or csv | tsv | json
       # | parquet with files; subset is the Hub config ("qnli"); cache_dir
       # ("": $HF_DATASETS_CACHE, else ~/.cache/huggingface/datasets).
       # field: the text column / feature.
+      # pretokenized: data_dir is a folder python -m jaxtl.tools.pretokenize
+      # wrote (ArrayRecord shards of token ids and their tokenizer).
       kind="tfds", name="", data_dir="", manual_dir="", field="text",
       subset="", cache_dir="",
       files=ConfigDict(), paragraphs=False, encoding="utf-8",

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from jaxtl import objectives
-from jaxtl.data import mixtures, packing, sources
+from jaxtl.data import mixtures, packing, pretokenized, sources
 from jaxtl.data.tokenizer_files import get_tokenizer, save_tokenizer
 from jaxtl.data.tokenizers import Tokenizer, train_sentencepiece
 
@@ -61,11 +61,15 @@ def keep_tokenizer(tok: Tokenizer, workdir: str | None) -> Tokenizer:
 
 def build_tokenizer(data: Mapping[str, Any], workdir: str | None,
                     train_texts: Callable[[], list[str]]) -> Tokenizer:
-  """Loads ``data.tokenizer.path``, or trains one (cached in the workdir)."""
+  """Loads ``data.tokenizer.path`` (else pre-tokenized shards' tokenizer),
+  or trains one (cached in the workdir)."""
   spec = data["tokenizer"]
   cache_dir = os.path.join(workdir or ".", TOKENIZER_DIR)
   if spec.get("path"):
     return keep_tokenizer(get_tokenizer(sources.expand_path(spec["path"])), workdir)
+  shards = pretokenized_dir(data["source"])
+  if shards is not None:  # the shards' own tokenizer
+    return keep_tokenizer(pretokenized.recorded_tokenizer(shards), workdir)
   prefix = os.path.join(cache_dir, f"spm_{spec['model_type']}_{spec['vocab_size']}")
   if os.path.exists(prefix + ".model"):
     return get_tokenizer(prefix + ".model")
@@ -108,11 +112,7 @@ def tokenized_rows(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
     if os.path.exists(path):
       with np.load(path) as f:
         return {k: f[k] for k in f.files}
-  if texts is None:
-    texts = sources.load_texts(data["source"], split, seed=seed)
-  if data.get("max_docs"):
-    texts = texts[:data["max_docs"]]
-  docs = [np.asarray(d, np.int32) for d in tokenizer.encode_batch(texts) if d]
+  docs = _documents(data, split, tokenizer, texts, seed)
   if data["packing"] == "chunk":
     tokens = packing.chunk_stream(docs, row_length,
                                   eos_id=tokenizer.eos_id if eos else None)
@@ -142,6 +142,31 @@ def tokenized_rows(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
     np.savez(tmp, **rows)
     os.replace(tmp, path)
   return rows
+
+
+def pretokenized_dir(source: Mapping[str, Any]) -> str | None:
+  """The shards folder of a ``pretokenized`` source (None for text kinds)."""
+  if source.get("kind") != "pretokenized":
+    return None
+  if not source.get("data_dir"):
+    raise ValueError("config.data.source.data_dir is empty: a 'pretokenized' "
+                     "source reads the folder jaxtl.tools.pretokenize wrote")
+  return sources.expand_path(source["data_dir"])
+
+
+def _documents(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
+               texts: list[str] | None, seed: int) -> list[np.ndarray]:
+  """The split's first ``max_docs`` documents as token ids: read from
+  pre-tokenized shards, or the texts encoded now (empty ones dropped)."""
+  folder = pretokenized_dir(data["source"])
+  if folder is not None:
+    docs = pretokenized.read(folder, split, tokenizer)
+    return docs[:data["max_docs"]] if data.get("max_docs") else docs
+  if texts is None:
+    texts = sources.load_texts(data["source"], split, seed=seed)
+  if data.get("max_docs"):
+    texts = texts[:data["max_docs"]]
+  return [np.asarray(d, np.int32) for d in tokenizer.encode_batch(texts) if d]
 
 
 def unigram_entropy(rows: Rows, vocab_size: int) -> float:

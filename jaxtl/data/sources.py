@@ -514,6 +514,13 @@ def _has_split(part: Mapping[str, Any], split: str) -> bool:
   return split in (part.get("files") or {})
 
 
+def _not_texts(source: Mapping[str, Any], split: str) -> list[str]:
+  raise ValueError(
+      f"a 'pretokenized' source ({source.get('data_dir')}) holds token ids, "
+      "not texts: jaxtl.data.pipeline reads it whole; it cannot be a mixture "
+      "part or train a tokenizer (mix the texts, then pretokenize the mixture)")
+
+
 _LOADERS = {
     "text": _load_files,
     "jsonl": _load_files,
@@ -521,6 +528,7 @@ _LOADERS = {
     "tfds": _load_tfds,
     "hf": _load_hf,
     "mixture": _load_mixture,
+    "pretokenized": _not_texts,  # jaxtl.data.pretokenized
 }
 KINDS: Sequence[str] = tuple(_LOADERS)
 
@@ -544,7 +552,9 @@ def load_texts(source: Mapping[str, Any], split: str, *, seed: int = 0
   without it is left out, so e.g. only one corpus may provide the
   validation text); "rates" (a `rate` in each part) and "proportional"
   (T5's, with `cap` and `temperature`) draw the split at those shares
-  (jaxtl.data.mixtures).
+  (jaxtl.data.mixtures). "pretokenized" (`data_dir`: shards written by
+  jaxtl.tools.pretokenize) has token ids, not texts: jaxtl.data.pipeline
+  reads it.
 
   Args:
     source: The dataset description (a dict or ml_collections ConfigDict).
