@@ -88,7 +88,6 @@ def test_a_zero_rate_part_is_not_read(tmp_path):
     (dict(mixing="proportional", cap=-5), {}, r"source.cap=-5"),
     (dict(mixing="proportional", temperature=0.0), {}, r"source.temperature=0.0"),
     (dict(cap=10), dict(big=1, mid=1, small=1), r"source.cap / source.temperature .* 'rates'"),
-    (dict(mixing="concat"), dict(big=1), r"source.parts.big.rate is only read with"),
 ])
 def test_bad_settings_name_their_key(tmp_path, keys, rates, message):
   mix = _with_rates(_mixture(tmp_path, **{"mixing": "rates", **keys}), **rates)

@@ -77,12 +77,14 @@ def is_weighted(source: Mapping[str, Any]) -> bool:
 
 
 def part_rate(name: str, part: Mapping[str, Any], mixing: str) -> float | None:
-  """A part's configured ``rate`` (None when the mode does not read one)."""
+  """A part's configured ``rate`` (None when the mode does not read one).
+
+  Other modes ignore a rate rather than refuse it: a locked recipe must
+  declare ``rate`` in its parts for ``--config.data.source.parts.X.rate``
+  to be settable, and still run as ``concat`` by default.
+  """
   rate = part.get("rate")
   if mixing != "rates":
-    if rate is not None:
-      raise ValueError(f"source.parts.{name}.rate is only read with "
-                       f"source.mixing='rates', not {mixing!r}")
     return None
   if rate is None:
     raise ValueError(f"source.parts.{name}.rate missing: source.mixing='rates' "
