@@ -82,7 +82,9 @@ def run(argv: list[str] | None = None) -> None:
   if command not in COMMANDS:
     raise SystemExit(f"jaxtl: unknown command {command!r}\n{_usage()}")
   module, preset = COMMANDS[command]
-  sys.argv = [f"jaxtl {command}", *preset, *rest]
+  # Recipe names work for every command that takes --config (main does
+  # this itself too, for python -m jaxtl.main).
+  sys.argv = [f"jaxtl {command}", *preset, *with_recipe_paths(rest)]
   runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

@@ -92,6 +92,9 @@ def _cache_key(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
   h.update(f"{split}|{row_length}|{eos}|{tokenizer.fingerprint()}".encode())
   if mixtures.is_weighted(data["source"]):  # its documents depend on the seed
     h.update(f"|seed={seed}".encode())
+  shards = pretokenized_dir(data["source"])
+  if shards is not None:  # shards written again in the same folder
+    h.update(json.dumps(pretokenized.metadata(shards), sort_keys=True).encode())
   return h.hexdigest()[:16]
 
 

@@ -1,7 +1,10 @@
 r"""Tokenizes a recipe's corpus once, into ArrayRecord shards a run reads.
 
-  python -m jaxtl.tools.pretokenize --config=pretrain_mixed --out=DIR \
+  jaxtl pretokenize --config=pretrain_mixed --out=DIR \
       [--splits=train,validation] [--num_shards=4]
+
+(or ``python -m jaxtl.tools.pretokenize --config=jaxtl/configs/pretrain_mixed.py``:
+that spelling takes a config file's path, not a recipe's name), then
   jaxtl pretrain --config=pretrain_mixed --workdir=W \
       --config.data.source.kind=pretokenized --config.data.source.data_dir=DIR
 
@@ -16,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from typing import Any
 
@@ -75,7 +77,5 @@ def _define_flags() -> None:
 
 if __name__ == "__main__":
   from absl import app  # pylint: disable=g-import-not-at-top
-  from jaxtl import cli  # pylint: disable=g-import-not-at-top
-  logging.basicConfig(level=logging.INFO, format="%(message)s")
   _define_flags()
-  app.run(main, argv=cli.with_recipe_paths(sys.argv))
+  app.run(main)
