@@ -4,6 +4,7 @@
   jaxtl finetune  --config=finetune:task=trec --config.init_from=... --workdir=...
   jaxtl study     --config=transfer_study --workdir=workdirs/study
   jaxtl predict   --workdir=workdirs/trec_full --input=texts.txt --output=out.jsonl
+  jaxtl pretokenize --config=pretrain_mixed --out=DIR  (jaxtl.tools.pretokenize)
   jaxtl generate | convert | benchmark | analysis  (their own flags)
 
 Each subcommand runs its module as ``python -m <module>`` would, so the two
@@ -28,6 +29,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "predict": ("jaxtl.predict", ()),
     "benchmark": ("jaxtl.tools.benchmark", ()),
     "analysis": ("jaxtl.tools.analysis", ()),
+    "pretokenize": ("jaxtl.tools.pretokenize", ()),
 }
 
 RECIPES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
@@ -80,7 +82,9 @@ def run(argv: list[str] | None = None) -> None:
   if command not in COMMANDS:
     raise SystemExit(f"jaxtl: unknown command {command!r}\n{_usage()}")
   module, preset = COMMANDS[command]
-  sys.argv = [f"jaxtl {command}", *preset, *rest]
+  # Recipe names work for every command that takes --config (main does
+  # this itself too, for python -m jaxtl.main).
+  sys.argv = [f"jaxtl {command}", *preset, *with_recipe_paths(rest)]
   runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

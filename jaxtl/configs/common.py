@@ -93,21 +93,27 @@ def objective_config(**overrides: Any) -> ConfigDict:
 def source_config(**overrides: Any) -> ConfigDict:
   """A corpus, handed whole to jaxtl.data.sources.load_texts."""
   return _section(dict(
-      # tfds | hf | text | jsonl | tsv | mixture; file kinds map split -> list
-      # of paths; a mixture maps part names to such sources.
+      # tfds | hf | text | jsonl | tsv | mixture | pretokenized; file kinds
+      # map split -> list of paths; a mixture maps part names to such sources.
       # tfds: name; data_dir holds prepared data ("": $TFDS_DATA_DIR, else
       # ~/tensorflow_datasets); manual_dir, source files to prepare from.
       # hf: name is a Hub dataset, a save_to_disk folder, or csv | tsv | json
       # | parquet with files; subset is the Hub config ("qnli"); cache_dir
       # ("": $HF_DATASETS_CACHE, else ~/.cache/huggingface/datasets).
       # field: the text column / feature.
+      # pretokenized: data_dir is a folder python -m jaxtl.tools.pretokenize
+      # wrote (ArrayRecord shards of token ids and their tokenizer).
       kind="tfds", name="", data_dir="", manual_dir="", field="text",
       subset="", cache_dir="",
       files=ConfigDict(), paragraphs=False, encoding="utf-8",
       # text: a regex; each document becomes its first group (a labeled
       # file's texts without their labels, e.g. TREC's "^\\S+ (.*)$").
       line_pattern="",
-      parts=ConfigDict()), overrides)
+      # mixture: parts maps names to sources; mixing is concat (all of every
+      # part) | rates (each part's ``rate``: its share of the documents) |
+      # proportional (T5: share ∝ min(documents, cap) ** (1 / temperature);
+      # cap 0: none). jaxtl.data.mixtures.
+      parts=ConfigDict(), mixing="concat", cap=0, temperature=1.0), overrides)
 
 
 def tokenizer_config(**overrides: Any) -> ConfigDict:

@@ -44,13 +44,15 @@ def get_config(arg: str | None = None):
   c = common.pretrain_config(args.model or MODELS[args.objective])
   c.objective.name = args.objective
   c.data.source.kind = "mixture"
+  # Concatenated; each rate is read once --config.data.source.mixing=rates
+  # (shares of documents: Shakespeare, one document here, would repeat).
   c.data.source.parts = dict(
-      imdb=dict(kind="jsonl", field="text", files=dict(train=[
+      imdb=dict(kind="jsonl", field="text", rate=1.0, files=dict(train=[
           "{data_dir}/imdb/unsup.jsonl.gz", "{data_dir}/imdb/train.jsonl.gz"])),
-      wikitext2=dict(kind="text", files=dict(
+      wikitext2=dict(kind="text", rate=1.0, files=dict(
           train=["{data_dir}/wikitext2/test.txt"],
           validation=["{data_dir}/wikitext2/valid.txt"])),
-      shakespeare=dict(kind="text", paragraphs=True, files=dict(
+      shakespeare=dict(kind="text", paragraphs=True, rate=1.0, files=dict(
           train=["{data_dir}/tiny_shakespeare/input.txt"])))
   c.data.tokenizer.update(vocab_size=8000, model_type="unigram",
                           max_sentences=300_000)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from jaxtl import objectives
-from jaxtl.data import packing, sources
+from jaxtl.data import mixtures, packing, pretokenized, sources
 from jaxtl.data.tokenizer_files import get_tokenizer, save_tokenizer
 from jaxtl.data.tokenizers import Tokenizer, train_sentencepiece
 
@@ -61,11 +61,15 @@ def keep_tokenizer(tok: Tokenizer, workdir: str | None) -> Tokenizer:
 
 def build_tokenizer(data: Mapping[str, Any], workdir: str | None,
                     train_texts: Callable[[], list[str]]) -> Tokenizer:
-  """Loads ``data.tokenizer.path``, or trains one (cached in the workdir)."""
+  """Loads ``data.tokenizer.path`` (else pre-tokenized shards' tokenizer),
+  or trains one (cached in the workdir)."""
   spec = data["tokenizer"]
   cache_dir = os.path.join(workdir or ".", TOKENIZER_DIR)
   if spec.get("path"):
     return keep_tokenizer(get_tokenizer(sources.expand_path(spec["path"])), workdir)
+  shards = pretokenized_dir(data["source"])
+  if shards is not None:  # the shards' own tokenizer
+    return keep_tokenizer(pretokenized.recorded_tokenizer(shards), workdir)
   prefix = os.path.join(cache_dir, f"spm_{spec['model_type']}_{spec['vocab_size']}")
   if os.path.exists(prefix + ".model"):
     return get_tokenizer(prefix + ".model")
@@ -80,36 +84,38 @@ def build_tokenizer(data: Mapping[str, Any], workdir: str | None,
 
 
 def _cache_key(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
-               row_length: int, eos: bool) -> str:
+               row_length: int, eos: bool, seed: int = 0) -> str:
   h = hashlib.sha1()
   h.update(json.dumps({k: data[k] for k in ("source", "max_docs", "packing")},
                       sort_keys=True, default=str).encode())
   # eos too: stages of one run may cut the same split for two objectives.
   h.update(f"{split}|{row_length}|{eos}|{tokenizer.fingerprint()}".encode())
+  if mixtures.is_weighted(data["source"]):  # its documents depend on the seed
+    h.update(f"|seed={seed}".encode())
+  shards = pretokenized_dir(data["source"])
+  if shards is not None:  # shards written again in the same folder
+    h.update(json.dumps(pretokenized.metadata(shards), sort_keys=True).encode())
   return h.hexdigest()[:16]
 
 
 def tokenized_rows(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
                    row_length: int, *, eos: bool, cache_dir: str | None,
-                   texts: list[str] | None = None) -> Rows:
+                   texts: list[str] | None = None, seed: int = 0) -> Rows:
   """The split's documents, tokenized and cut (or packed) into rows.
 
   ``chunk`` concatenates documents (EOS between them when ``eos``) and cuts
   the stream, GPT/RoBERTa style; ``pack`` keeps documents apart with segment
-  ids (truncating any longer than a row).
+  ids (truncating any longer than a row). ``seed`` picks a weighted
+  mixture's documents (sources.load_texts).
   """
   path = None
   if cache_dir:
-    key = _cache_key(data, split, tokenizer, row_length, eos)
+    key = _cache_key(data, split, tokenizer, row_length, eos, seed)
     path = os.path.join(cache_dir, f"rows_{split.replace('/', '_')}_{key}.npz")
     if os.path.exists(path):
       with np.load(path) as f:
         return {k: f[k] for k in f.files}
-  if texts is None:
-    texts = sources.load_texts(data["source"], split)
-  if data.get("max_docs"):
-    texts = texts[:data["max_docs"]]
-  docs = [np.asarray(d, np.int32) for d in tokenizer.encode_batch(texts) if d]
+  docs = _documents(data, split, tokenizer, texts, seed)
   if data["packing"] == "chunk":
     tokens = packing.chunk_stream(docs, row_length,
                                   eos_id=tokenizer.eos_id if eos else None)
@@ -139,6 +145,31 @@ def tokenized_rows(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
     np.savez(tmp, **rows)
     os.replace(tmp, path)
   return rows
+
+
+def pretokenized_dir(source: Mapping[str, Any]) -> str | None:
+  """The shards folder of a ``pretokenized`` source (None for text kinds)."""
+  if source.get("kind") != "pretokenized":
+    return None
+  if not source.get("data_dir"):
+    raise ValueError("config.data.source.data_dir is empty: a 'pretokenized' "
+                     "source reads the folder jaxtl.tools.pretokenize wrote")
+  return sources.expand_path(source["data_dir"])
+
+
+def _documents(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
+               texts: list[str] | None, seed: int) -> list[np.ndarray]:
+  """The split's first ``max_docs`` documents as token ids: read from
+  pre-tokenized shards, or the texts encoded now (empty ones dropped)."""
+  folder = pretokenized_dir(data["source"])
+  if folder is not None:
+    docs = pretokenized.read(folder, split, tokenizer)
+    return docs[:data["max_docs"]] if data.get("max_docs") else docs
+  if texts is None:
+    texts = sources.load_texts(data["source"], split, seed=seed)
+  if data.get("max_docs"):
+    texts = texts[:data["max_docs"]]
+  return [np.asarray(d, np.int32) for d in tokenizer.encode_batch(texts) if d]
 
 
 def unigram_entropy(rows: Rows, vocab_size: int) -> float:
@@ -321,11 +352,13 @@ class DataSetup:
     """A split cut for ``prepared``, built once per run (stages that cut the
     same rows share them) and cached on disk."""
     tok = self.tokenizer
-    key = (_cache_key(data, split, tok, prepared.row_length, prepared.eos),
+    key = (_cache_key(data, split, tok, prepared.row_length, prepared.eos,
+                      self.seed),
            prepared.framed)
     if key not in self._memo:
       rows = tokenized_rows(data, split, tok, prepared.row_length, eos=prepared.eos,
-                            cache_dir=self._cache_dir, texts=self._texts.get(split))
+                            cache_dir=self._cache_dir, texts=self._texts.get(split),
+                            seed=self.seed)
       if prepared.framed:
         first = tok.cls_id if tok.cls_id is not None else tok.bos_id
         last = tok.sep_id if tok.sep_id is not None else tok.eos_id
@@ -360,7 +393,7 @@ class DataSetup:
 
   def _split_texts(self, data: Any, split: str) -> list[str]:
     if split not in self._texts:
-      texts = sources.load_texts(data.source, split)
+      texts = sources.load_texts(data.source, split, seed=self.seed)
       self._texts[split] = texts[:data.max_docs] if data.max_docs else texts
     return self._texts[split]
 

@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from jaxtl.data import network
+from jaxtl.data import mixtures, network
 
 DATA_DIR_ENV = "JAXTL_DATA_DIR"
 _DATA_DIR_PLACEHOLDER = "{data_dir}"
@@ -463,29 +463,48 @@ def _match_lines(docs: list[str], pattern: str, path: str) -> list[str]:
   return out
 
 
-def _load_mixture(source: Mapping[str, Any], split: str) -> list[str]:
-  """Concatenates the split of every part that has it (in name order)."""
+def _load_mixture(source: Mapping[str, Any], split: str, seed: int) -> list[str]:
+  """The split's documents from every part that has it (see
+  jaxtl.data.mixtures): all of them in name order for ``mixing="concat"``,
+  a seeded draw at the configured shares otherwise (a part whose rate is 0
+  is not read)."""
   parts = source.get("parts")
   if not isinstance(parts, Mapping) or not parts:
     raise ValueError("source of kind 'mixture' needs 'parts', a mapping from "
                      "a name to a source description")
-  texts: list[str] = []
+  mixing, cap, temperature = mixtures.settings(source)
+  loaded: dict[str, list[str]] = {}
+  rates: dict[str, float] = {}
   found = False
   for name in sorted(parts):
-    part = parts[name]
+    part = dict(parts[name])
     if part.get("kind") == "mixture":
       raise ValueError(f"mixture part {name!r}: parts cannot be mixtures")
+    rate = mixtures.part_rate(name, part, mixing)
+    part.pop("rate", None)
     if not _has_split(part, split):
       continue
     found = True
+    if rate == 0:
+      continue
     try:
-      texts += load_texts(part, split)
+      loaded[name] = load_texts(part, split)
     except (ValueError, FileNotFoundError) as e:
       raise type(e)(f"mixture part {name!r}: {e}") from e
+    if rate is not None:
+      rates[name] = rate
   if not found:
     raise ValueError(f"no part of the mixture has split {split!r}; parts: "
                      f"{sorted(parts)}")
-  return texts
+  if mixing == "concat":
+    return [text for name in sorted(loaded) for text in loaded[name]]
+  if mixing == "rates" and not loaded:
+    raise ValueError(f"source.parts.*.rate: all rates of the parts with split "
+                     f"{split!r} are 0; at least one must be > 0")
+  sizes = {name: len(texts) for name, texts in loaded.items()}
+  share = mixtures.shares(sizes, mixing, rates=rates, cap=cap,
+                          temperature=temperature)
+  return mixtures.mix(loaded, share, seed=seed, split=split)
 
 
 def _has_split(part: Mapping[str, Any], split: str) -> bool:
@@ -495,6 +514,13 @@ def _has_split(part: Mapping[str, Any], split: str) -> bool:
   return split in (part.get("files") or {})
 
 
+def _not_texts(source: Mapping[str, Any], split: str) -> list[str]:
+  raise ValueError(
+      f"a 'pretokenized' source ({source.get('data_dir')}) holds token ids, "
+      "not texts: jaxtl.data.pipeline reads it whole; it cannot be a mixture "
+      "part or train a tokenizer (mix the texts, then pretokenize the mixture)")
+
+
 _LOADERS = {
     "text": _load_files,
     "jsonl": _load_files,
@@ -502,11 +528,13 @@ _LOADERS = {
     "tfds": _load_tfds,
     "hf": _load_hf,
     "mixture": _load_mixture,
+    "pretokenized": _not_texts,  # jaxtl.data.pretokenized
 }
 KINDS: Sequence[str] = tuple(_LOADERS)
 
 
-def load_texts(source: Mapping[str, Any], split: str) -> list[str]:
+def load_texts(source: Mapping[str, Any], split: str, *, seed: int = 0
+               ) -> list[str]:
   """Reads a split of a dataset described by a config dict.
 
   `source["kind"]` is one of `KINDS`. File kinds take `files` (split name ->
@@ -519,13 +547,20 @@ def load_texts(source: Mapping[str, Any], split: str) -> list[str]:
   dataset, a save_to_disk folder, or csv/tsv/json/parquet with `files`),
   optional `subset`, `cache_dir` (default jaxtl.data.hf_datasets.
   DEFAULT_CACHE_DOC), `field` (the text column) and `splits`. "mixture"
-  takes `parts`, a mapping from names to such descriptions; a split is the
-  concatenation of the parts that list it (a part without the split is left
-  out, so e.g. only one corpus may provide the validation text).
+  takes `parts`, a mapping from names to such descriptions, and `mixing`:
+  "concat" (default) concatenates the parts that list the split (a part
+  without it is left out, so e.g. only one corpus may provide the
+  validation text); "rates" (a `rate` in each part) and "proportional"
+  (T5's, with `cap` and `temperature`) draw the split at those shares
+  (jaxtl.data.mixtures). "pretokenized" (`data_dir`: shards written by
+  jaxtl.tools.pretokenize) has token ids, not texts: jaxtl.data.pipeline
+  reads it.
 
   Args:
     source: The dataset description (a dict or ml_collections ConfigDict).
     split: The split to read, e.g. "train".
+    seed: Which documents a weighted mixture draws, and in what order (the
+      run's seed); other sources ignore it.
 
   Returns:
     The split's texts.
@@ -536,4 +571,6 @@ def load_texts(source: Mapping[str, Any], split: str) -> list[str]:
   if kind not in _LOADERS:
     raise ValueError(f"unknown source kind {kind!r}; known kinds: "
                      f"{', '.join(KINDS)}")
+  if kind == "mixture":
+    return _load_mixture(source, split, seed)
   return _LOADERS[kind](source, split)

@@ -1,0 +1,180 @@
+"""Weighted mixtures of corpora: how many documents each part gives a split.
+
+A mixture source (``kind="mixture"``) names its ``parts`` and a ``mixing``
+mode:
+
+- ``"concat"`` (the default): every document of every part, parts in name
+  order; what a mixture always was.
+- ``"rates"``: each part carries a ``rate`` (any non-negative number; they
+  are normalised), and part ``i`` makes up ``rate_i / sum(rate)`` of the
+  split's documents.
+- ``"proportional"``: T5's examples-proportional mixing, ``rate_i ∝
+  min(n_i, cap) ** (1 / temperature)`` with ``n_i`` the part's documents
+  (``cap`` 0: no cap). ``temperature`` 1 without a cap is concatenation's
+  shares; a cap keeps a huge corpus from drowning the others, a higher
+  temperature flattens the shares towards uniform.
+
+The unit is the document (the reader's example), as T5 mixes examples and
+before any tokenization: sources stay tokenizer-free and a share is read
+straight off the config. A part of long documents therefore gives more
+tokens than its share of documents; weight it down if tokens matter.
+
+A weighted split keeps concatenation's size (the parts' documents added
+up) and draws from part ``i`` exactly ``round(share_i * size)`` documents
+(largest remainders, so the counts add up): a seeded permutation of the
+part, repeated as often as needed when it is upsampled, cut short when it
+is downsampled. The parts' documents are then interleaved in a seeded
+order. Quotas instead of independent draws make the realised shares the
+configured ones, not a sample of them; a pure function of ``(seed, split,
+config)`` makes the rows, hence the batch iterator's saved ``(epoch,
+index)``, resume exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+MODES: Sequence[str] = ("concat", "rates", "proportional")
+_DEFAULTS = {"mixing": "concat", "cap": 0, "temperature": 1.0}
+
+
+def settings(source: Mapping[str, Any]) -> tuple[str, int, float]:
+  """The mixture's ``(mixing, cap, temperature)``, checked.
+
+  Raises:
+    ValueError: naming the key (``source.mixing``, ``source.cap``,
+      ``source.temperature``) for an unknown mode, a negative or fractional
+      cap, a non-positive temperature, or a cap / temperature set for a
+      mode that does not read it (silently ignoring it would hide a typo).
+  """
+  mixing = source.get("mixing") or "concat"
+  if mixing not in MODES:
+    raise ValueError(f"source.mixing={mixing!r}: expected one of {', '.join(MODES)}")
+  cap, temperature = source.get("cap", 0) or 0, source.get("temperature", 1.0)
+  if not isinstance(cap, (int, np.integer)) or isinstance(cap, bool) or cap < 0:
+    raise ValueError(f"source.cap={cap!r}: expected a whole number of documents "
+                     ">= 0 (0: no cap)")
+  if not isinstance(temperature, (int, float)) or not temperature > 0:
+    raise ValueError(f"source.temperature={temperature!r}: expected a number > 0")
+  if mixing != "proportional" and (cap or temperature != 1.0):
+    raise ValueError(f"source.cap / source.temperature are only read with "
+                     f"source.mixing='proportional', not {mixing!r}")
+  return mixing, int(cap), float(temperature)
+
+
+def is_weighted(source: Mapping[str, Any]) -> bool:
+  """Whether the source is a mixture whose documents depend on the seed."""
+  return (source.get("kind") == "mixture"
+          and (source.get("mixing") or "concat") != "concat")
+
+
+def part_rate(name: str, part: Mapping[str, Any], mixing: str) -> float | None:
+  """A part's configured ``rate`` (None when the mode does not read one).
+
+  Other modes ignore a rate rather than refuse it: a locked recipe must
+  declare ``rate`` in its parts for ``--config.data.source.parts.X.rate``
+  to be settable, and still run as ``concat`` by default.
+  """
+  rate = part.get("rate")
+  if mixing != "rates":
+    return None
+  if rate is None:
+    raise ValueError(f"source.parts.{name}.rate missing: source.mixing='rates' "
+                     "needs a rate for every part")
+  if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
+      rate >= 0 and math.isfinite(rate)):
+    raise ValueError(f"source.parts.{name}.rate={rate!r}: expected a finite "
+                     "number >= 0")
+  return float(rate)
+
+
+def shares(sizes: Mapping[str, int], mixing: str, *, rates: Mapping[str, float]
+           | None = None, cap: int = 0, temperature: float = 1.0
+           ) -> dict[str, float]:
+  """Each part's share of the split's documents (they add up to 1).
+
+  Args:
+    sizes: Documents per part (the parts that have the split).
+    mixing: One of `MODES`.
+    rates: Per-part rates, for ``"rates"``.
+    cap: For ``"proportional"``: sizes above it count as ``cap`` (0: none).
+    temperature: For ``"proportional"``: rates are raised to ``1 / T``.
+  """
+  if mixing == "rates":
+    weights = {name: float(rates[name]) for name in sizes}
+    if not sum(weights.values()) > 0:
+      raise ValueError(f"source.parts.*.rate: all rates are 0 (parts "
+                       f"{sorted(sizes)}); at least one must be > 0")
+  else:
+    weights = {name: float(min(n, cap) if cap else n) ** (1.0 / temperature)
+               for name, n in sizes.items()}
+    if not sum(weights.values()) > 0:
+      raise ValueError(f"every part of the mixture is empty: {dict(sizes)}")
+  total = sum(weights.values())
+  return {name: w / total for name, w in weights.items()}
+
+
+def quotas(share: Mapping[str, float], size: int) -> dict[str, int]:
+  """Documents per part: ``share * size`` rounded so that they add up to
+  ``size`` (largest remainders, ties to the earlier name)."""
+  exact = {name: s * size for name, s in share.items()}
+  counts = {name: int(math.floor(x)) for name, x in exact.items()}
+  left = size - sum(counts.values())
+  for name in sorted(exact, key=lambda n: (counts[n] - exact[n], n))[:left]:
+    counts[name] += 1
+  return counts
+
+
+def _rng(seed: int, split: str, name: str) -> np.random.Generator:
+  """A generator for (seed, split, part name): adding a part or renaming
+  another leaves the documents drawn from this one unchanged."""
+  digest = hashlib.sha256(f"{split}\0{name}".encode()).digest()
+  return np.random.default_rng([seed, int.from_bytes(digest[:8], "little")])
+
+
+def draw(texts: Sequence[str], count: int, rng: np.random.Generator) -> list[str]:
+  """``count`` documents of ``texts``: whole seeded permutations, then the
+  start of one more (every document once before any twice)."""
+  if count and not texts:
+    raise ValueError("an empty part cannot give documents")
+  out: list[str] = []
+  while len(out) < count:
+    order = rng.permutation(len(texts))[:count - len(out)]
+    out += [texts[i] for i in order]
+  return out
+
+
+def mix(parts: Mapping[str, Sequence[str]], share: Mapping[str, float], *,
+        seed: int, split: str) -> list[str]:
+  """The split's documents, ``share`` of them from each part, interleaved in
+  a seeded order; as many as the parts hold together."""
+  size = sum(len(t) for t in parts.values())
+  counts = quotas(share, size)
+  names = sorted(parts)
+  drawn = {}
+  for name in names:
+    try:
+      drawn[name] = draw(parts[name], counts[name], _rng(seed, split, name))
+    except ValueError as e:
+      raise ValueError(f"mixture part {name!r} has no {split!r} documents but a "
+                       f"share of {share[name]:.1%}") from e
+  labels = np.concatenate([np.full(counts[n], i) for i, n in enumerate(names)])
+  labels = _rng(seed, split, "").permutation(labels)
+  taken = dict.fromkeys(drawn, 0)
+  out = []
+  for i in labels:
+    name = names[i]
+    out.append(drawn[name][taken[name]])
+    taken[name] += 1
+  log.info("mixture %s split (%d documents, seed %d): %s", split, size, seed,
+           ", ".join(f"{n} {share[n]:.1%} ({counts[n]} of its {len(parts[n])}, "
+                     f"x{counts[n] / max(len(parts[n]), 1):.2f})" for n in names))
+  return out
