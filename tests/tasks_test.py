@@ -12,6 +12,7 @@ import datadir
 from jaxtl.tasks import metrics as evaluate
 from jaxtl.tasks import squad as squad_lib
 from jaxtl.tasks import readers as tasks
+from jaxtl.tasks.examples import Examples
 
 
 def _write(root, rel, text, encoding="utf-8"):
@@ -388,3 +389,12 @@ def test_real_squad():
   gold = {e.id: e.answers[0].text for e in held_out}
   assert evaluate.squad_metrics(gold, held_out) == {"exact_match": 100.0,
                                                     "f1": 100.0}
+
+
+def test_a_sample_is_seeded_in_file_order_and_keeps_the_skipped_rows():
+  ex = Examples([f"t{i}" for i in range(10)], [0] * 5 + [1] * 5, ("a", "b"),
+                skipped_rows=["f:3: empty text"])
+  got = ex.sample(4, 0)
+  assert len(got) == 4 and got.texts == sorted(got.texts, key=lambda t: int(t[1:]))
+  assert got.texts == ex.sample(4, 0).texts != ex.sample(4, 1).texts
+  assert got.skipped_rows == ["f:3: empty text"] and ex.sample(20, 0) is ex

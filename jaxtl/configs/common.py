@@ -182,7 +182,7 @@ def task_config(**overrides: Any) -> ConfigDict:
       # split; 0: train on all of train and report the last epoch.
       dev_fraction=0.1,
       num_train_examples=0,  # 0: all; else a fixed random subset
-      max_eval_examples=0,  # 0: all; else the first N of dev and test (quick looks)
+      max_eval_examples=0,  # 0: all; else a fixed random N of dev and test (quick looks)
       on_error="raise", head_dropout=0.1,
       doc_stride=128, max_answer_tokens=30,  # span_qa only
       # text_to_text (T5 backbones, classification tasks): the text written

@@ -79,6 +79,16 @@ class Examples:
                     label_names=self.label_names, text_pairs=pick(self.text_pairs),
                     words=pick(self.words), path=self.path, lines=pick(self.lines))
 
+  def sample(self, n: int, seed: int) -> "Examples":
+    """A random ``n`` of the examples (all of them when there are fewer), in
+    file order; the skipped rows stay counted."""
+    if n >= len(self):
+      return self
+    order = np.random.default_rng(seed).permutation(len(self))
+    out = self.subset(np.sort(order[:n]))
+    out.skipped_rows = list(self.skipped_rows)
+    return out
+
   def split_off(self, fraction: float, seed: int) -> tuple["Examples", "Examples"]:
     """(rest, held out): a random ``fraction`` (at least one example) held
     out by ``seed``, both in file order; the rest keeps the skipped rows.

@@ -89,12 +89,12 @@ def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
                       ex.skipped, ex.skipped_rows[0])
   train_ex, dev_ex, test_ex = splits["train"], splits["dev"], splits["test"]
   if task.num_train_examples:
-    order = np.random.default_rng(seed).permutation(len(train_ex))
-    train_ex = train_ex.subset(np.sort(order[:task.num_train_examples]))
-    train_ex.skipped_rows = splits["train"].skipped_rows
+    train_ex = train_ex.sample(task.num_train_examples, seed)
   if task.max_eval_examples:  # quick looks only: not comparable to full scores
-    dev_ex, test_ex = (None if ex is None else ex.subset(range(min(
-        len(ex), task.max_eval_examples))) for ex in (dev_ex, test_ex))
+    # One fixed sample for every seed, not the first N: a file sorted by
+    # label (IMDB's) would give a one-class test set.
+    dev_ex, test_ex = (None if ex is None else ex.sample(task.max_eval_examples, 0)
+                       for ex in (dev_ex, test_ex))
   return {"train": train_ex, "dev": dev_ex, "test": test_ex}
 
 
