@@ -80,14 +80,8 @@ class Examples:
                     words=pick(self.words), path=self.path, lines=pick(self.lines))
 
   def sample(self, n: int, seed: int) -> "Examples":
-    """A random ``n`` of the examples (all of them when there are fewer), in
-    file order; the skipped rows stay counted."""
-    if n >= len(self):
-      return self
-    order = np.random.default_rng(seed).permutation(len(self))
-    out = self.subset(np.sort(order[:n]))
-    out.skipped_rows = list(self.skipped_rows)
-    return out
+    """A random ``n`` of the examples; see :func:`sample`."""
+    return sample(self, n, seed)
 
   def split_off(self, fraction: float, seed: int) -> tuple["Examples", "Examples"]:
     """(rest, held out): a random ``fraction`` (at least one example) held
@@ -145,3 +139,15 @@ def iter_lines(path: str, encoding: str,
       line = line.rstrip("\r\n")
       if line.strip():
         yield lineno, line
+
+
+def sample(examples: Any, n: int, seed: int) -> Any:
+  """A random ``n`` of ``examples`` (all of them when there are fewer), in
+  file order, its skipped rows still counted: for anything with ``subset``
+  and ``skipped_rows`` (``Examples``, SQuAD's ``SquadExamples``)."""
+  if n >= len(examples):
+    return examples
+  order = np.random.default_rng(seed).permutation(len(examples))
+  out = examples.subset(np.sort(order[:n]))
+  out.skipped_rows = list(examples.skipped_rows)
+  return out

@@ -33,6 +33,7 @@ from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, paths
 from jaxtl.models.config import input_side
 from jaxtl.models.heads import TaskModel
+from jaxtl.tasks import examples as examples_lib
 from jaxtl.tasks import features as task_features
 from jaxtl.tasks import file_task, kinds
 from jaxtl.tasks import readers as tasks
@@ -89,11 +90,12 @@ def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
                       ex.skipped, ex.skipped_rows[0])
   train_ex, dev_ex, test_ex = splits["train"], splits["dev"], splits["test"]
   if task.num_train_examples:
-    train_ex = train_ex.sample(task.num_train_examples, seed)
+    train_ex = examples_lib.sample(train_ex, task.num_train_examples, seed)
   if task.max_eval_examples:  # quick looks only: not comparable to full scores
     # One fixed sample for every seed, not the first N: a file sorted by
     # label (IMDB's) would give a one-class test set.
-    dev_ex, test_ex = (None if ex is None else ex.sample(task.max_eval_examples, 0)
+    dev_ex, test_ex = (None if ex is None
+                       else examples_lib.sample(ex, task.max_eval_examples, 0)
                        for ex in (dev_ex, test_ex))
   return {"train": train_ex, "dev": dev_ex, "test": test_ex}
 
