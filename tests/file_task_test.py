@@ -186,19 +186,23 @@ def _text(i: int) -> str:
 
 def test_a_csv_with_string_labels_fine_tunes_and_predicts_its_labels(
     vocab, tmp_path):
-  train = tmp_path / "train.csv"
+  train_path = tmp_path / "train.csv"
   rows = "".join(f'"{_text(i)}",{("sad", "happy")[i % 2]}\n' for i in range(24))
   long = " ".join(["word"] * 40)
-  train.write_text(f"review,mood\n{rows}{long},happy\nno label here\n")
+  train_path.write_text(f"review,mood\n{rows}{long},happy\nno label here\n")
   dev = tmp_path / "dev.csv"
   dev.write_text("review,mood\ngood film,happy\nbad film,sad\nodd,angry\n")
-  results = _finetune(vocab, tmp_path / "w", f"--config.task.train={train}",
+  results = _finetune(vocab, tmp_path / "w", f"--config.task.train={train_path}",
                       f"--config.task.dev={dev}", "--config.task.text_fields=('review',)",
                       "--config.task.label_field=mood", "--config.task.on_error=skip")
   assert set(results["test"]) == {"accuracy", "macro_f1"}
-  assert results["data"]["train"] == {"examples": 25, "skipped_rows": 1,
-                                      "truncated": 1}
+  train = results["data"]["train"]
+  assert {k: train[k] for k in ("examples", "skipped_rows", "truncated")} == {
+      "examples": 25, "skipped_rows": 1, "truncated": 1}
+  assert len(train["skipped"]) == 1, train["skipped"]
+  assert train["skipped"][0].startswith(f"{train_path}:27: ")  # file:line: reason
   assert results["data"]["dev"]["skipped_rows"] == 1  # the unknown label
+  assert results["data"]["dev"]["skipped"][0].startswith(f"{dev}:4: ")
   preds = jaxtl.load(str(tmp_path / "w")).predict(["good film"])
   assert set(preds[0]["probabilities"]) == {"happy", "sad"}
 

@@ -124,11 +124,16 @@ def _builtin_splits(task: Any, seed: int) -> dict[str, Any]:
   return {"train": train_ex, "dev": dev_ex, "test": test_ex}
 
 
+MAX_LISTED_ROWS = 1000  # skipped rows results.json names, per split
+
+
 def data_report(splits: Mapping[str, Any], feats: Mapping[str, Any]
-                ) -> dict[str, dict[str, int]]:
-  """Per split: examples used, bad rows skipped, inputs cut to max_len;
+                ) -> dict[str, dict[str, Any]]:
+  """Per split: examples used, bad rows skipped (counted, and the first
+  ``MAX_LISTED_ROWS`` as "file:line: reason"), inputs cut to max_len;
   results.json keeps it, so lost data is on record, not only in a log."""
   return {name: {"examples": len(ex), "skipped_rows": getattr(ex, "skipped", 0),
+                 "skipped": list(getattr(ex, "skipped_rows", []))[:MAX_LISTED_ROWS],
                  "truncated": int(feats[name].truncated)}
           for name, ex in splits.items() if ex is not None}
 
