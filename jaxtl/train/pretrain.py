@@ -77,10 +77,14 @@ def source_loader(params_shape: Any, source: pretrained.Pretrained | None,
   load, report = pretrained.params_loader(params_shape, source.params, init_from)
   in_head = lambda names: [n for n in names if n.startswith(paths.LM_HEAD + "/")]
   head_loaded, head_new = in_head(report["loaded"]), in_head(report["new"])
-  logging.info("LM head: %s", f"{len(head_loaded)} tensors loaded" if head_loaded
-               else "newly initialised (the source has none)" if head_new
-               else "the token table (tied)")
-  return load
+  head = (f"{len(head_loaded)} tensors loaded" if head_loaded
+          else "newly initialised (the source has none)" if head_new
+          else "the token table (tied)")
+
+  def load_and_say(params: Any) -> Any:  # said only when it happens: a resumed
+    logging.info("LM head: %s", head)    # run restores its own head instead
+    return load(params)
+  return load_and_say
 
 
 STAGE_KEYS = ("steps", "data", "objective")
