@@ -11,7 +11,7 @@ import time
 import pytest
 
 import datadir
-from jaxtl.data import sources
+from jaxtl.data import sources, tfds_reader
 
 
 def _write_jsonl(path, rows, gz=False):
@@ -258,7 +258,7 @@ def test_tfds_tiny_shakespeare(tmp_path):
 def test_tfds_unknown_name_is_one_line():
   pytest.importorskip("tensorflow_datasets")
   with pytest.raises(ValueError, match="TFDS has no dataset 'no_such_corpus'") as e:
-    sources.read_tfds("no_such_corpus", "train")
+    tfds_reader.read_tfds("no_such_corpus", "train")
   assert "\n" not in str(e.value)  # TFDS's own lists every dataset it has.
 
 
@@ -290,10 +290,10 @@ def test_tfds_failed_preparation_removes_what_it_created(tmp_path, monkeypatch):
       raise OSError("Max retries exceeded\nwith url")
 
   with pytest.raises(sources.network.DataUnavailable, match="Max retries exceeded"):
-    sources._prepare_tfds(tfds, Builder(), "corpus", str(data_dir), None)
+    tfds_reader._prepare_tfds(tfds, Builder(), "corpus", str(data_dir), None)
   assert not data_dir.exists()
   data_dir.mkdir()  # A data_dir that was there stays; only the new parts go.
   (data_dir / "other").mkdir()
   with pytest.raises(sources.network.DataUnavailable):
-    sources._prepare_tfds(tfds, Builder(), "corpus", str(data_dir), None)
+    tfds_reader._prepare_tfds(tfds, Builder(), "corpus", str(data_dir), None)
   assert sorted(p.name for p in data_dir.iterdir()) == ["other"]

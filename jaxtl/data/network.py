@@ -13,6 +13,10 @@ from __future__ import annotations
 import socket
 import urllib.parse
 
+# Where jaxtl's recipes find the shared local datasets; the messages for
+# missing data name it (jaxtl.data.sources reads it).
+DATA_DIR_ENV = "JAXTL_DATA_DIR"
+
 PROBE_TIMEOUT_S = 3.0
 
 
