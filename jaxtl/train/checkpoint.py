@@ -230,6 +230,15 @@ class Checkpointer:
 # Transfer: pretrained parameters into a fine-tuning model.
 
 
+def _step_dirs(root: str) -> list[str]:
+  """The step directories (``N/state``) under ``root``, newest first."""
+  if not os.path.isdir(root):
+    return []
+  steps = [int(n) for n in os.listdir(root)
+           if n.isdigit() and os.path.isdir(os.path.join(root, n, "state"))]
+  return [os.path.join(root, str(n)) for n in sorted(steps, reverse=True)]
+
+
 def find_checkpoint(path: str | os.PathLike) -> str:
   """A checkpoint step directory from a workdir, a checkpoints dir or a step dir.
 
@@ -239,11 +248,9 @@ def find_checkpoint(path: str | os.PathLike) -> str:
   if os.path.isdir(os.path.join(path, "state")):
     return path
   for root in (os.path.join(path, "checkpoints"), path):
-    if os.path.isdir(root):
-      steps = [int(n) for n in os.listdir(root) if n.isdigit()
-               and os.path.isdir(os.path.join(root, n, "state"))]
-      if steps:
-        return os.path.join(root, str(max(steps)))
+    steps = _step_dirs(root)
+    if steps:
+      return steps[0]
   raise FileNotFoundError(f"no jaxtl checkpoint found at {path} (expected a "
                           "workdir, its checkpoints/ directory, or a step directory)")
 
@@ -299,10 +306,7 @@ def load_params(path: str | os.PathLike) -> dict[str, Any]:
   chosen = find_checkpoint(path)
   root = os.path.dirname(chosen)
   explicit = os.path.abspath(os.fspath(path)) == chosen
-  steps = [chosen] if explicit else [
-      os.path.join(root, str(n)) for n in sorted(
-          (int(n) for n in os.listdir(root) if n.isdigit()
-           and os.path.isdir(os.path.join(root, n, "state"))), reverse=True)]
+  steps = [chosen] if explicit else _step_dirs(root)
   problems = []
   for step_dir in steps:
     try:
