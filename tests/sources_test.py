@@ -136,7 +136,7 @@ def test_load_texts_dispatch(tmp_path, monkeypatch):
   assert sources.load_texts(tsv, "train") == ["hi"]
   with pytest.raises(ValueError, match=r"'test'.*'train', 'validation'"):
     sources.load_texts(jsonl, "test")
-  with pytest.raises(ValueError, match="jsonl, tsv, tfds"):
+  with pytest.raises(ValueError, match="jsonl, tsv, parquet, tfds"):
     sources.load_texts({"kind": "csv"}, "train")
 
 
@@ -297,3 +297,20 @@ def test_tfds_failed_preparation_removes_what_it_created(tmp_path, monkeypatch):
   with pytest.raises(sources.network.DataUnavailable):
     tfds_reader._prepare_tfds(tfds, Builder(), "corpus", str(data_dir), None)
   assert sorted(p.name for p in data_dir.iterdir()) == ["other"]
+
+
+def test_parquet_corpus_streams_its_column(tmp_path):
+  pa = pytest.importorskip("pyarrow")
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  pq.write_table(pa.table({"text": ["one", " ", "two"], "n": [1, 2, 3]}),
+                 tmp_path / "c.parquet", row_group_size=1)
+  src = {"kind": "parquet", "files": {"train": str(tmp_path / "c.parquet")}}
+  texts = sources.iter_texts(src, "train")
+  assert next(texts) == "one"  # read a record batch at a time
+  assert list(texts) == ["two"]
+  with pytest.raises(ValueError, match=r"c.parquet: no column 'body'"):
+    sources.load_texts({**src, "field": "body"}, "train")
+  pq.write_table(pa.table({"text": ["a", None]}), tmp_path / "d.parquet")
+  with pytest.raises(ValueError, match=r"d.parquet:row 1: column 'text' is NoneType"):
+    sources.load_texts({"kind": "parquet", "files": {"train": str(tmp_path / "d.parquet")}},
+                       "train")

@@ -1,8 +1,10 @@
-"""Readers that turn a dataset split into a list of texts.
+"""Readers that turn a dataset split into a stream of texts.
 
-The corpora jaxtl trains on fit in host memory, so every reader returns a
-plain `list[str]`; tokenization and packing happen later. Errors name the
-file and 1-based line so a bad row in a large file is quick to find.
+A corpus may be larger than host memory, so every reader is a generator
+that reads its files as they are consumed (`iter_texts`); `load_texts` is
+the list for the small splits that want one. Tokenization and packing
+happen later (jaxtl.data.row_store). Errors name the file and 1-based line
+so a bad row in a large file is quick to find.
 TFDS datasets are read by :mod:`jaxtl.data.tfds_reader`, which alone
 imports TensorFlow, and only when a source asks for it.
 """
@@ -79,7 +81,13 @@ def _decode_error(path: str, encoding: str, e: UnicodeDecodeError
 
 def read_text(path: PathLike, *, encoding: str = "utf-8",
               paragraphs: bool = False) -> list[str]:
-  """Reads a plain-text file as documents.
+  """Reads a plain-text file as documents (the list of `iter_text`)."""
+  return list(iter_text(path, encoding=encoding, paragraphs=paragraphs))
+
+
+def iter_text(path: PathLike, *, encoding: str = "utf-8",
+              paragraphs: bool = False) -> Iterator[str]:
+  """Reads a plain-text file as documents, as they are consumed.
 
   Args:
     path: The file (may end in .gz).
@@ -88,7 +96,7 @@ def read_text(path: PathLike, *, encoding: str = "utf-8",
       otherwise every non-blank line is a document (WikiText), kept as it is
       apart from the line break.
 
-  Returns:
+  Yields:
     The documents.
   """
   path = _check_file(path)
@@ -96,8 +104,12 @@ def read_text(path: PathLike, *, encoding: str = "utf-8",
     with _open_text(path, encoding) as f:
       if paragraphs:
         text = f.read()
-        return [text] if text.strip() else []
-      return [line.rstrip("\r\n") for line in f if line.strip()]
+        if text.strip():
+          yield text
+        return
+      for line in f:
+        if line.strip():
+          yield line.rstrip("\r\n")
   except UnicodeDecodeError as e:
     raise _decode_error(path, encoding, e) from e
 
@@ -132,14 +144,21 @@ def text_field(row: Mapping[str, Any], field: str, where: str) -> str:
 def read_jsonl(path: PathLike, *, field: str = "text",
                filter: Mapping[str, Any] | None = None  # pylint: disable=redefined-builtin
                ) -> list[str]:
-  """Reads one string field from each row of a JSON-lines file.
+  """One string field of each row of a JSON-lines file (`iter_jsonl`'s list)."""
+  return list(iter_jsonl(path, field=field, filter=filter))
+
+
+def iter_jsonl(path: PathLike, *, field: str = "text",
+               filter: Mapping[str, Any] | None = None  # pylint: disable=redefined-builtin
+               ) -> Iterator[str]:
+  """Reads one string field from each row of a JSON-lines file, lazily.
 
   Args:
     path: The file; gzipped when its name ends in .gz.
     field: The field holding the text.
     filter: Keep only rows whose values equal these (e.g. {"label": 1}).
 
-  Returns:
+  Yields:
     The texts of the kept rows, in file order.
 
   Raises:
@@ -148,7 +167,6 @@ def read_jsonl(path: PathLike, *, field: str = "text",
   """
   path = _check_file(path)
   conditions = list((filter or {}).items())
-  texts = []
   with _open_text(path, "utf-8") as f:
     for lineno, row in json_objects(f, path):
       keep = True
@@ -164,13 +182,18 @@ def read_jsonl(path: PathLike, *, field: str = "text",
       text = text_field(row, field, f"{path}:{lineno}")
       if not text.strip():
         raise ValueError(f"{path}:{lineno}: field {field!r} is empty")
-      texts.append(text)
-  return texts
+      yield text
 
 
 def read_tsv_column(path: PathLike, column: int | str, *, header: bool = True,
                     encoding: str = "utf-8-sig") -> list[str]:
-  """Reads one column of a tab-separated file such as a GLUE task.
+  """One column of a tab-separated file (`iter_tsv_column`'s list)."""
+  return list(iter_tsv_column(path, column, header=header, encoding=encoding))
+
+
+def iter_tsv_column(path: PathLike, column: int | str, *, header: bool = True,
+                    encoding: str = "utf-8-sig") -> Iterator[str]:
+  """Reads one column of a tab-separated file such as a GLUE task, lazily.
 
   Quotes are not special (GLUE sentences contain stray `"`), and the default
   encoding drops the BOM that starts MRPC's header.
@@ -181,7 +204,7 @@ def read_tsv_column(path: PathLike, column: int | str, *, header: bool = True,
     header: Whether the first line names the columns (it is skipped).
     encoding: Text encoding of the file.
 
-  Returns:
+  Yields:
     The column's values, one per data row.
   """
   path = _check_file(path)
@@ -190,7 +213,6 @@ def read_tsv_column(path: PathLike, column: int | str, *, header: bool = True,
         f"{path}: column {column!r} given by name but header=False")
   if isinstance(column, int) and column < 0:
     raise ValueError(f"column index must be >= 0, got {column}")
-  values = []
   try:
     with _open_text(path, encoding, newline="") as f:
       reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -208,10 +230,9 @@ def read_tsv_column(path: PathLike, column: int | str, *, header: bool = True,
         if index >= len(row):
           raise ValueError(f"{path}:{lineno}: row has {len(row)} columns, "
                            f"column {column!r} needs {index + 1}")
-        values.append(row[index])
+        yield row[index]
   except UnicodeDecodeError as e:
     raise _decode_error(path, encoding, e) from e
-  return values
 
 
 def expand_path(path: Any) -> str:
@@ -248,21 +269,22 @@ def _renamed_split(source: Mapping[str, Any], split: str) -> str:
   return splits[split]
 
 
-def _load_tfds(source: Mapping[str, Any], split: str) -> list[str]:
+def _iter_tfds(source: Mapping[str, Any], split: str) -> Iterator[str]:
   data_dir = source.get("data_dir")  # "" or None: TFDS's default.
   manual_dir = source.get("manual_dir")  # "" or None: download.
-  return tfds_reader.read_tfds(
+  yield from tfds_reader.read_tfds(
       source["name"], _renamed_split(source, split),
       data_dir=expand_path(data_dir) if data_dir else None,
       manual_dir=expand_path(manual_dir) if manual_dir else None,
       field=source.get("field", "text"))
 
 
-def _load_hf(source: Mapping[str, Any], split: str) -> list[str]:
+def _iter_hf(source: Mapping[str, Any], split: str) -> Iterator[str]:
   """A Hugging Face dataset's text column (jaxtl.data.hf_datasets), ``field``.
 
   Blank texts are left out (WikiText on the Hub has an empty row between
   paragraphs); a value that is not a string is an error naming its row.
+  The dataset is Arrow on disk, read a batch at a time.
   """
   from jaxtl.data import hf_datasets  # pylint: disable=g-import-not-at-top
   source = dict(source)
@@ -276,30 +298,51 @@ def _load_hf(source: Mapping[str, Any], split: str) -> list[str]:
   field = source.get("field") or "text"
   texts = (text_field(row, field, where)
            for where, row in hf_datasets.records(source, split))
-  return [text for text in texts if text.strip()]
+  yield from (text for text in texts if text.strip())
 
 
-def _load_files(source: Mapping[str, Any], split: str) -> list[str]:
+def _iter_parquet(path: str, field: str) -> Iterator[str]:
+  """One string column of a Parquet file, a record batch at a time."""
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  try:
+    table = pq.ParquetFile(path)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{path}: not a readable Parquet file ({e})") from e
+  if field not in table.schema_arrow.names:
+    raise ValueError(f"{path}: no column {field!r}; it has "
+                     f"{table.schema_arrow.names}")
+  row = 0
+  for batch in table.iter_batches(columns=[field], batch_size=4096):
+    for text in batch.column(0).to_pylist():
+      if not isinstance(text, str):
+        raise ValueError(f"{path}:row {row}: column {field!r} is "
+                         f"{type(text).__name__}, not a string")
+      if text.strip():
+        yield text
+      row += 1
+
+
+def _iter_files(source: Mapping[str, Any], split: str) -> Iterator[str]:
   kind = source["kind"]
-  texts: list[str] = []
+  if kind == "tsv" and "column" not in source:
+    raise ValueError("source of kind 'tsv' needs 'column'")
   for path in _split_files(source, split):
     if kind == "text":
-      docs = read_text(path, encoding=source.get("encoding", "utf-8"),
+      docs = iter_text(path, encoding=source.get("encoding", "utf-8"),
                        paragraphs=source.get("paragraphs", False))
-      texts += _match_lines(docs, source.get("line_pattern", ""), path)
+      yield from _match_lines(docs, source.get("line_pattern", ""), path)
     elif kind == "jsonl":
-      texts += read_jsonl(path, field=source.get("field", "text"),
-                          filter=source.get("filter"))
+      yield from iter_jsonl(path, field=source.get("field", "text"),
+                            filter=source.get("filter"))
+    elif kind == "parquet":
+      yield from _iter_parquet(_check_file(path), source.get("field", "text"))
     else:  # tsv
-      if "column" not in source:
-        raise ValueError("source of kind 'tsv' needs 'column'")
-      texts += read_tsv_column(
+      yield from iter_tsv_column(
           path, source["column"], header=source.get("header", True),
           encoding=source.get("encoding", "utf-8-sig"))
-  return texts
 
 
-def _match_lines(docs: list[str], pattern: str, path: str) -> list[str]:
+def _match_lines(docs: Iterable[str], pattern: str, path: str) -> Iterator[str]:
   """Each document's first ``pattern`` group (all of it without a pattern).
 
   A labeled file's texts read as a corpus, without their labels: TREC's
@@ -308,25 +351,25 @@ def _match_lines(docs: list[str], pattern: str, path: str) -> list[str]:
   match is an error: silently dropping it would hide a wrong pattern.
   """
   if not pattern:
-    return docs
+    yield from docs
+    return
   regex = re.compile(pattern)
   if regex.groups < 1:
     raise ValueError(f"line_pattern={pattern!r} needs a group: the text to keep")
-  out = []
   for i, doc in enumerate(docs):
     m = regex.search(doc)
     if m is None:
       raise ValueError(f"{path}: document {i + 1} ({doc[:60]!r}) does not match "
                        f"line_pattern={pattern!r}")
-    out.append(m.group(1))
-  return out
+    yield m.group(1)
 
 
-def _load_mixture(source: Mapping[str, Any], split: str, seed: int) -> list[str]:
+def _iter_mixture(source: Mapping[str, Any], split: str, seed: int) -> Iterator[str]:
   """The split's documents from every part that has it (see
   jaxtl.data.mixtures): all of them in name order for ``mixing="concat"``,
-  a seeded draw at the configured shares otherwise (a part whose rate is 0
-  is not read)."""
+  streamed part after part; a seeded draw at the configured shares
+  otherwise, which needs each part's size and so holds the parts' texts in
+  memory (a part whose rate is 0 is not read)."""
   parts = source.get("parts")
   if not isinstance(parts, Mapping) or not parts:
     raise ValueError("source of kind 'mixture' needs 'parts', a mapping from "
@@ -346,24 +389,32 @@ def _load_mixture(source: Mapping[str, Any], split: str, seed: int) -> list[str]
     found = True
     if rate == 0:
       continue
-    try:
-      loaded[name] = load_texts(part, split)
-    except (ValueError, FileNotFoundError) as e:
-      raise type(e)(f"mixture part {name!r}: {e}") from e
+    loaded[name] = _part_texts(name, part, split)
     if rate is not None:
       rates[name] = rate
   if not found:
     raise ValueError(f"no part of the mixture has split {split!r}; parts: "
                      f"{sorted(parts)}")
   if mixing == "concat":
-    return [text for name in sorted(loaded) for text in loaded[name]]
+    for texts in loaded.values():
+      yield from texts
+    return
+  loaded = {name: list(texts) for name, texts in loaded.items()}
   if mixing == "rates" and not loaded:
     raise ValueError(f"source.parts.*.rate: all rates of the parts with split "
                      f"{split!r} are 0; at least one must be > 0")
   sizes = {name: len(texts) for name, texts in loaded.items()}
   share = mixtures.shares(sizes, mixing, rates=rates, cap=cap,
                           temperature=temperature)
-  return mixtures.mix(loaded, share, seed=seed, split=split)
+  yield from mixtures.mix(loaded, share, seed=seed, split=split)
+
+
+def _part_texts(name: str, part: Mapping[str, Any], split: str) -> Iterator[str]:
+  """A mixture part's texts; its errors name the part."""
+  try:
+    yield from iter_texts(part, split)
+  except (ValueError, FileNotFoundError) as e:
+    raise type(e)(f"mixture part {name!r}: {e}") from e
 
 
 def _has_split(part: Mapping[str, Any], split: str) -> bool:
@@ -373,28 +424,35 @@ def _has_split(part: Mapping[str, Any], split: str) -> bool:
   return split in (part.get("files") or {})
 
 
-def _not_texts(source: Mapping[str, Any], split: str) -> list[str]:
+def _not_texts(source: Mapping[str, Any], split: str) -> Iterator[str]:
   raise ValueError(
       f"a 'pretokenized' source ({source.get('data_dir')}) holds token ids, "
-      "not texts: jaxtl.data.pipeline reads it whole; it cannot be a mixture "
+      "not texts: jaxtl.data.row_store reads its shards; it cannot be a mixture "
       "part or train a tokenizer (mix the texts, then pretokenize the mixture)")
 
 
-_LOADERS = {
-    "text": _load_files,
-    "jsonl": _load_files,
-    "tsv": _load_files,
-    "tfds": _load_tfds,
-    "hf": _load_hf,
-    "mixture": _load_mixture,
+_READERS = {
+    "text": _iter_files,
+    "jsonl": _iter_files,
+    "tsv": _iter_files,
+    "parquet": _iter_files,
+    "tfds": _iter_tfds,
+    "hf": _iter_hf,
+    "mixture": _iter_mixture,
     "pretokenized": _not_texts,  # jaxtl.data.pretokenized
 }
-KINDS: Sequence[str] = tuple(_LOADERS)
+KINDS: Sequence[str] = tuple(_READERS)
 
 
 def load_texts(source: Mapping[str, Any], split: str, *, seed: int = 0
                ) -> list[str]:
-  """Reads a split of a dataset described by a config dict.
+  """A split's texts as a list (`iter_texts`), for splits that fit in memory."""
+  return list(iter_texts(source, split, seed=seed))
+
+
+def iter_texts(source: Mapping[str, Any], split: str, *, seed: int = 0
+               ) -> Iterator[str]:
+  """Reads a split of a dataset described by a config dict, lazily.
 
   `source["kind"]` is one of `KINDS`. File kinds take `files` (split name ->
   a path or list of paths, which may contain `{data_dir}`) plus the reader's
@@ -411,9 +469,15 @@ def load_texts(source: Mapping[str, Any], split: str, *, seed: int = 0
   without it is left out, so e.g. only one corpus may provide the
   validation text); "rates" (a `rate` in each part) and "proportional"
   (T5's, with `cap` and `temperature`) draw the split at those shares
-  (jaxtl.data.mixtures). "pretokenized" (`data_dir`: shards written by
-  jaxtl.tools.pretokenize) has token ids, not texts: jaxtl.data.pipeline
+  (jaxtl.data.mixtures). "parquet" takes `files` and `field` (a string
+  column). "pretokenized" (`data_dir`: shards written by
+  jaxtl.tools.pretokenize) has token ids, not texts: jaxtl.data.row_store
   reads it.
+
+  Files are opened when the first text is asked for and read as the texts
+  are consumed (TFDS splits are read whole), so a corpus larger than memory
+  streams. An unknown kind fails here; a missing file or bad row when the
+  reading reaches it.
 
   Args:
     source: The dataset description (a dict or ml_collections ConfigDict).
@@ -422,14 +486,14 @@ def load_texts(source: Mapping[str, Any], split: str, *, seed: int = 0
       run's seed); other sources ignore it.
 
   Returns:
-    The split's texts.
+    An iterator over the split's texts.
   """
   if hasattr(source, "to_dict"):  # ml_collections.ConfigDict.
     source = source.to_dict()
   kind = source.get("kind")
-  if kind not in _LOADERS:
+  if kind not in _READERS:
     raise ValueError(f"unknown source kind {kind!r}; known kinds: "
                      f"{', '.join(KINDS)}")
   if kind == "mixture":
-    return _load_mixture(source, split, seed)
-  return _LOADERS[kind](source, split)
+    return _iter_mixture(source, split, seed)
+  return _READERS[kind](source, split)
