@@ -137,4 +137,4 @@ def test_a_weighted_mixtures_batches_resume_exactly_from_a_saved_position(tmp_pa
   # The run's seed reaches the mixture: another seed, other rows.
   config.seed = 1
   other = pipeline.DataSetup(config, str(tmp_path / "run"))
-  assert not np.array_equal(other._rows["train"]["tokens"], first._rows["train"]["tokens"])
+  assert not np.array_equal(other.rows_tokens("train"), first.rows_tokens("train"))

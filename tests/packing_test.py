@@ -163,3 +163,18 @@ def test_pad_batch_matches_one_example_per_row():
         alone = packing.pack_sequences([ex], lengths, pad_id=PAD)
         for key in (name, f'{name}_segment_ids', f'{name}_positions'):
           np.testing.assert_array_equal(alone[key][0], batch[key][r])
+
+
+@pytest.mark.parametrize('eos', [None, 1])
+def test_blocks_on_a_stream_equal_the_whole_at_once(eos):
+  rng = np.random.default_rng(0)
+  docs = [rng.integers(2, 50, size=rng.integers(0, 30)) for _ in range(300)]
+  whole = packing.chunk_stream(docs, 16, eos_id=eos)
+  blocks = list(packing.chunk_blocks(iter(docs), 16, eos_id=eos, block_tokens=40))
+  assert len(blocks) > 10
+  np.testing.assert_array_equal(np.concatenate(blocks), whole)
+  packed = packing.pack_sequences([{'tokens': d} for d in docs], {'tokens': 16})
+  blocks = list(packing.pack_blocks(iter(docs), 16, block_docs=7))
+  assert len(blocks) > 10
+  for key, value in packed.items():
+    np.testing.assert_array_equal(np.concatenate([b[key] for b in blocks]), value)

@@ -95,11 +95,12 @@ def test_clm_example_respects_segment_boundaries_and_padding():
   np.testing.assert_array_equal(ex["decoder_loss_weights"], [1, 1, 0, 1, 0])
 
 
-def test_frame_rows_adds_cls_and_sep():
-  rows = pipeline.frame_rows(_rows(4, 5), 101, 102)
-  assert rows["tokens"].shape == (4, 7)
-  assert (rows["tokens"][:, 0] == 101).all() and (rows["tokens"][:, -1] == 102).all()
-  np.testing.assert_array_equal(rows["positions"][0], np.arange(7))
+def test_frame_row_adds_cls_and_sep():
+  row = {k: v[0] for k, v in _rows(4, 5).items()}
+  framed = pipeline.frame_row(row, 101, 102)
+  assert framed["tokens"].shape == (7,)
+  assert framed["tokens"][0] == 101 and framed["tokens"][-1] == 102
+  np.testing.assert_array_equal(framed["positions"], np.arange(7))
 
 
 def test_span_example_shapes_and_shift_with_the_t5_vocabulary():
@@ -128,14 +129,19 @@ def test_too_small_split_is_a_clear_error():
     pipeline.BatchIterator(_rows(4), _noisy, batch_size=8, seed=0)
 
 
-def test_pack_mode_keeps_documents_apart():
+def test_pack_mode_keeps_documents_apart(tmp_path):
   from jaxtl.data.tokenizer_files import get_tokenizer
   tok = get_tokenizer(datadir.require_data("tokenizers", "t5_c4_32k_100extra.spm.model"))
   texts = ["A short one.", "Another document, a bit longer than the first.",
            "Third."] * 4
-  data = {"source": {}, "max_docs": 0, "packing": "pack"}
-  rows = pipeline.tokenized_rows(data, "train", tok, 32, eos=True,
-                                 cache_dir=None, texts=texts)
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
+  data = {"source": {"kind": "text", "files": {"train": str(corpus)}},
+          "max_docs": 0, "packing": "pack"}
+  store = pipeline.split_rows(data, "train", tok, 32, eos=True,
+                              cache_dir=str(tmp_path / "cache"))
+  rows = {k: np.stack([r[k] for r in store.take(range(len(store)))])
+          for k in ("tokens", "segment_ids", "positions")}
   docs = [tok.encode(t) + [tok.eos_id] for t in texts]
   got = []
   for toks, seg in zip(rows["tokens"], rows["segment_ids"]):
@@ -143,10 +149,16 @@ def test_pack_mode_keeps_documents_apart():
       got.append(toks[seg == s].tolist())
   assert got == docs
   assert (rows["positions"][rows["segment_ids"] > 0] < 32).all()
-  chunked = pipeline.tokenized_rows({**data, "packing": "chunk"}, "train", tok,
-                                    32, eos=True, cache_dir=None, texts=texts)
-  assert (chunked["segment_ids"] == 1).all()
-  assert chunked["tokens"].ravel().tolist() == sum(docs, [])[:chunked["tokens"].size]
+  for r in store.take(range(len(store))):  # positions restart per document
+    for s in range(1, r["segment_ids"].max() + 1):
+      np.testing.assert_array_equal(r["positions"][r["segment_ids"] == s],
+                                    np.arange((r["segment_ids"] == s).sum()))
+  chunked = pipeline.split_rows({**data, "packing": "chunk"}, "train", tok, 32,
+                                eos=True, cache_dir=str(tmp_path / "cache"))
+  assert chunked.meta["documents"] == len(texts)
+  tokens = chunked.tokens_array()
+  assert all((r["segment_ids"] == 1).all() for r in chunked.take([0, 1]))
+  assert tokens.ravel().tolist() == sum(docs, [])[:tokens.size]
 
 
 def test_unreadable_data_leaves_no_tokenizer_folder(tmp_path):
@@ -162,3 +174,38 @@ def test_unreadable_data_leaves_no_tokenizer_folder(tmp_path):
   with pytest.raises(FileNotFoundError, match="missing.jsonl"):
     pretrain.train_and_evaluate(config, str(tmp_path / "wd"))
   assert not list((tmp_path / "wd").iterdir())
+
+
+def _store(tmp_path, n=40, length=12):
+  from jaxtl.data import row_store  # pylint: disable=g-import-not-at-top
+  docs = list(_rows(n, length)["tokens"])
+  path = str(tmp_path / "rows")
+  row_store.build(path, iter(docs), row_store.Layout("chunk", length, None, 0),
+                  vocab_size=100, name="test rows")
+  return row_store.RowStore(path)
+
+
+def test_rows_on_disk_give_the_batches_of_rows_in_memory(tmp_path):
+  store = _store(tmp_path)
+  assert len(store) == 40 and store.meta["tokens"] == 40 * 12
+  on_disk = _take(pipeline.BatchIterator(store, _noisy, batch_size=8, seed=3), 7)
+  in_memory = _take(pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=3), 7)
+  for a, b in zip(on_disk, in_memory):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_grain_workers_make_the_same_batches_and_resume_exactly(tmp_path):
+  store = _store(tmp_path)
+  alone = _take(pipeline.BatchIterator(store, _noisy, batch_size=8, seed=5), 9)
+  it = pipeline.BatchIterator(store, _noisy, batch_size=8, seed=5, workers=2)
+  first = _take(it, 4)
+  state = it.get_state()  # the consumer's position, whatever the workers made
+  it.close()
+  again = pipeline.BatchIterator(store, _noisy, batch_size=8, seed=5, workers=1)
+  again.set_state(state)
+  rest = _take(again, 5)
+  again.close()
+  for a, b in zip(alone, first + rest):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])

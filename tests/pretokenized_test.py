@@ -46,8 +46,8 @@ def test_shards_round_trip_into_the_same_rows(tmp_path):
   shard_run = _read_back(config, tmp_path / "shards", tmp_path / "shard_run")
   assert shard_run.tokenizer.fingerprint() == meta["tokenizer"]["fingerprint"]
   for split in ("train", "validation"):
-    np.testing.assert_array_equal(shard_run._rows[split]["tokens"],
-                                  text_run._rows[split]["tokens"])
+    np.testing.assert_array_equal(shard_run.rows_tokens(split),
+                                  text_run.rows_tokens(split))
   with pytest.raises(ValueError, match="no split 'test' pretokenized; it has"):
     pretokenized.read(str(tmp_path / "shards"), "test", tok)
   with pytest.raises(ValueError, match="holds token ids, not texts"):

@@ -91,9 +91,9 @@ def objective_config(**overrides: Any) -> ConfigDict:
 
 
 def source_config(**overrides: Any) -> ConfigDict:
-  """A corpus, handed whole to jaxtl.data.sources.load_texts."""
+  """A corpus, read as a stream by jaxtl.data.sources.iter_texts."""
   return _section(dict(
-      # tfds | hf | text | jsonl | tsv | mixture | pretokenized; file kinds
+      # tfds | hf | text | jsonl | tsv | parquet | mixture | pretokenized; file kinds
       # map split -> list of paths; a mixture maps part names to such sources.
       # tfds: name; data_dir holds prepared data ("": $TFDS_DATA_DIR, else
       # ~/tensorflow_datasets); manual_dir, source files to prepare from.
@@ -132,7 +132,10 @@ def data_config(**overrides: Any) -> ConfigDict:
       packing="chunk",  # chunk | pack
       batch_size=32,  # global, over all processes.
       max_docs=0,  # 0: all documents of a split.
-      cache=True,  # cache tokenized rows in the workdir.
+      cache=True,  # keep the rows in WORKDIR/data_cache (else a temp folder).
+      # Grain worker processes that read rows and apply the objective (0:
+      # in the training process, in the prefetch thread).
+      workers=0,
       prefetch=2), overrides)
 
 

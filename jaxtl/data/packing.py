@@ -9,13 +9,13 @@ on padding than one example per row.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 
 def chunk_stream(
-  docs: Sequence[np.ndarray],
+  docs: Iterable[np.ndarray],
   length: int,
   *,
   eos_id: int | None,
@@ -39,20 +39,92 @@ def chunk_stream(
   Returns:
     int32 [N, length].
   """
+  blocks = list(chunk_blocks(docs, length, eos_id=eos_id,
+                             drop_remainder=drop_remainder, pad_id=pad_id))
+  return np.concatenate(blocks) if blocks else np.zeros((0, length), np.int32)
+
+
+def chunk_blocks(
+  docs: Iterable[np.ndarray],
+  length: int,
+  *,
+  eos_id: int | None,
+  drop_remainder: bool = True,
+  pad_id: int = 0,
+  block_tokens: int = 1 << 20,
+) -> Iterator[np.ndarray]:
+  """`chunk_stream` on an unbounded stream: its rows, in int32 [n, length]
+  blocks of about `block_tokens` tokens, holding one block at a time."""
   if length < 1:
     raise ValueError(f'length must be >= 1, got {length!r}.')
-  pieces = []
+  pieces, size = [], 0
+  def cut(final: bool) -> np.ndarray:
+    stream = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+    num_full, remainder = divmod(stream.size, length)
+    pieces.clear()
+    if remainder and final and not drop_remainder:
+      stream = np.concatenate(
+        [stream, np.full(length - remainder, pad_id, dtype=np.int32)])
+      num_full += 1
+    elif remainder:
+      pieces.append(stream[num_full * length:])
+    return stream[:num_full * length].reshape(num_full, length)
   for doc in docs:
-    pieces.append(np.asarray(doc, dtype=np.int32).ravel())
+    doc = np.asarray(doc, dtype=np.int32).ravel()
+    pieces.append(doc)
     if eos_id is not None:
       pieces.append(np.array([eos_id], dtype=np.int32))
-  stream = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
-  num_full, remainder = divmod(stream.size, length)
-  if remainder and not drop_remainder:
-    stream = np.concatenate(
-      [stream, np.full(length - remainder, pad_id, dtype=np.int32)])
-    num_full += 1
-  return stream[:num_full * length].reshape(num_full, length)
+    size += doc.size + (eos_id is not None)
+    if size >= block_tokens:
+      block, size = cut(final=False), 0
+      if len(block):
+        yield block
+  block = cut(final=True)
+  if len(block):
+    yield block
+
+
+def pack_blocks(
+  docs: Iterable[np.ndarray],
+  length: int,
+  *,
+  pad_id: int = 0,
+  block_docs: int = 10_000,
+) -> Iterator[dict[str, np.ndarray]]:
+  """`pack_sequences` of one feature ("tokens") on an unbounded stream.
+
+  Documents are packed `block_docs` at a time; the documents of a block's
+  last row (which later ones might still join) are held back and packed
+  with the next block, so the rows are exactly those of packing the whole
+  stream at once.
+
+  Yields:
+    Blocks of rows: "tokens", "tokens_segment_ids", "tokens_positions".
+  """
+  held: list[np.ndarray] = []
+  def pack(final: bool) -> dict[str, np.ndarray] | None:
+    rows = pack_sequences([{'tokens': d} for d in held], {'tokens': length},
+                          pad_id=pad_id)
+    keep = len(rows['tokens']) if final else len(rows['tokens']) - 1
+    if not final and keep >= 0:  # hold the open row's documents back
+      open_docs = int(rows['tokens_segment_ids'][-1].max())
+      real = [d for d in held if np.size(d)]
+      held[:] = real[len(real) - open_docs:]
+    else:
+      held.clear()
+    if keep <= 0:
+      return None
+    return {k: v[:keep] for k, v in rows.items()}
+  for doc in docs:
+    held.append(np.asarray(doc, dtype=np.int32).ravel())
+    if len(held) >= block_docs:
+      block = pack(final=False)
+      if block is not None:
+        yield block
+  if held:
+    block = pack(final=True)
+    if block is not None:
+      yield block
 
 
 def row_positions(shape: tuple[int, int]) -> np.ndarray:

@@ -11,26 +11,34 @@ how many processes share the batch.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import glob
 import hashlib
+import itertools
 import json
 import logging
 import os
 import queue
+import shutil
+import sys
+import tempfile
 import threading
-from typing import Any, Callable, Iterator, Mapping
+import weakref
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
 from jaxtl import objectives
-from jaxtl.data import mixtures, packing, pretokenized, sources
+from jaxtl.data import mixtures, pretokenized, row_store, sources
 from jaxtl.data.tokenizer_files import get_tokenizer, save_tokenizer
 from jaxtl.data.tokenizers import Tokenizer, train_sentencepiece
 
 log = logging.getLogger(__name__)
 
 Example = dict[str, np.ndarray]
-Rows = dict[str, np.ndarray]  # "tokens", "segment_ids", "positions": [N, L]
+Row = dict[str, np.ndarray]  # "tokens", "segment_ids", "positions": [L]
+Rows = dict[str, np.ndarray]  # the same, [N, L]
 
 
 # ----------------------------------------------------------------------------
@@ -60,7 +68,7 @@ def keep_tokenizer(tok: Tokenizer, workdir: str | None) -> Tokenizer:
 
 
 def build_tokenizer(data: Mapping[str, Any], workdir: str | None,
-                    train_texts: Callable[[], list[str]]) -> Tokenizer:
+                    train_texts: Callable[[], Iterable[str]]) -> Tokenizer:
   """Loads ``data.tokenizer.path`` (else pre-tokenized shards' tokenizer),
   or trains one (cached in the workdir)."""
   spec = data["tokenizer"]
@@ -98,53 +106,27 @@ def _cache_key(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
   return h.hexdigest()[:16]
 
 
-def tokenized_rows(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
-                   row_length: int, *, eos: bool, cache_dir: str | None,
-                   texts: list[str] | None = None, seed: int = 0) -> Rows:
-  """The split's documents, tokenized and cut (or packed) into rows.
+def split_rows(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
+               row_length: int, *, eos: bool, cache_dir: str, seed: int = 0
+               ) -> row_store.RowStore:
+  """The split's documents, tokenized and cut (or packed) into rows on disk.
 
   ``chunk`` concatenates documents (EOS between them when ``eos``) and cuts
   the stream, GPT/RoBERTa style; ``pack`` keeps documents apart with segment
-  ids (truncating any longer than a row). ``seed`` picks a weighted
-  mixture's documents (sources.load_texts).
+  ids (truncating any longer than a row). The corpus streams through: the
+  store is built once per (corpus, tokenizer, layout) under ``cache_dir``
+  and read by index afterwards (jaxtl.data.row_store). ``seed`` picks a
+  weighted mixture's documents (sources.iter_texts).
   """
-  path = None
-  if cache_dir:
-    key = _cache_key(data, split, tokenizer, row_length, eos, seed)
-    path = os.path.join(cache_dir, f"rows_{split.replace('/', '_')}_{key}.npz")
-    if os.path.exists(path):
-      with np.load(path) as f:
-        return {k: f[k] for k in f.files}
-  docs = _documents(data, split, tokenizer, texts, seed)
-  if data["packing"] == "chunk":
-    tokens = packing.chunk_stream(docs, row_length,
-                                  eos_id=tokenizer.eos_id if eos else None)
-    rows = {"tokens": tokens, "segment_ids": np.ones_like(tokens),
-            "positions": packing.row_positions(tokens.shape)}
-  elif data["packing"] == "pack":
-    if eos:
-      docs = [np.append(d, tokenizer.eos_id).astype(np.int32) for d in docs]
-    truncated = sum(len(d) > row_length for d in docs)
-    if truncated:
-      log.info("%s: %d of %d documents truncated to %d tokens", split,
-               truncated, len(docs), row_length)
-    packed = packing.pack_sequences([{"tokens": d} for d in docs],
-                                    {"tokens": row_length},
-                                    pad_id=tokenizer.pad_id)
-    rows = {"tokens": packed["tokens"],
-            "segment_ids": packed["tokens_segment_ids"],
-            "positions": packed["tokens_positions"]}
-  else:
-    raise ValueError(f"config.data.packing={data['packing']!r}; expected chunk or pack")
-  if not len(rows["tokens"]):
-    raise ValueError(f"split {split!r} of {data['source']} gave no complete "
-                     f"row of {row_length} tokens")
-  if path:
+  key = _cache_key(data, split, tokenizer, row_length, eos, seed)
+  path = os.path.join(cache_dir, f"rows_{split.replace('/', '_')}_{key}")
+  if not row_store.RowStore.exists(path):
     os.makedirs(cache_dir, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp.npz"  # processes may share the workdir
-    np.savez(tmp, **rows)
-    os.replace(tmp, path)
-  return rows
+    layout = row_store.Layout(data["packing"], row_length,
+                              tokenizer.eos_id if eos else None, tokenizer.pad_id)
+    row_store.build(path, _documents(data, split, tokenizer, seed), layout,
+                    tokenizer.vocab_size, f"split {split!r} of {data['source']}")
+  return row_store.RowStore(path)
 
 
 def pretokenized_dir(source: Mapping[str, Any]) -> str | None:
@@ -158,49 +140,78 @@ def pretokenized_dir(source: Mapping[str, Any]) -> str | None:
 
 
 def _documents(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
-               texts: list[str] | None, seed: int) -> list[np.ndarray]:
-  """The split's first ``max_docs`` documents as token ids: read from
-  pre-tokenized shards, or the texts encoded now (empty ones dropped)."""
+               seed: int) -> Iterator[np.ndarray]:
+  """The split's first ``max_docs`` documents as token ids, streamed: read
+  from pre-tokenized shards, or the texts encoded as they are read (empty
+  ones dropped)."""
   folder = pretokenized_dir(data["source"])
   if folder is not None:
-    docs = pretokenized.read(folder, split, tokenizer)
-    return docs[:data["max_docs"]] if data.get("max_docs") else docs
-  if texts is None:
-    texts = sources.load_texts(data["source"], split, seed=seed)
-  if data.get("max_docs"):
-    texts = texts[:data["max_docs"]]
-  return [np.asarray(d, np.int32) for d in tokenizer.encode_batch(texts) if d]
-
-
-def unigram_entropy(rows: Rows, vocab_size: int) -> float:
-  """Entropy (nats) of the unigram distribution of real tokens in ``rows``.
-
-  A model that ignores context cannot do better than this; pretraining
-  should bring the validation loss clearly below it.
-  """
-  counts = np.bincount(rows["tokens"][rows["segment_ids"] > 0].ravel(),
-                       minlength=vocab_size).astype(np.float64)
-  p = counts[counts > 0] / counts.sum()
-  return float(-(p * np.log(p)).sum())
+    docs = pretokenized.iter_docs(folder, split, tokenizer)
+  else:
+    docs = row_store.encode_stream(
+        sources.iter_texts(data["source"], split, seed=seed), tokenizer)
+  return itertools.islice(docs, data["max_docs"] or None)
 
 
 # ----------------------------------------------------------------------------
 # Rows: objectives (jaxtl.objectives) make one example from each.
 
 
-def frame_rows(rows: Rows, first_id: int, last_id: int) -> Rows:
-  """Adds a first and last token to every row ([CLS] ... [SEP] for BERT)."""
-  n = len(rows["tokens"])
-  col = lambda v: np.full((n, 1), v, np.int32)
-  tokens = np.concatenate([col(first_id), rows["tokens"], col(last_id)], axis=1)
-  seg = rows["segment_ids"]
-  seg = np.concatenate([seg[:, :1], seg, seg[:, -1:]], axis=1)
-  return {"tokens": tokens, "segment_ids": seg,
-          "positions": packing.row_positions(tokens.shape)}
+def frame_row(row: Row, first_id: int, last_id: int) -> Row:
+  """Adds a first and last token to a row ([CLS] ... [SEP] for BERT)."""
+  tokens = np.concatenate([[first_id], row["tokens"], [last_id]]).astype(np.int32)
+  seg = row["segment_ids"]
+  return {"tokens": tokens,
+          "segment_ids": np.concatenate([seg[:1], seg, seg[-1:]]).astype(np.int32),
+          "positions": np.arange(len(tokens), dtype=np.int32)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Framed:
+  """``make_example`` of a framed row: picklable (Grain's workers get it)."""
+  make_example: Callable[[Row, np.random.Generator], Example]
+  first_id: int
+  last_id: int
+
+  def __call__(self, row: Row, rng: np.random.Generator) -> Example:
+    return self.make_example(frame_row(row, self.first_id, self.last_id), rng)
 
 
 # ----------------------------------------------------------------------------
 # Batching.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+  """Local batch ``k`` of a :class:`BatchIterator`: a pure function of
+  ``k``, so Grain can make batches in any order, in any process."""
+  rows: Any  # row_store.RowStore | row_store.ArrayRows
+  make_example: Callable[[Row, np.random.Generator], Example]
+  batch_size: int
+  local: int
+  offset: int
+  batches_per_epoch: int
+  seed: int
+  shuffle: bool
+  stream: tuple[int, ...]
+
+  def rng(self, *key: int) -> np.random.Generator:
+    """``default_rng((seed, *key))``, or its spawn for the stream."""
+    return np.random.default_rng(np.random.SeedSequence((self.seed, *key),
+                                                        spawn_key=self.stream))
+
+  @functools.lru_cache(maxsize=2)
+  def order(self, epoch: int) -> np.ndarray:
+    n = len(self.rows)
+    return self.rng(epoch).permutation(n) if self.shuffle else np.arange(n)
+
+  def __call__(self, k: int) -> Example:
+    epoch, index = divmod(k, self.batches_per_epoch)
+    start = index * self.batch_size + self.offset
+    ids = self.order(epoch)[start:start + self.local]
+    examples = [self.make_example(row, self.rng(epoch, int(i)))
+                for i, row in zip(ids, self.rows.take(ids))]
+    return {key: np.stack([ex[key] for ex in examples]) for key in examples[0]}
 
 
 class BatchIterator:
@@ -213,46 +224,66 @@ class BatchIterator:
   of a run) spawns independent generators from the same keys, so a stage
   that reads the same rows as an earlier one does not repeat its order and
   masks; the empty stream draws what the iterator always drew.
+
+  Batches are made by a Grain pipeline over batch numbers: rows are read by
+  index (from a :class:`~jaxtl.data.row_store.RowStore` on disk, or arrays
+  in memory), and with ``workers`` > 0 the reading and the objective's
+  corruption run in that many worker processes. The state is the position
+  of the next batch the consumer gets, ``(epoch, index)``, whatever Grain
+  has made ahead, so a run resumes exactly with any number of workers or
+  processes.
   """
 
-  def __init__(self, rows: Rows, make_example: Callable[..., Example], *,
+  def __init__(self, rows: Rows | row_store.RowStore | row_store.ArrayRows,
+               make_example: Callable[..., Example], *,
                batch_size: int, seed: int, shuffle: bool = True,
                repeat: bool = True, process_index: int = 0,
-               process_count: int = 1, stream: tuple[int, ...] = ()):
+               process_count: int = 1, stream: tuple[int, ...] = (),
+               workers: int = 0):
     if batch_size % process_count:
       raise ValueError(f"global batch size {batch_size} is not divisible by "
                        f"the {process_count} processes")
+    if isinstance(rows, Mapping):
+      rows = row_store.ArrayRows(dict(rows))
     self.rows = rows
-    self.num_rows = len(next(iter(rows.values())))
+    self.num_rows = len(rows)
     if self.num_rows < batch_size:
       raise ValueError(f"only {self.num_rows} rows, fewer than one batch of "
                        f"{batch_size}")
     self.make_example = make_example
     self.batch_size, self.seed, self.stream = batch_size, seed, tuple(stream)
-    self.shuffle, self.repeat = shuffle, repeat
+    self.shuffle, self.repeat, self.workers = shuffle, repeat, workers
     self.local = batch_size // process_count
     self.offset = process_index * self.local
     self.batches_per_epoch = self.num_rows // batch_size
     self.epoch, self.index = 0, 0
-    self._order_epoch, self._order = -1, None
+    self._batches = _Batch(rows, make_example, batch_size, self.local, self.offset,
+                           self.batches_per_epoch, seed, shuffle, self.stream)
+    self._it = None
 
   def get_state(self) -> dict[str, int]:
     return {"epoch": self.epoch, "index": self.index}
 
   def set_state(self, state: Mapping[str, int]) -> None:
     self.epoch, self.index = int(state["epoch"]), int(state["index"])
+    self.close()
 
-  def _rng(self, *key: int) -> np.random.Generator:
-    """``default_rng((seed, *key))``, or its spawn for the stream."""
-    return np.random.default_rng(np.random.SeedSequence((self.seed, *key),
-                                                        spawn_key=self.stream))
-
-  def _epoch_order(self) -> np.ndarray:
-    if self._order_epoch != self.epoch:
-      self._order = (self._rng(self.epoch).permutation(self.num_rows)
-                     if self.shuffle else np.arange(self.num_rows))
-      self._order_epoch = self.epoch
-    return self._order
+  def _start(self) -> Iterator[Example]:
+    """Grain's iterator from the current position on."""
+    import grain  # pylint: disable=g-import-not-at-top
+    start = self.epoch * self.batches_per_epoch + self.index
+    stop = sys.maxsize if self.repeat else self.batches_per_epoch
+    ds = grain.MapDataset.range(start, stop).map(self._batches)
+    if self.workers:
+      from absl import flags  # pylint: disable=g-import-not-at-top
+      if not flags.FLAGS.is_parsed():  # Grain's workers read its absl flags
+        flags.FLAGS.mark_as_parsed()  # (defaults) unless absl parsed argv
+      it = ds.to_iter_dataset(grain.ReadOptions(num_threads=0)).mp_prefetch(
+          grain.MultiprocessingOptions(num_workers=self.workers,
+                                       per_worker_buffer_size=2))
+    else:  # made on demand, in the consumer's thread (see Prefetcher)
+      it = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+    return iter(it)
 
   def __iter__(self) -> Iterator[Example]:
     return self
@@ -262,15 +293,17 @@ class BatchIterator:
       if not self.repeat:
         raise StopIteration
       self.epoch, self.index = self.epoch + 1, 0
-    start = self.index * self.batch_size + self.offset
-    ids = self._epoch_order()[start:start + self.local]
-    examples = []
-    for i in ids:
-      row = {k: v[i] for k, v in self.rows.items()}
-      rng = self._rng(self.epoch, int(i))
-      examples.append(self.make_example(row, rng))
+    if self._it is None:
+      self._it = self._start()
+    batch = next(self._it)
     self.index += 1
-    return {k: np.stack([ex[k] for ex in examples]) for k in examples[0]}
+    return batch
+
+  def close(self) -> None:
+    """Stops Grain's workers (a later ``next`` starts them again)."""
+    if self._it is not None and hasattr(self._it, "close"):
+      self._it.close()
+    self._it = None
 
 
 class Prefetcher:
@@ -323,7 +356,9 @@ class DataSetup:
   """Everything the trainer needs from the data side, built from config.data.
 
   A given ``tokenizer`` (a pretrained model's, for continued pretraining)
-  replaces ``config.data.tokenizer``: none is trained or loaded.
+  replaces ``config.data.tokenizer``: none is trained or loaded. Rows are
+  kept on disk under ``WORKDIR/data_cache`` (a temporary folder, removed
+  when the setup is, without a workdir or with ``data.cache`` off).
   """
 
   def __init__(self, config: Any, workdir: str | None, *, process_index: int = 0,
@@ -331,40 +366,38 @@ class DataSetup:
     data = config.data
     self.objective = objectives.get(config.objective.name)
     self.batch_size, self.seed = data.batch_size, config.seed
+    self.workers = data.get("workers", 0)
     self.process_index, self.process_count = process_index, process_count
     self.train_split, self.eval_split = data.train_split, data.eval_split
-    self._texts: dict[str, list[str]] = {}
     self.tokenizer = (self._load_tokenizer(data, workdir) if tokenizer is None else
                       keep_tokenizer(tokenizer, workdir if process_index == 0 else None))
     prepared = self.objective.prepare(self.tokenizer, config.objective, data)
-    self.make_example, self.lengths = prepared.make_example, prepared.lengths
+    self.make_example, self.lengths = self._framed(prepared), prepared.lengths
     self.max_predictions = prepared.max_predictions
-    self._cache_dir = (os.path.join(workdir, "data_cache")
-                       if workdir and data.cache else None)
-    self._memo: dict[tuple[str, bool], Rows] = {}
+    if workdir and data.cache:
+      self._cache_dir = os.path.join(workdir, "data_cache")
+    else:
+      self._cache_dir = tempfile.mkdtemp(prefix="jaxtl-rows-")
+      weakref.finalize(self, shutil.rmtree, self._cache_dir, ignore_errors=True)
     self._rows = {split: self._split_rows(data, split, prepared)
                   for split in (data.train_split, data.eval_split)}
-    self._texts.clear()
-    self.unigram_entropy = unigram_entropy(self._rows[data.train_split],
-                                           self.tokenizer.vocab_size)
+    self.unigram_entropy = self._rows[data.train_split].meta["unigram_entropy"]
 
-  def _split_rows(self, data: Any, split: str, prepared: objectives.Prepared) -> Rows:
-    """A split cut for ``prepared``, built once per run (stages that cut the
-    same rows share them) and cached on disk."""
+  def _framed(self, prepared: objectives.Prepared) -> Callable[..., Example]:
+    """The objective's ``make_example``, framing rows first when it asks."""
+    if not prepared.framed:
+      return prepared.make_example
     tok = self.tokenizer
-    key = (_cache_key(data, split, tok, prepared.row_length, prepared.eos,
-                      self.seed),
-           prepared.framed)
-    if key not in self._memo:
-      rows = tokenized_rows(data, split, tok, prepared.row_length, eos=prepared.eos,
-                            cache_dir=self._cache_dir, texts=self._texts.get(split),
-                            seed=self.seed)
-      if prepared.framed:
-        first = tok.cls_id if tok.cls_id is not None else tok.bos_id
-        last = tok.sep_id if tok.sep_id is not None else tok.eos_id
-        rows = frame_rows(rows, first, last)
-      self._memo[key] = rows
-    return self._memo[key]
+    return Framed(prepared.make_example,
+                  tok.cls_id if tok.cls_id is not None else tok.bos_id,
+                  tok.sep_id if tok.sep_id is not None else tok.eos_id)
+
+  def _split_rows(self, data: Any, split: str, prepared: objectives.Prepared
+                  ) -> row_store.RowStore:
+    """A split cut for ``prepared``, built once (stages that cut the same
+    rows share the store)."""
+    return split_rows(data, split, self.tokenizer, prepared.row_length,
+                      eos=prepared.eos, cache_dir=self._cache_dir, seed=self.seed)
 
   def stage_batches(self, config: Any, stream: tuple[int, ...] = ()
                     ) -> tuple[BatchIterator, objectives.Prepared]:
@@ -375,9 +408,10 @@ class DataSetup:
     prepared = objectives.get(config.objective.name).prepare(
         self.tokenizer, config.objective, data)
     rows = self._split_rows(data, data.train_split, prepared)
-    batches = BatchIterator(rows, prepared.make_example, batch_size=data.batch_size,
+    batches = BatchIterator(rows, self._framed(prepared), batch_size=data.batch_size,
                             seed=self.seed, process_index=self.process_index,
-                            process_count=self.process_count, stream=stream)
+                            process_count=self.process_count, stream=stream,
+                            workers=data.get("workers", 0))
     return batches, prepared
 
   def _load_tokenizer(self, data: Any, workdir: str | None) -> Tokenizer:
@@ -391,17 +425,15 @@ class DataSetup:
       multihost_utils.sync_global_devices("jaxtl_tokenizer")
     return tokenizer or build_tokenizer(data, workdir, train_texts)
 
-  def _split_texts(self, data: Any, split: str) -> list[str]:
-    if split not in self._texts:
-      texts = sources.load_texts(data.source, split, seed=self.seed)
-      self._texts[split] = texts[:data.max_docs] if data.max_docs else texts
-    return self._texts[split]
+  def _split_texts(self, data: Any, split: str) -> Iterator[str]:
+    texts = sources.iter_texts(data.source, split, seed=self.seed)
+    return itertools.islice(texts, data.max_docs or None)
 
   def train_iterator(self) -> BatchIterator:
     return BatchIterator(self._rows[self.train_split], self.make_example,
                          batch_size=self.batch_size, seed=self.seed,
                          process_index=self.process_index,
-                         process_count=self.process_count)
+                         process_count=self.process_count, workers=self.workers)
 
   def eval_iterator(self, num_batches: int | None = None) -> Iterator[Example]:
     """The same eval batches (and masks) every time it is called."""
@@ -416,8 +448,15 @@ class DataSetup:
       yield batch
 
   def num_rows(self, split: str) -> int:
-    return len(self._rows[split]["tokens"])
+    return len(self._rows[split])
+
+  def rows_tokens(self, split: str) -> np.ndarray:
+    """The split's rows' tokens, [rows, row length], read whole: for
+    inspection and tests of small corpora, never for training."""
+    return self._rows[split].tokens_array()
 
   def num_tokens(self, split: str) -> int:
-    """Token slots in the split's rows (padding of packed rows included)."""
-    return int(self._rows[split]["tokens"].size)
+    """Token slots in the split's rows as the model sees them (framing and
+    the padding of packed rows included)."""
+    framed = 2 if isinstance(self.make_example, Framed) else 0
+    return self.num_rows(split) * (self._rows[split].layout.row_length + framed)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -120,7 +120,13 @@ def recorded_tokenizer(folder: str) -> Tokenizer:
 
 
 def read(folder: str, split: str, tokenizer: Tokenizer) -> list[np.ndarray]:
-  """A split's documents (int32 token ids), in the order they were written.
+  """A split's documents, as a list (`iter_docs`)."""
+  return list(iter_docs(folder, split, tokenizer))
+
+
+def iter_docs(folder: str, split: str, tokenizer: Tokenizer) -> Iterator[np.ndarray]:
+  """A split's documents (int32 token ids), in the order they were written,
+  read shard by shard as they are consumed (the checks run at once).
 
   Raises:
     ValueError: when ``tokenizer`` is not the recorded one (naming both
@@ -138,10 +144,10 @@ def read(folder: str, split: str, tokenizer: Tokenizer) -> list[np.ndarray]:
   if split not in meta["splits"]:
     raise ValueError(f"{folder}: no split {split!r} pretokenized; it has "
                      f"{sorted(meta['splits'])}")
-  return list(_records(folder, meta["splits"][split]["shards"]))
+  return _records(folder, meta["splits"][split]["shards"])
 
 
-def _records(folder: str, names: Iterable[str]) -> Iterable[np.ndarray]:
+def _records(folder: str, names: Iterable[str]) -> Iterator[np.ndarray]:
   ar = _array_record()
   for name in names:
     path = os.path.join(folder, name)
@@ -149,7 +155,8 @@ def _records(folder: str, names: Iterable[str]) -> Iterable[np.ndarray]:
       raise FileNotFoundError(f"shard missing: {path}")
     reader = ar.ArrayRecordReader(path)
     try:
-      for record in reader.read_all():
-        yield np.frombuffer(record, _DTYPE).astype(np.int32)
+      for i in range(0, reader.num_records(), 4096):
+        for record in reader.read(list(range(i, min(i + 4096, reader.num_records())))):
+          yield np.frombuffer(record, _DTYPE).astype(np.int32)
     finally:
       reader.close()
