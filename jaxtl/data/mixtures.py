@@ -21,26 +21,34 @@ tokens than its share of documents; weight it down if tokens matter.
 
 A weighted split keeps concatenation's size (the parts' documents added
 up) and draws from part ``i`` exactly ``round(share_i * size)`` documents
-(largest remainders, so the counts add up): a seeded permutation of the
-part, repeated as often as needed when it is upsampled, cut short when it
-is downsampled. The parts' documents are then interleaved in a seeded
-order. Quotas instead of independent draws make the realised shares the
+(largest remainders, so the counts add up): the whole part as many times
+as it fits, then a seeded subset of it (every document once before any
+twice). The parts' documents are then interleaved in a seeded order.
+Quotas instead of independent draws make the realised shares the
 configured ones, not a sample of them; a pure function of ``(seed, split,
 config)`` makes the rows, hence the batch iterator's saved ``(epoch,
 index)``, resume exactly.
+
+The parts stream: a part is read once to count its documents and then as
+often as it is repeated, each document kept or not by a mask of one byte
+per document, so a mixture of corpora larger than memory mixes in flat
+memory. Within a part, documents keep their file order (training shuffles
+the rows cut from them).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MODES: Sequence[str] = ("concat", "rates", "proportional")
 _DEFAULTS = {"mixing": "concat", "cap": 0, "temperature": 1.0}
@@ -140,41 +148,39 @@ def _rng(seed: int, split: str, name: str) -> np.random.Generator:
   return np.random.default_rng([seed, int.from_bytes(digest[:8], "little")])
 
 
-def draw(texts: Sequence[str], count: int, rng: np.random.Generator) -> list[str]:
-  """``count`` documents of ``texts``: whole seeded permutations, then the
-  start of one more (every document once before any twice)."""
-  if count and not texts:
+def draw(texts: Callable[[], Iterable[T]], size: int, count: int,
+         rng: np.random.Generator) -> Iterator[T]:
+  """``count`` documents of a part of ``size`` (``texts()`` streams it):
+  whole passes in file order, then a seeded subset (every document once
+  before any twice)."""
+  if count and not size:
     raise ValueError("an empty part cannot give documents")
-  out: list[str] = []
-  while len(out) < count:
-    order = rng.permutation(len(texts))[:count - len(out)]
-    out += [texts[i] for i in order]
-  return out
+  passes, rest = divmod(count, size) if size else (0, 0)
+  keep = np.zeros(size, bool)
+  keep[rng.permutation(size)[:rest]] = True
+  for _ in range(passes):
+    yield from texts()
+  if rest:
+    yield from itertools.compress(texts(), keep)
 
 
-def mix(parts: Mapping[str, Sequence[str]], share: Mapping[str, float], *,
-        seed: int, split: str) -> list[str]:
+def mix(parts: Mapping[str, Callable[[], Iterable[T]]], sizes: Mapping[str, int],
+        share: Mapping[str, float], *, seed: int, split: str) -> Iterator[T]:
   """The split's documents, ``share`` of them from each part, interleaved in
-  a seeded order; as many as the parts hold together."""
-  size = sum(len(t) for t in parts.values())
+  a seeded order; as many as the parts hold together (``sizes``)."""
+  size = sum(sizes.values())
   counts = quotas(share, size)
   names = sorted(parts)
-  drawn = {}
   for name in names:
-    try:
-      drawn[name] = draw(parts[name], counts[name], _rng(seed, split, name))
-    except ValueError as e:
+    if counts[name] and not sizes[name]:
       raise ValueError(f"mixture part {name!r} has no {split!r} documents but a "
-                       f"share of {share[name]:.1%}") from e
-  labels = np.concatenate([np.full(counts[n], i) for i, n in enumerate(names)])
+                       f"share of {share[name]:.1%}")
+  drawn = {name: draw(parts[name], sizes[name], counts[name], _rng(seed, split, name))
+           for name in names}
+  labels = np.concatenate([np.full(counts[n], i, np.int16) for i, n in enumerate(names)])
   labels = _rng(seed, split, "").permutation(labels)
-  taken = dict.fromkeys(drawn, 0)
-  out = []
-  for i in labels:
-    name = names[i]
-    out.append(drawn[name][taken[name]])
-    taken[name] += 1
   log.info("mixture %s split (%d documents, seed %d): %s", split, size, seed,
-           ", ".join(f"{n} {share[n]:.1%} ({counts[n]} of its {len(parts[n])}, "
-                     f"x{counts[n] / max(len(parts[n]), 1):.2f})" for n in names))
-  return out
+           ", ".join(f"{n} {share[n]:.1%} ({counts[n]} of its {sizes[n]}, "
+                     f"x{counts[n] / max(sizes[n], 1):.2f})" for n in names))
+  for i in labels:
+    yield next(drawn[names[i]])

@@ -23,13 +23,15 @@ A run with no ``data.tokenizer.path`` uses the recorded tokenizer.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from jaxtl.data import row_store
 from jaxtl.data.tokenizer_files import get_tokenizer, save_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
 
@@ -54,14 +56,20 @@ def shard_names(split: str, num_shards: int) -> list[str]:
           for i in range(num_shards)]
 
 
-def write(folder: str, tokenizer: Tokenizer, splits: Mapping[str, Sequence[str]], *,
+Texts = Sequence[str] | Callable[[], Iterable[str]]
+
+
+def write(folder: str, tokenizer: Tokenizer, splits: Mapping[str, Texts], *,
           num_shards: int = 1, source: Mapping[str, Any] | None = None,
           seed: int = 0, batch: int = 10_000) -> dict[str, Any]:
   """Tokenizes each split's texts into ``num_shards`` shards under ``folder``.
 
-  Texts are encoded ``batch`` at a time; documents with no tokens are left
-  out (as the text pipeline leaves them out). The metadata file is written
-  last, so a folder without it is an interrupted write, never read.
+  A split's texts are a list, or a function that streams them (called
+  twice: once to count the texts that set the shard bounds, once to write),
+  so a corpus larger than memory is written without being held. Texts are
+  encoded ``batch`` at a time; documents with no tokens are left out (as
+  the text pipeline leaves them out). The metadata file is written last, so
+  a folder without it is an interrupted write, never read.
 
   Returns:
     The metadata written.
@@ -78,16 +86,17 @@ def write(folder: str, tokenizer: Tokenizer, splits: Mapping[str, Sequence[str]]
                     "vocab_size": tokenizer.vocab_size},
       "splits": {}}
   for split, texts in splits.items():
+    count = sum(1 for _ in texts()) if callable(texts) else len(texts)
+    stream = iter(texts() if callable(texts) else texts)
     names = shard_names(split, num_shards)
-    bounds = np.linspace(0, len(texts), num_shards + 1).astype(int)
+    bounds = np.linspace(0, count, num_shards + 1).astype(int)
     documents = tokens = 0
     for name, lo, hi in zip(names, bounds[:-1], bounds[1:]):
       writer = ar.ArrayRecordWriter(os.path.join(folder, name), "group_size:1")
-      for start in range(lo, hi, batch):
-        for ids in tokenizer.encode_batch(texts[start:min(start + batch, hi)]):
-          if ids:
-            writer.write(np.asarray(ids, _DTYPE).tobytes())
-            documents, tokens = documents + 1, tokens + len(ids)
+      for ids in row_store.encode_stream(itertools.islice(stream, hi - lo),
+                                         tokenizer, batch):
+        writer.write(ids.astype(_DTYPE).tobytes())
+        documents, tokens = documents + 1, tokens + len(ids)
       writer.close()
     meta["splits"][split] = {"shards": names, "documents": documents,
                              "tokens": tokens}

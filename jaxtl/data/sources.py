@@ -12,12 +12,13 @@ imports TensorFlow, and only when a source asks for it.
 from __future__ import annotations
 
 import csv
+import functools
 import gzip
 import io
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from jaxtl.data import mixtures, network, tfds_reader
@@ -367,15 +368,15 @@ def _match_lines(docs: Iterable[str], pattern: str, path: str) -> Iterator[str]:
 def _iter_mixture(source: Mapping[str, Any], split: str, seed: int) -> Iterator[str]:
   """The split's documents from every part that has it (see
   jaxtl.data.mixtures): all of them in name order for ``mixing="concat"``,
-  streamed part after part; a seeded draw at the configured shares
-  otherwise, which needs each part's size and so holds the parts' texts in
-  memory (a part whose rate is 0 is not read)."""
+  a seeded draw at the configured shares otherwise (a part whose rate is 0
+  is not read). Parts stream; a weighted draw reads each part once more to
+  count it first."""
   parts = source.get("parts")
   if not isinstance(parts, Mapping) or not parts:
     raise ValueError("source of kind 'mixture' needs 'parts', a mapping from "
                      "a name to a source description")
   mixing, cap, temperature = mixtures.settings(source)
-  loaded: dict[str, list[str]] = {}
+  texts: dict[str, Callable[[], Iterator[str]]] = {}
   rates: dict[str, float] = {}
   found = False
   for name in sorted(parts):
@@ -389,24 +390,23 @@ def _iter_mixture(source: Mapping[str, Any], split: str, seed: int) -> Iterator[
     found = True
     if rate == 0:
       continue
-    loaded[name] = _part_texts(name, part, split)
+    texts[name] = functools.partial(_part_texts, name, part, split)
     if rate is not None:
       rates[name] = rate
   if not found:
     raise ValueError(f"no part of the mixture has split {split!r}; parts: "
                      f"{sorted(parts)}")
   if mixing == "concat":
-    for texts in loaded.values():
-      yield from texts
+    for name in texts:
+      yield from texts[name]()
     return
-  loaded = {name: list(texts) for name, texts in loaded.items()}
-  if mixing == "rates" and not loaded:
+  if mixing == "rates" and not texts:
     raise ValueError(f"source.parts.*.rate: all rates of the parts with split "
                      f"{split!r} are 0; at least one must be > 0")
-  sizes = {name: len(texts) for name, texts in loaded.items()}
+  sizes = {name: sum(1 for _ in stream()) for name, stream in texts.items()}
   share = mixtures.shares(sizes, mixing, rates=rates, cap=cap,
                           temperature=temperature)
-  yield from mixtures.mix(loaded, share, seed=seed, split=split)
+  yield from mixtures.mix(texts, sizes, share, seed=seed, split=split)
 
 
 def _part_texts(name: str, part: Mapping[str, Any], split: str) -> Iterator[str]:

@@ -267,7 +267,13 @@ def main(argv: list[str]) -> None:
   f = flags.FLAGS
   if f.pipeline:
     rows = [r for recipe in f.pipeline
-            for r in footprint.pipeline_rows(recipe, f.workdir, f.pipeline_docs)]
+            for r in footprint.pipeline_rows(recipe, f.workdir, f.pipeline_docs,
+                                             workers=tuple(map(int, f.workers)))]
+  elif f.rss:
+    rows = [r for recipe in f.rss
+            for r in footprint.corpus_rss_rows(recipe, f.workdir,
+                                               tuple(map(int, f.rss_repeats)),
+                                               steps=f.steps)]
   elif f.memory:
     rows = footprint.memory_rows(f.presets)
   else:
@@ -306,6 +312,12 @@ def _define_flags() -> None:
   flags.DEFINE_list("pipeline", [], "Instead of timing steps: the host input pipeline "
                     "of these pretraining recipes (pretrain_mlm, pretrain_span:arg, ...).")
   flags.DEFINE_integer("pipeline_docs", 5000, "Documents per split read by --pipeline.")
+  flags.DEFINE_list("workers", ["0", "1", "2"], "--pipeline: Grain worker counts to "
+                    "time the objective's batches with.")
+  flags.DEFINE_list("rss", [], "Instead of timing steps: peak host memory of these "
+                    "pretraining recipes' runs (--steps steps) as the corpus grows.")
+  flags.DEFINE_list("rss_repeats", ["1", "10"], "--rss: how many times the train files "
+                    "are listed (the corpus repeated).")
   flags.DEFINE_string("workdir", "/tmp/jaxtl_benchmark", "--pipeline keeps its "
                       "trained tokenizers here.")
   flags.DEFINE_string("profile", "", "Also trace --steps more jaxtl steps into "

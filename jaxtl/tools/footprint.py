@@ -9,7 +9,12 @@ feed ``python -m jaxtl.tools.benchmark --memory`` / ``--pipeline``.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import importlib
+import json
+import os
+import subprocess
+import sys
 import time
 from typing import Any, Callable
 
@@ -75,22 +80,37 @@ def memory_rows(names: list[str], dtype: str = "float32",
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
-  """(result, wall seconds, CPU seconds of every thread of this process)."""
-  wall, cpu = time.perf_counter(), time.process_time()
+  """(result, wall seconds, CPU seconds of this process's threads and of its
+  child processes, Grain's workers included)."""
+  import psutil  # pylint: disable=g-import-not-at-top
+  me = psutil.Process()
+
+  def cpu() -> float:
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+      try:
+        total += sum(child.cpu_times()[:2])
+      except psutil.NoSuchProcess:
+        pass
+    return total
+
+  wall, start = time.perf_counter(), cpu()
   out = fn()
-  return out, time.perf_counter() - wall, time.process_time() - cpu
+  return out, time.perf_counter() - wall, cpu() - start
 
 
 def pipeline_rows(recipe: str, workdir: str, max_docs: int = 5000,
-                  batches: int = 100) -> list[dict[str, str]]:
+                  batches: int = 100, workers: tuple[int, ...] = (0, 1, 2)
+                  ) -> list[dict[str, str]]:
   """Host throughput of a pretraining recipe's input pipeline, in two stages.
 
-  ``tokenize + pack``: reading the train and eval documents, tokenizing and
-  cutting or packing them into rows (what ``DataSetup`` does once per run,
-  or once per cache). ``objective``: the per-batch work on the prefetch
-  thread (masking, span corruption, shuffling, batching), in the tokens of
-  the batches it hands the step. tokens/s per core divides by the process's
-  CPU seconds, so it holds however many threads a library used.
+  ``tokenize + pack``: streaming the train and eval documents, tokenizing
+  and cutting or packing them into rows on disk (what ``DataSetup`` does
+  once per corpus and tokenizer). ``objective``: the per-batch work (reading
+  rows, masking, span corruption, batching) with each number of Grain
+  ``workers``, in the tokens of the batches it hands the step. tokens/s per
+  core divides by the CPU seconds of the process and its workers, so it
+  holds however many threads or processes did the work.
   """
   from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
   module, _, arg = recipe.partition(":")
@@ -99,12 +119,88 @@ def pipeline_rows(recipe: str, workdir: str, max_docs: int = 5000,
   pipeline.DataSetup(config, workdir)  # trains and saves the tokenizer: untimed
   data, wall, cpu = _timed(lambda: pipeline.DataSetup(config, workdir))
   tokens = sum(data.num_tokens(s) for s in (data.train_split, data.eval_split))
-  it = data.train_iterator()
-  next(it)
-  _, b_wall, b_cpu = _timed(lambda: [next(it) for _ in range(batches)])
-  b_tokens = batches * data.batch_size * sum(data.lengths.values())
   fmt = lambda n, s: f"{n / s:,.0f}"
-  return [{"recipe": recipe, "stage": "tokenize + pack", "tokens": f"{tokens:,}",
-           "tokens/s": fmt(tokens, wall), "tokens/s per core": fmt(tokens, cpu)},
-          {"recipe": recipe, "stage": "objective (per batch)", "tokens": f"{b_tokens:,}",
-           "tokens/s": fmt(b_tokens, b_wall), "tokens/s per core": fmt(b_tokens, b_cpu)}]
+  rows = [{"recipe": recipe, "stage": "tokenize + pack", "tokens": f"{tokens:,}",
+           "tokens/s": fmt(tokens, wall), "tokens/s per core": fmt(tokens, cpu)}]
+  b_tokens = batches * data.batch_size * sum(data.lengths.values())
+  for n in workers:
+    it = data.train_iterator()
+    it.workers = n
+    next(it)  # workers started
+    _, b_wall, b_cpu = _timed(lambda: [next(it) for _ in range(batches)])
+    it.close()
+    rows.append({"recipe": recipe, "stage": f"objective, {n} Grain workers",
+                 "tokens": f"{b_tokens:,}", "tokens/s": fmt(b_tokens, b_wall),
+                 "tokens/s per core": fmt(b_tokens, b_cpu)})
+  return rows
+
+
+_RSS_CONFIG = """# Written by jaxtl.tools.footprint.corpus_rss_rows.
+import importlib
+
+def get_config(arg=None):
+  c = importlib.import_module("jaxtl.configs.{module}").get_config({arg!r})
+  files = c.data.source.files
+  files.train = list(files.train if isinstance(files.train, (list, tuple))
+                     else [files.train]) * {repeats}
+  c.data.tokenizer.path = {tokenizer!r}
+  c.train.update(steps={steps}, eval_every={steps}, log_every={steps},
+                 checkpoint_every={steps}, eval_batches=2)
+  return c
+"""
+
+
+def corpus_rss_rows(recipe: str, workdir: str, repeats: tuple[int, ...] = (1, 10),
+                    steps: int = 20, tokenizer: str = "") -> list[dict[str, str]]:
+  """Peak host memory of a pretraining run as its corpus grows.
+
+  Each run is ``python -m jaxtl.main`` on the recipe with its train files
+  listed ``r`` times (the corpus repeated), for ``steps`` steps, in a fresh
+  workdir, so it streams, tokenizes and packs the whole corpus and then
+  trains. ``tokenizer`` (a .model file; default: one the first run trains)
+  keeps sentencepiece training out of the comparison. The peak is the
+  largest resident set of the run's processes (``ru_maxrss`` of children).
+  """
+  module, _, arg = recipe.partition(":")
+  rows = []
+  for r in repeats:
+    run_dir = os.path.join(workdir, f"rss_{module}_x{r}")
+    os.makedirs(run_dir, exist_ok=True)
+    config_file = os.path.join(run_dir, "config.py")
+    with open(config_file, "w") as f:
+      f.write(_RSS_CONFIG.format(module=module, arg=arg or None, repeats=r,
+                                 tokenizer=tokenizer, steps=steps))
+    start = time.perf_counter()
+    # A fresh process per run: ru_maxrss of children is the largest so far.
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
+         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
+         sys.executable, "-m", "jaxtl.main", f"--config={config_file}",
+         f"--workdir={os.path.join(run_dir, 'workdir')}"],
+        check=True, capture_output=True, text=True)
+    peak_kib = int(out.stdout.strip().splitlines()[-1])
+    wall = time.perf_counter() - start
+    if not tokenizer:  # the next runs reuse the one this run trained
+      from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
+      tokenizer = _tokenizer_file(os.path.join(run_dir, "workdir", pipeline.TOKENIZER_DIR))
+    meta = _train_rows_meta(os.path.join(run_dir, "workdir"))
+    rows.append({"recipe": recipe, "corpus": f"x{r}",
+                 "train documents": f"{meta['documents']:,}",
+                 "train tokens": f"{meta['tokens']:,}", "steps": str(steps),
+                 "wall s": f"{wall:.0f}", "peak RSS": f"{peak_kib / 1024:,.0f} MiB"})
+  return rows
+
+
+def _tokenizer_file(folder: str) -> str:
+  models = sorted(glob.glob(f"{folder}/*.model"))
+  return models[0] if models else folder
+
+
+def _train_rows_meta(workdir: str) -> dict[str, Any]:
+  """The largest row store's metadata in a run's data cache (its train split)."""
+  metas = []
+  for path in glob.glob(f"{workdir}/data_cache/rows_*.json"):
+    with open(path) as f:
+      metas.append(json.load(f))
+  return max(metas, key=lambda m: m["tokens"])

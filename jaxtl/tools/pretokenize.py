@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from jaxtl.data import pipeline, pretokenized, sources
 
@@ -35,15 +35,12 @@ def pretokenize(config: Any, out: str, *, splits: tuple[str, ...] = (),
   if data.source.kind == "pretokenized":
     raise ValueError("config.data.source.kind is already 'pretokenized'")
   splits = tuple(splits) or (data.train_split, data.eval_split)
-  texts: dict[str, list[str]] = {}
 
-  def split_texts(split: str) -> list[str]:
-    if split not in texts:
-      texts[split] = sources.load_texts(data.source, split, seed=config.seed)
-    return texts[split]
+  def split_texts(split: str) -> Callable[[], Iterator[str]]:
+    """The split's texts, streamed again each time (they are never held)."""
+    return lambda: sources.iter_texts(data.source, split, seed=config.seed)
 
-  tokenizer = pipeline.build_tokenizer(
-      data, out, lambda: split_texts(data.train_split))
+  tokenizer = pipeline.build_tokenizer(data, out, split_texts(data.train_split))
   meta = pretokenized.write(out, tokenizer, {s: split_texts(s) for s in splits},
                             num_shards=num_shards, source=data.source.to_dict(),
                             seed=config.seed)
