@@ -1,12 +1,14 @@
 """Host input pipeline: source -> tokens -> rows -> objective -> batches.
 
-Everything here is numpy on the host. A split is tokenized once (and cached),
-cut into fixed-length rows, and then served by :class:`BatchIterator`, whose
-whole state is ``(epoch, index)``: the epoch's shuffle order and every
-example's corruption (MLM mask, noise spans) are pure functions of
-``(seed, epoch, example id)``. That makes masking dynamic (a new mask each
-epoch), resumable exactly from a checkpointed position, and independent of
-how many processes share the batch.
+Everything here is numpy on the host. A split streams from its files, is
+tokenized and cut into fixed-length rows once, into a store on disk
+(:mod:`jaxtl.data.row_store`), and is then served by :class:`BatchIterator`,
+a Grain pipeline whose whole state is ``(epoch, index)``: the epoch's
+shuffle order and every example's corruption (MLM mask, noise spans) are
+pure functions of ``(seed, epoch, example id)``. That makes masking dynamic
+(a new mask each epoch), resumable exactly from a checkpointed position,
+and independent of how many processes share the batch and how many Grain
+workers make it.
 """
 
 from __future__ import annotations

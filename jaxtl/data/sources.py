@@ -273,7 +273,7 @@ def _renamed_split(source: Mapping[str, Any], split: str) -> str:
 def _iter_tfds(source: Mapping[str, Any], split: str) -> Iterator[str]:
   data_dir = source.get("data_dir")  # "" or None: TFDS's default.
   manual_dir = source.get("manual_dir")  # "" or None: download.
-  yield from tfds_reader.read_tfds(
+  yield from tfds_reader.iter_tfds(
       source["name"], _renamed_split(source, split),
       data_dir=expand_path(data_dir) if data_dir else None,
       manual_dir=expand_path(manual_dir) if manual_dir else None,
@@ -475,7 +475,7 @@ def iter_texts(source: Mapping[str, Any], split: str, *, seed: int = 0
   reads it.
 
   Files are opened when the first text is asked for and read as the texts
-  are consumed (TFDS splits are read whole), so a corpus larger than memory
+  are consumed, so a corpus larger than memory
   streams. An unknown kind fails here; a missing file or bad row when the
   reading reaches it.
 

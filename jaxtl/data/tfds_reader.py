@@ -1,7 +1,7 @@
 """TensorFlow Datasets splits as lists of texts, failing fast offline.
 
 Split out of :mod:`jaxtl.data.sources` (its ``tfds`` kind): TensorFlow is
-imported here only, inside :func:`read_tfds`, and kept off the accelerators.
+imported here only, inside :func:`iter_tfds`, and kept off the accelerators.
 An unprepared dataset on a machine without network fails within seconds,
 naming the dataset, where it looked and how to point it at local files, and
 a failed preparation leaves nothing behind.
@@ -29,7 +29,16 @@ TFDS_PROBE_URL = "https://storage.googleapis.com"
 def read_tfds(name: str, split: str, *, data_dir: PathLike | None = None,
               manual_dir: PathLike | None = None,
               field: str = "text") -> list[str]:
-  """Reads a text field of a TensorFlow Datasets split (prepared if needed).
+  """A text field of a TensorFlow Datasets split, as a list (`iter_tfds`)."""
+  return list(iter_tfds(name, split, data_dir=data_dir, manual_dir=manual_dir,
+                        field=field))
+
+
+def iter_tfds(name: str, split: str, *, data_dir: PathLike | None = None,
+              manual_dir: PathLike | None = None,
+              field: str = "text") -> Iterator[str]:
+  """Reads a text field of a TensorFlow Datasets split (prepared if needed),
+  example by example as they are consumed.
 
   TensorFlow is imported here only, and hidden from the accelerators so it
   never grabs GPU memory that JAX needs. A split already prepared under
@@ -47,7 +56,7 @@ def read_tfds(name: str, split: str, *, data_dir: PathLike | None = None,
       preparation.
     field: The feature holding the text.
 
-  Returns:
+  Yields:
     The texts, one per example.
   """
   tfds = _import_tfds()
@@ -64,7 +73,6 @@ def read_tfds(name: str, split: str, *, data_dir: PathLike | None = None,
     prepared = builder.is_prepared()
   if not prepared:
     _prepare_tfds(tfds, builder, name, data_dir, manual_dir)
-  texts = []
   for example in tfds.as_numpy(builder.as_dataset(split=split)):
     if field not in example:
       raise ValueError(f"TFDS {name}[{split}] has no feature {field!r}; it "
@@ -75,8 +83,7 @@ def read_tfds(name: str, split: str, *, data_dir: PathLike | None = None,
     elif not isinstance(value, str):
       raise ValueError(f"TFDS {name}[{split}] feature {field!r} is not text "
                        f"({type(value).__name__})")
-    texts.append(value)
-  return texts
+    yield value
 
 
 def _import_tfds():
