@@ -13,6 +13,7 @@ workers make it.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import glob
@@ -26,7 +27,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -349,9 +349,14 @@ class Prefetcher:
     return batch
 
   def close(self) -> None:
+    """Stops the thread, then the iterator's own workers (Grain's)."""
     self._stop.set()
-    while not self._queue.empty():
-      self._queue.get_nowait()
+    while self._thread.is_alive():  # a put may wait for room: make it
+      while not self._queue.empty():
+        self._queue.get_nowait()
+      self._thread.join(timeout=0.05)
+    if hasattr(self.iterator, "close"):
+      self.iterator.close()
 
 
 class DataSetup:
@@ -359,8 +364,8 @@ class DataSetup:
 
   A given ``tokenizer`` (a pretrained model's, for continued pretraining)
   replaces ``config.data.tokenizer``: none is trained or loaded. Rows are
-  kept on disk under ``WORKDIR/data_cache`` (a temporary folder, removed
-  when the setup is, without a workdir or with ``data.cache`` off).
+  kept on disk under ``WORKDIR/data_cache`` (a temporary folder, removed at
+  exit, without a workdir or with ``data.cache`` off).
   """
 
   def __init__(self, config: Any, workdir: str | None, *, process_index: int = 0,
@@ -369,6 +374,9 @@ class DataSetup:
     self.objective = objectives.get(config.objective.name)
     self.batch_size, self.seed = data.batch_size, config.seed
     self.workers = data.get("workers", 0)
+    if not isinstance(self.workers, int) or self.workers < 0:
+      raise ValueError(f"config.data.workers={self.workers!r}: expected a number "
+                       "of Grain worker processes >= 0 (0: none)")
     self.process_index, self.process_count = process_index, process_count
     self.train_split, self.eval_split = data.train_split, data.eval_split
     self.tokenizer = (self._load_tokenizer(data, workdir) if tokenizer is None else
@@ -380,7 +388,8 @@ class DataSetup:
       self._cache_dir = os.path.join(workdir, "data_cache")
     else:
       self._cache_dir = tempfile.mkdtemp(prefix="jaxtl-rows-")
-      weakref.finalize(self, shutil.rmtree, self._cache_dir, ignore_errors=True)
+      # At exit, not with this object: iterators (and Grain's workers) read it.
+      atexit.register(shutil.rmtree, self._cache_dir, ignore_errors=True)
     self._rows = {split: self._split_rows(data, split, prepared)
                   for split in (data.train_split, data.eval_split)}
     self.unigram_entropy = self._rows[data.train_split].meta["unigram_entropy"]
