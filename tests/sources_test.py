@@ -314,3 +314,18 @@ def test_parquet_corpus_streams_its_column(tmp_path):
   with pytest.raises(ValueError, match=r"d.parquet:row 1: column 'text' is NoneType"):
     sources.load_texts({"kind": "parquet", "files": {"train": str(tmp_path / "d.parquet")}},
                        "train")
+
+
+def test_texts_stream_as_they_are_consumed(tmp_path):
+  """The first texts come before the reader reaches a bad line: nothing
+  reads a whole file (or corpus) up front."""
+  bad = tmp_path / "c.txt"
+  bad.write_bytes(b"first\n" + b"x\n" * 100_000 + b"\xff\n")
+  texts = sources.iter_texts({"kind": "text", "files": {"train": str(bad)}}, "train")
+  assert next(texts) == "first"
+  with pytest.raises(ValueError, match=r"c.txt:100002: not valid utf-8"):
+    list(texts)
+  mix = {"kind": "mixture", "mixing": "rates",
+         "parts": {"a": {"kind": "text", "rate": 1, "files": {"train": str(bad)}}}}
+  with pytest.raises(ValueError, match="mixture part 'a'"):
+    next(sources.iter_texts(mix, "train"))  # a weighted mixture counts first
