@@ -119,11 +119,13 @@ def test_fsdp_and_tensor_parallel_divide_the_state_over_devices():
 
 def test_pipeline_throughput_of_a_recipe(tmp_path):
   datadir.require_data("wikitext2")
-  rows = footprint.pipeline_rows("pretrain_span", str(tmp_path), max_docs=3000, batches=3)
-  assert [r["stage"] for r in rows] == ["tokenize + pack", "objective (per batch)"]
+  rows = footprint.pipeline_rows("pretrain_span", str(tmp_path), max_docs=3000, batches=3,
+                                 workers=(0, 1))
+  assert [r["stage"] for r in rows] == ["tokenize + pack", "objective, 0 Grain workers",
+                                        "objective, 1 Grain workers"]
   # 3 batches of 32 rows x (128 inputs + their span-corruption targets).
   _, targets = corruption.span_corruption_lengths(128, 0.15, 3.0)
-  assert rows[1]["tokens"] == f"{3 * 32 * (128 + targets):,}"
+  assert rows[1]["tokens"] == rows[2]["tokens"] == f"{3 * 32 * (128 + targets):,}"
   assert all(float(r["tokens/s"].replace(",", "")) > 0 for r in rows)
 
 
