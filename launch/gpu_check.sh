@@ -8,7 +8,9 @@
 # Packages a GPU image without a package index lacks travel as wheels in
 # .whl/ (gitignored), fetched where pip works with
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --platform manylinux2014_x86_64 -d .whl ml-collections==1.1.0 tensorboardX==2.6.5
+#     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#     ml-collections==1.1.0 tensorboardX==2.6.5 grain==0.2.18 cloudpickle==3.1.2 \
+#     portpicker==1.6.0 array_record==0.8.6 psutil==7.2.2
 # and installed into /tmp/site. Logs and tables go to $OUT (or ./gpu_out).
 # Extra benchmark flags come from $BENCH_FLAGS (e.g. --model=attention_impl=xla).
 set -uo pipefail
