@@ -104,12 +104,14 @@ def test_truncated_and_bit_flipped_checkpoints_fall_back_to_an_older_step(
   shutil.copytree(baseline[0], workdir)
   ckpts = workdir / "checkpoints"
   assert runs.checkpoint_steps(workdir) == [STEPS - 2 * EVERY, STEPS - EVERY, STEPS]
-  _damage(_largest_file(ckpts / str(STEPS)), "truncate")
-  _damage(_largest_file(ckpts / str(STEPS - EVERY)), "flip")
+  _damage(ckpts / str(STEPS) / "state" / "array_metadatas" / "process_0", "truncate")
+  _damage(_largest_file(ckpts / str(STEPS - EVERY)), "flip")  # array data
   err = runs.run(config_file, str(workdir))
   for step in (STEPS, STEPS - EVERY):
     assert f"checkpoint at step {step} in {ckpts} is unusable" in err, err[-3000:]
     assert (ckpts / f"{step}.corrupt").is_dir()  # moved aside, not deleted
+  assert "state/array_metadatas/process_0 is damaged (JSONDecodeError" in err
+  assert "Event loop is closed" not in err  # once over a hundred tracebacks
   assert f"resumed from checkpoint step {STEPS - 2 * EVERY}" in err
   # The recomputed steps were saved again, and the run is the same run.
   assert runs.checkpoint_steps(workdir) == [STEPS - 2 * EVERY, STEPS - EVERY, STEPS]

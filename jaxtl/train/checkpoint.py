@@ -29,6 +29,7 @@ a step.
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import logging
 import os
@@ -212,6 +213,30 @@ def _verify(state: Any, extra: dict[str, Any]) -> str | None:
   return None
 
 
+# The JSON files Orbax reads to restore a step, besides the array data.
+_METADATA_FILES = ("state/_METADATA", "state/array_metadatas/*", "extra/metadata")
+
+
+def _check_metadata(step_dir: str) -> None:
+  """Raises ValueError naming the first of a step's metadata files that is
+  not valid JSON.
+
+  Checked before Orbax starts a restore: it reads these files concurrently
+  with the array data, and when one fails to decode, it closes its event
+  loop while TensorStore's reads are still in flight; each read that ends
+  afterwards then prints a "RuntimeError: Event loop is closed" traceback
+  (over a hundred for one bad file), burying the cause.
+  """
+  for pattern in _METADATA_FILES:
+    for path in sorted(glob.glob(os.path.join(step_dir, pattern))):
+      try:
+        with open(path, encoding="utf-8") as f:
+          json.load(f)
+      except (OSError, ValueError) as e:
+        raise ValueError(f"{os.path.relpath(path, step_dir)} is damaged "
+                         f"({type(e).__name__}: {_first_line(e)})") from e
+
+
 class Checkpointer:
   """Thin wrapper over ``ocp.CheckpointManager`` with jaxtl's item layout."""
 
@@ -298,6 +323,7 @@ class Checkpointer:
     problems, steps = [], self.all_steps()
     for step in reversed(steps):
       try:
+        _check_metadata(os.path.join(self.directory, str(step)))
         restored = self._manager.restore(
             step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state),
@@ -386,6 +412,7 @@ def selected_checkpoint(path: str | os.PathLike) -> str:
 
 
 def _read_params(step_dir: str) -> dict[str, Any]:
+  _check_metadata(step_dir)
   state_dir = epath.Path(step_dir) / "state"
   reader = ocp.PyTreeCheckpointHandler()
   try:
