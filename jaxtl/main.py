@@ -61,7 +61,7 @@ def main(argv: list[str]) -> None:
   logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
                jax.device_count(), jax.devices()[0].platform,
                jax.process_index(), jax.process_count())
-  from jaxtl.train import checkpoint, workdir  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import checkpoint, storage, workdir  # pylint: disable=g-import-not-at-top
   try:
     # Held from before config.txt is written: a second run on this workdir
     # leaves no trace in it.
@@ -79,7 +79,7 @@ def main(argv: list[str]) -> None:
           network.DataUnavailable) as e:  # the message says it all
     logging.error("%s", e)
     sys.exit(1)
-  except checkpoint.SaveFailed as e:  # a full or read-only disk
+  except storage.SaveFailed as e:  # a full or read-only disk
     logging.error("%s", e)
     logging.flush()
     sys.stderr.flush()

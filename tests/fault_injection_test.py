@@ -10,6 +10,7 @@ must equal, loss for loss, bit for bit.
 """
 
 import contextlib
+import json
 import os
 import pathlib
 import resource
@@ -48,10 +49,9 @@ def baseline(config_file, tmp_path_factory):
 
 def _assert_same_run(workdir, baseline):
   """Bitwise the baseline's losses, one metrics record per step."""
-  losses = runs.logged_losses(workdir)
-  assert losses == baseline[1]
-  keys = [line.split('"step"')[1] + line.split('"split"')[1][:12]
-          for line in pathlib.Path(workdir, "metrics.jsonl").read_text().splitlines()]
+  assert runs.logged_losses(workdir) == baseline[1]
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    keys = [(r["split"], r["step"]) for r in map(json.loads, f)]
   assert len(keys) == len(set(keys))
 
 

@@ -16,8 +16,8 @@ none is readable, :class:`UnreadableCheckpoints` stops the run rather than
 retrain silently over a workdir that held one.
 
 A save that cannot be written (a full or read-only disk, lost permissions)
-stops the run at once with :class:`SaveFailed`, naming the folder and the OS
-error: each save first writes a probe file (:func:`probe_writable`), so the
+stops the run at once with :class:`~jaxtl.train.storage.SaveFailed`, naming
+the folder and the OS error: each save first writes a probe file, so the
 common failures happen before Orbax starts its background threads (which
 otherwise wait minutes for a step directory that was never made), and a
 failure inside the background write is polled every step
@@ -28,12 +28,10 @@ a step.
 
 from __future__ import annotations
 
-import errno
 import glob
 import json
 import logging
 import os
-import socket
 from typing import Any
 
 import jax
@@ -41,6 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+
+from jaxtl.train import storage
 
 log = logging.getLogger(__name__)
 
@@ -50,64 +50,6 @@ CORRUPT_SUFFIX = ".corrupt"
 
 class UnreadableCheckpoints(RuntimeError):
   """Checkpoints exist but none restores intact: the run must not start over."""
-
-
-class SaveFailed(RuntimeError):
-  """A checkpoint cannot be written (disk full or read-only, permissions);
-  the message names the folder and the OS error."""
-
-
-PROBE_BYTES = 4096  # a block: a full disk refuses it where an empty file fits
-
-
-def probe_writable(directory: str, why: str = "checkpoints cannot be saved there") -> None:
-  """Creates ``directory`` if needed, writes, syncs and removes a small file
-  in it; raises :class:`SaveFailed` naming the folder and the OS error.
-
-  A real write, not ``os.access``: that says yes to root on a read-only
-  filesystem and knows nothing of a full disk.
-  """
-  probe = os.path.join(directory, f".jaxtl-write-probe.{socket.gethostname()}.{os.getpid()}")
-  try:
-    os.makedirs(directory, exist_ok=True)
-    with open(probe, "wb") as f:
-      f.write(b"\0" * PROBE_BYTES)
-      f.flush()
-      os.fsync(f.fileno())
-  except OSError as e:
-    raise SaveFailed(f"{directory} is not writable ({_os_error(e)}): {why}; free "
-                     "space or fix its permissions, or pass another --workdir") from e
-  finally:
-    try:
-      os.remove(probe)
-    except OSError:
-      pass
-
-
-def _os_error(e: OSError) -> str:
-  name = errno.errorcode.get(e.errno or 0)
-  return f"{name}: {e.strerror}" if name and e.strerror else _first_line(e)
-
-
-def check_space(directory: str, needed_bytes: int) -> None:
-  """Fails before training when the filesystem of ``directory`` has less
-  free space than one checkpoint of ``needed_bytes`` (an old checkpoint is
-  only deleted after the new one is written)."""
-  try:
-    stat = os.statvfs(directory)
-  except OSError:
-    return  # nothing to say: the probe names what is wrong with the folder
-  free = stat.f_bavail * stat.f_frsize
-  if free < needed_bytes:
-    raise SaveFailed(f"{directory} has {free / 2**20:.1f} MiB free, but a checkpoint "
-                     f"of this run takes about {needed_bytes / 2**20:.1f} MiB: no save "
-                     "would succeed; free space or pass another --workdir")
-
-
-def state_bytes(tree: Any) -> int:
-  """Bytes of the arrays in ``tree`` (abstract or not): a checkpoint's size."""
-  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
-             for x in jax.tree.leaves(tree) if hasattr(x, "dtype"))
 
 
 def _is_finite_tree(tree: Any) -> bool:
@@ -273,8 +215,8 @@ class Checkpointer:
     extra = {**extra, FINGERPRINTS: fingerprints(state)}
     self.check(wait=True)  # the previous save's (Orbax would wait for it too)
     try:
-      probe_writable(self.directory)
-    except SaveFailed as e:
+      storage.probe_writable(self.directory)
+    except storage.SaveFailed as e:
       raise self._failure(e.__cause__, step) from e.__cause__
     try:
       return self._manager.save(
@@ -285,8 +227,8 @@ class Checkpointer:
       raise self._failure(e, step) from e
 
   def check(self, wait: bool = False) -> None:
-    """Raises :class:`SaveFailed` when a background save has failed (with
-    ``wait``, once the one under way is done).
+    """Raises :class:`~jaxtl.train.storage.SaveFailed` when a background
+    save has failed (with ``wait``, once the one under way is done).
 
     Cheap; the loop calls it every step, so a disk that fills during a save
     stops the run at the next step, not at the next save.
@@ -298,12 +240,13 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-except
       raise self._failure(e) from e
 
-  def _failure(self, e: BaseException, step: int | None = None) -> SaveFailed:
+  def _failure(self, e: BaseException, step: int | None = None) -> storage.SaveFailed:
     """The error that stops the run: where, why, and what is still there."""
     self._failed = True
     steps = [os.path.basename(d) for d in _step_dirs(self.directory)]
-    cause = _os_error(e) if isinstance(e, OSError) else f"{type(e).__name__}: {_first_line(e)}"
-    return SaveFailed(
+    cause = (storage.describe(e) if isinstance(e, OSError)
+             else f"{type(e).__name__}: {_first_line(e)}")
+    return storage.SaveFailed(
         f"saving the checkpoint{'' if step is None else f' of step {step}'} into "
         f"{self.directory} failed ({cause}). Nothing unfinished is taken for a "
         "checkpoint (a partial step stays N.orbax-checkpoint-tmp); the newest "
@@ -353,7 +296,7 @@ class Checkpointer:
     self._manager.wait_until_finished()
 
   def close(self) -> None:
-    """Waits for the last save to be written; raises :class:`SaveFailed` if
+    """Waits for the last save to be written; raises ``SaveFailed`` if
     it was not. After a failure already raised, returns at once: Orbax's
     background threads may wait minutes for a directory that will not come."""
     if self._failed:

@@ -33,7 +33,7 @@ import optax
 import tqdm
 
 from jaxtl.data import pipeline
-from jaxtl.train import checkpoint, perf, sharding
+from jaxtl.train import checkpoint, perf, sharding, storage
 from jaxtl.train import metrics as metrics_lib
 from jaxtl.train import step as step_lib
 from jaxtl.train import workdir as workdir_lib
@@ -264,7 +264,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
                                  save_every=loop.checkpoint_every or loop.steps + 1,
                                  keep=max(loop.keep_checkpoints, 1))
   # A disk too full for one checkpoint fails now, not after the first stretch.
-  checkpoint.check_space(ckpt.directory, checkpoint.state_bytes(state))
+  storage.check_space(ckpt.directory, storage.state_bytes(state))
   keep_best = work.select is not None or work.evaluate is None
   best_ckpt = checkpoint.Checkpointer(
       os.path.join(workdir, checkpoint.BEST_DIR), save_every=1, keep=1,

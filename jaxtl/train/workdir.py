@@ -24,7 +24,8 @@ import os
 import socket
 from collections.abc import Iterator
 
-from jaxtl.train.checkpoint import BEST_DIR, probe_writable
+from jaxtl.train.checkpoint import BEST_DIR
+from jaxtl.train.storage import probe_writable
 
 LOCK_FILE = ".lock"
 
@@ -46,7 +47,7 @@ def holds_checkpoints(path: str) -> bool:
 
 
 def _check_writable(path: str) -> None:
-  """Fails now (:class:`jaxtl.train.checkpoint.SaveFailed`), naming the
+  """Fails now (:class:`jaxtl.train.storage.SaveFailed`), naming the
   folder and the OS error, where a save would fail much later."""
   for sub in ("", "checkpoints", BEST_DIR):
     d = os.path.join(path, sub)
@@ -60,7 +61,7 @@ def owned(workdir: str, *, enabled: bool = True) -> Iterator[None]:
   """Holds ``workdir`` (created if missing) for the duration; re-entrant.
 
   Raises :class:`WorkdirBusy` when another process holds it, and
-  :class:`jaxtl.train.checkpoint.SaveFailed` when it (or its checkpoints)
+  :class:`jaxtl.train.storage.SaveFailed` when it (or its checkpoints)
   cannot be written.
   """
   path = os.path.realpath(workdir)
