@@ -64,6 +64,8 @@ def check_space(directory: str, needed_bytes: int) -> None:
     stat = os.statvfs(directory)
   except OSError:
     return  # nothing to say: the probe names what is wrong with the folder
+  if not stat.f_blocks:
+    return  # reports no size (many FUSE and network filesystems): no figure to trust
   free = stat.f_bavail * stat.f_frsize
   if free < needed_bytes:
     raise SaveFailed(f"{directory} has {free / 2**20:.1f} MiB free, but a checkpoint "
