@@ -186,6 +186,7 @@ class Checkpointer:
                keep: int, async_save: bool = True):
     self.directory = os.path.abspath(os.fspath(directory))
     self.save_every = max(int(save_every), 1)
+    storage.probe_writable(self.directory)  # now, not at the first save
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=max(int(save_every), 1), max_to_keep=keep,
         create=True, enable_async_checkpointing=async_save)
