@@ -27,6 +27,9 @@ from jaxtl.data import network
 
 FLAGS = flags.FLAGS
 CONFIG_FILE = "config.txt"
+# sysexits.h's EX_IOERR: a checkpoint could not be written (the log says
+# where and why); the same command resumes from the last one written.
+EXIT_SAVE_FAILED = 74
 config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics and caches go here.")
@@ -58,7 +61,7 @@ def main(argv: list[str]) -> None:
   logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
                jax.device_count(), jax.devices()[0].platform,
                jax.process_index(), jax.process_count())
-  from jaxtl.train import checkpoint, workdir  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import checkpoint, storage, workdir  # pylint: disable=g-import-not-at-top
   try:
     # Held from before config.txt is written: a second run on this workdir
     # leaves no trace in it.
@@ -76,6 +79,14 @@ def main(argv: list[str]) -> None:
           network.DataUnavailable) as e:  # the message says it all
     logging.error("%s", e)
     sys.exit(1)
+  except storage.SaveFailed as e:  # a full or read-only disk
+    logging.error("%s", e)
+    logging.flush()
+    sys.stderr.flush()
+    # Not sys.exit: Orbax's save threads may wait minutes (its coordination
+    # timeout) for a directory that was never made, and the interpreter
+    # would wait for them. Everything else was closed by the loop.
+    os._exit(EXIT_SAVE_FAILED)  # pylint: disable=protected-access
 
 
 def _run_mode() -> None:

@@ -1,6 +1,7 @@
 """Checkpoints: exact resume after a kill, SIGTERM saves, corrupted-latest fallback."""
 
 import json
+import os
 import shutil
 import signal
 
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtl.train import checkpoint
+from jaxtl.train import checkpoint, storage
 from jaxtl import train
 
 import runs
@@ -184,3 +185,30 @@ def test_transfer_loads_matching_params_and_reports_the_rest(tmp_path):
     checkpoint.merge_pretrained(bad, params, prefix=("backbone",))
   with pytest.raises(FileNotFoundError, match="no jaxtl checkpoint"):
     checkpoint.find_checkpoint(tmp_path / "nothing")
+
+
+def test_a_folder_that_cannot_be_written_fails_the_save_naming_it(tmp_path):
+  ckpt = checkpoint.Checkpointer(tmp_path / "c", save_every=1, keep=3, async_save=False)
+  ckpt.save(1, _tiny_state(1), {})
+  # Where the folder was, a file: every write under it fails (ENOTDIR), for
+  # root too (which a read-only mode would not stop).
+  shutil.rmtree(tmp_path / "c")
+  (tmp_path / "c").write_text("")
+  with pytest.raises(storage.SaveFailed,
+                     match=rf"saving the checkpoint of step 2 into {tmp_path}/c failed "
+                           r"\((ENOTDIR|EEXIST): .*newest complete one is none"):
+    ckpt.save(2, _tiny_state(2), {})
+  ckpt.close()  # after a failure already raised: returns at once
+  with pytest.raises(storage.SaveFailed, match=rf"{tmp_path}/c/sub is not writable"):
+    storage.probe_writable(str(tmp_path / "c" / "sub"))
+
+
+def test_too_little_free_space_for_one_checkpoint_fails_before_training(tmp_path, monkeypatch):
+  state = _tiny_state(1)
+  assert storage.state_bytes(state) == 4 * 3 * 4 + 3 * 4  # params, step, counters
+  storage.check_space(str(tmp_path), storage.state_bytes(state))
+  full = os.statvfs_result((4096, 4096, 100, 0, 0, 10, 0, 0, 0, 255))
+  monkeypatch.setattr(os, "statvfs", lambda _: full)
+  with pytest.raises(storage.SaveFailed, match=rf"{tmp_path} has 0.0 MiB free, but a "
+                     r"checkpoint of this run takes about 1.0 MiB"):
+    storage.check_space(str(tmp_path), 2**20)

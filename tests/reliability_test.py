@@ -66,6 +66,7 @@ def test_a_workdir_refuses_a_run_of_another_model(tmp_path):
     ("train.eval_every", -1, r"config.train.eval_every=-1: must be 0"),
     ("data.batch_size", 0, r"config.data.batch_size=0: must be at least 1"),
     ("train.keep_checkpoints", 0, r"config.train.keep_checkpoints=0: must be at least 1"),
+    ("train.checkpoint_every", -1, r"config.train.checkpoint_every=-1: must be 0 \(save"),
     ("optim.accum_steps", 5, r"config.optim.accum_steps=5: .* divisor of the batch size"),
 ])
 def test_bad_loop_values_name_their_key(key, value, message):
@@ -87,3 +88,21 @@ def test_fine_tuning_for_zero_epochs_names_the_key():
   config.train.epochs = 0
   with pytest.raises(train.ConfigError, match=r"config.train.epochs=0: must be more than 0"):
     finetune.loop_config(config, steps_per_epoch=10)
+
+
+def test_checkpoint_every_zero_means_no_periodic_saves_in_pretraining_and_fine_tuning():
+  """One meaning: 0 saves nothing periodically; the run's result is still
+  kept (pretraining: its last step; fine-tuning: best/)."""
+  from jaxtl import train  # pylint: disable=g-import-not-at-top
+  from jaxtl.configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
+  from jaxtl.configs import pretrain_clm  # pylint: disable=g-import-not-at-top
+  from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import pretrain  # pylint: disable=g-import-not-at-top
+  pre, fine = pretrain_clm.get_config(), finetune_config.get_config()
+  pre.train.checkpoint_every = fine.train.checkpoint_every = 0
+  pre_loop, fine_loop = pretrain.loop_config(pre), finetune.loop_config(fine, steps_per_epoch=10)
+  assert pre_loop.checkpoint_every == fine_loop.checkpoint_every == 0
+  assert pre_loop.save_last and not fine_loop.save_last  # fine-tuning's result: best/
+  fine.train.checkpoint_every = -0.5
+  with pytest.raises(train.ConfigError, match=r"config.train.checkpoint_every=-0.5: must be 0"):
+    finetune.loop_config(fine, steps_per_epoch=10)

@@ -143,6 +143,8 @@ def pretrain_train_config(**overrides: Any) -> ConfigDict:
   """How long and how often a pretraining run goes, in steps."""
   return _section(dict(
       steps=1000, log_every=50, eval_every=250, eval_batches=20,
+      # Steps between resumable checkpoints; 0: none periodically, only the
+      # last step's (the run's result) and one on SIGTERM.
       checkpoint_every=250, keep_checkpoints=3, max_bad_steps=20,
       # FLOP/s per device for MFU; 0: looked up in jaxtl.train.perf.PEAK_FLOPS.
       peak_flops=0.0), overrides)
@@ -221,7 +223,8 @@ def finetune_train_config(**overrides: Any) -> ConfigDict:
       length_multiple=16,
       log_every=50,  # steps between train-loss lines
       # Epochs between resumable checkpoints (fractions save mid-epoch);
-      # 0: none but the last and on SIGTERM.
+      # 0: none periodically, as in pretraining: the run's result is still
+      # kept (best/: the selected epoch) and SIGTERM still saves.
       checkpoint_every=1.0,
       max_bad_steps=20), overrides)  # consecutive non-finite steps that stop the run
 

@@ -39,7 +39,7 @@ from jaxtl.tasks import file_task, kinds
 from jaxtl.tasks import readers as tasks
 from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.squad import SquadExamples, split_squad_by_article
-from jaxtl.train import checkpoint, optim, pretrained, sharding
+from jaxtl.train import checkpoint, optim, pretrain, pretrained, sharding
 
 Array = jax.Array
 
@@ -275,8 +275,12 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   task, adapt = config.task, config.adapt
   if adapt.scheme not in SCHEMES:
     raise ValueError(f"config.adapt.scheme={adapt.scheme!r}; known: {sorted(SCHEMES)}")
-  splits = load_task_splits(task, config.seed)
   cfg, tok, init_params, dropped = _backbone(config)
+  pretrain.check_positions(  # before the data is read
+      cfg, {"inputs": task.max_len}, f"config.task.max_len={task.max_len}",
+      f"the max_len of config.init_from={config.init_from}" if config.init_from
+      else "config.model.max_len")
+  splits = load_task_splits(task, config.seed)
   kind = kinds.get(task.kind)
   feats = {k: kind.encode(v, tok, task, cfg.family) for k, v in splits.items()
            if v is not None}

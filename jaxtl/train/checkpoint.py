@@ -14,10 +14,21 @@ moved aside as ``N.corrupt`` (renamed, never deleted) and the previous step
 is tried. The recomputed step can then be saved again. When steps exist but
 none is readable, :class:`UnreadableCheckpoints` stops the run rather than
 retrain silently over a workdir that held one.
+
+A save that cannot be written (a full or read-only disk, lost permissions)
+stops the run at once with :class:`~jaxtl.train.storage.SaveFailed`, naming
+the folder and the OS error: each save first writes a probe file, so the
+common failures happen before Orbax starts its background threads (which
+otherwise wait minutes for a step directory that was never made), and a
+failure inside the background write is polled every step
+(:meth:`Checkpointer.check`) rather than found one save later. The failed
+step stays an ``N.orbax-checkpoint-tmp`` directory, which is never taken for
+a step.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -28,6 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+
+from jaxtl.train import storage
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +155,30 @@ def _verify(state: Any, extra: dict[str, Any]) -> str | None:
   return None
 
 
+# The JSON files Orbax reads to restore a step, besides the array data.
+_METADATA_FILES = ("state/_METADATA", "state/array_metadatas/*", "extra/metadata")
+
+
+def _check_metadata(step_dir: str) -> None:
+  """Raises ValueError naming the first of a step's metadata files that is
+  not valid JSON.
+
+  Checked before Orbax starts a restore: it reads these files concurrently
+  with the array data, and when one fails to decode, it closes its event
+  loop while TensorStore's reads are still in flight; each read that ends
+  afterwards then prints a "RuntimeError: Event loop is closed" traceback
+  (over a hundred for one bad file), burying the cause.
+  """
+  for pattern in _METADATA_FILES:
+    for path in sorted(glob.glob(os.path.join(step_dir, pattern))):
+      try:
+        with open(path, encoding="utf-8") as f:
+          json.load(f)
+      except (OSError, ValueError) as e:
+        raise ValueError(f"{os.path.relpath(path, step_dir)} is damaged "
+                         f"({type(e).__name__}: {_first_line(e)})") from e
+
+
 class Checkpointer:
   """Thin wrapper over ``ocp.CheckpointManager`` with jaxtl's item layout."""
 
@@ -149,11 +186,13 @@ class Checkpointer:
                keep: int, async_save: bool = True):
     self.directory = os.path.abspath(os.fspath(directory))
     self.save_every = max(int(save_every), 1)
+    storage.probe_writable(self.directory)  # now, not at the first save
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=max(int(save_every), 1), max_to_keep=keep,
         create=True, enable_async_checkpointing=async_save)
     self._manager = ocp.CheckpointManager(
         self.directory, options=options, item_names=("state", "extra"))
+    self._failed = False  # a save failed: the failure was raised, the run stops
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
@@ -175,10 +214,45 @@ class Checkpointer:
       raise FloatingPointError(f"refusing to checkpoint step {step}: the "
                                "parameters contain NaN or Inf")
     extra = {**extra, FINGERPRINTS: fingerprints(state)}
-    return self._manager.save(
-        step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                      extra=ocp.args.JsonSave(extra)),
-        force=force)
+    self.check(wait=True)  # the previous save's (Orbax would wait for it too)
+    try:
+      storage.probe_writable(self.directory)
+    except storage.SaveFailed as e:
+      raise self._failure(e.__cause__, step) from e.__cause__
+    try:
+      return self._manager.save(
+          step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                        extra=ocp.args.JsonSave(extra)),
+          force=force)
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._failure(e, step) from e
+
+  def check(self, wait: bool = False) -> None:
+    """Raises :class:`~jaxtl.train.storage.SaveFailed` when a background
+    save has failed (with ``wait``, once the one under way is done).
+
+    Cheap; the loop calls it every step, so a disk that fills during a save
+    stops the run at the next step, not at the next save.
+    """
+    try:
+      if wait:
+        self._manager.wait_until_finished()
+      self._manager.check_for_errors()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._failure(e) from e
+
+  def _failure(self, e: BaseException, step: int | None = None) -> storage.SaveFailed:
+    """The error that stops the run: where, why, and what is still there."""
+    self._failed = True
+    steps = [os.path.basename(d) for d in _step_dirs(self.directory)]
+    cause = (storage.describe(e) if isinstance(e, OSError)
+             else f"{type(e).__name__}: {_first_line(e)}")
+    return storage.SaveFailed(
+        f"saving the checkpoint{'' if step is None else f' of step {step}'} into "
+        f"{self.directory} failed ({cause}). Nothing unfinished is taken for a "
+        "checkpoint (a partial step stays N.orbax-checkpoint-tmp); the newest "
+        f"complete one is {f'step {steps[0]}' if steps else 'none'}. Free space or "
+        "fix permissions, then rerun the same command to resume from there.")
 
   def restore_latest(self, abstract_state: Any
                      ) -> tuple[Any, dict[str, Any], int] | None:
@@ -190,9 +264,10 @@ class Checkpointer:
     the previous one is tried; when every step fails, raises
     :class:`UnreadableCheckpoints`.
     """
-    problems = []
-    for step in reversed(self.all_steps()):
+    problems, steps = [], self.all_steps()
+    for step in reversed(steps):
       try:
+        _check_metadata(os.path.join(self.directory, str(step)))
         restored = self._manager.restore(
             step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state),
@@ -204,12 +279,12 @@ class Checkpointer:
       if problem is None:
         return state, extra, step
       moved = _move_aside(os.path.join(self.directory, str(step)))
+      self._manager.reload()  # else its rotation later looks for the moved step
       problems.append(f"step {step}: {problem}")
       log.warning("checkpoint at step %d in %s is unusable (%s); moved it to %s%s",
                   step, self.directory, problem, moved,
-                  "; trying the previous one" if step != self.all_steps()[0] else "")
+                  "; trying the previous one" if step != steps[0] else "")
     if problems:
-      self._manager.reload()
       raise UnreadableCheckpoints(
           f"no checkpoint in {self.directory} restores intact, so this run cannot "
           "resume, and starting over would overwrite a workdir that held one:\n  "
@@ -222,7 +297,16 @@ class Checkpointer:
     self._manager.wait_until_finished()
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
+    """Waits for the last save to be written; raises ``SaveFailed`` if
+    it was not. After a failure already raised, returns at once: Orbax's
+    background threads may wait minutes for a directory that will not come."""
+    if self._failed:
+      return
+    try:
+      self._manager.wait_until_finished()
+      self._manager.check_for_errors()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._failure(e) from e
     self._manager.close()
 
 
@@ -272,6 +356,7 @@ def selected_checkpoint(path: str | os.PathLike) -> str:
 
 
 def _read_params(step_dir: str) -> dict[str, Any]:
+  _check_metadata(step_dir)
   state_dir = epath.Path(step_dir) / "state"
   reader = ocp.PyTreeCheckpointHandler()
   try:

@@ -16,6 +16,7 @@ own batches and compiled step.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -32,7 +33,7 @@ import optax
 import tqdm
 
 from jaxtl.data import pipeline
-from jaxtl.train import checkpoint, perf, sharding
+from jaxtl.train import checkpoint, perf, sharding, storage
 from jaxtl.train import metrics as metrics_lib
 from jaxtl.train import step as step_lib
 from jaxtl.train import workdir as workdir_lib
@@ -262,6 +263,8 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                  save_every=loop.checkpoint_every or loop.steps + 1,
                                  keep=max(loop.keep_checkpoints, 1))
+  # A disk too full for one checkpoint fails now, not after the first stretch.
+  storage.check_space(ckpt.directory, storage.state_bytes(state))
   keep_best = work.select is not None or work.evaluate is None
   best_ckpt = checkpoint.Checkpointer(
       os.path.join(workdir, checkpoint.BEST_DIR), save_every=1, keep=1,
@@ -323,6 +326,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
           batch = work.prepare(batch)
         state, m = p_step(state, sharding.shard_batch(batch, mesh), step_rng)
         window.append(m)
+        ckpt.check()  # a background save that failed stops the run now
         if prev_bad is not None:  # the previous step's: keeps dispatch async
           check_bad_steps(prev_bad, loop.max_bad_steps, at - 1)
         prev_bad = m["bad_steps"]
@@ -374,14 +378,15 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
       if not eval_metrics and start >= loop.steps and work.evaluate is not None:
         eval_metrics = run_eval(loop.steps)  # already trained: just evaluate
   finally:
-    if bar is not None:  # also puts the console log handlers back
-      bar.close()
-    if prefetch is not None:
-      prefetch.close()
-    ckpt.close()
-    if best_ckpt is not None:
-      best_ckpt.close()
-    writer.close()
+    with contextlib.ExitStack() as closing:  # each runs, whichever raises
+      closing.callback(writer.close)
+      if best_ckpt is not None:
+        closing.callback(best_ckpt.close)
+      closing.callback(ckpt.close)
+      if prefetch is not None:
+        closing.callback(prefetch.close)
+      if bar is not None:  # also puts the console log handlers back
+        closing.callback(bar.close)
   if sigterm.flag:  # callers (the transfer study) must not go on as if done
     raise Preempted(f"stopped by SIGTERM at step {at} of {loop.steps} (checkpoint "
                     f"saved in {workdir}); rerun the same command to resume")

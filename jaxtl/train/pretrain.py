@@ -154,13 +154,15 @@ def _override(section: ml_collections.ConfigDict, values: Mapping[str, Any],
 
 
 def check_positions(model_cfg: TransformerConfig, lengths: Mapping[str, int],
-                    where: str) -> None:
-  """A learned position table must cover every length the run feeds it."""
+                    where: str, table: str = "config.model.max_len") -> None:
+  """A learned position table must cover every length the run feeds it
+  (past its end every position would share the last embedding, silently).
+  ``where`` is the key that sets the length, ``table`` what sets the model's
+  positions."""
   longest = max(lengths.values())
   if model_cfg.position == "learned" and longest > model_cfg.max_len:
-    raise ValueError(f"{where}: batches of {longest} tokens need {longest} "
-                     f"positions, but the model has {model_cfg.max_len} "
-                     "(config.model.max_len)")
+    raise loop.ConfigError(f"{where}: batches of {longest} tokens need {longest} "
+                           f"positions, but the model has {model_cfg.max_len} ({table})")
 
 
 def make_stage(index: int, steps: int, stage_config: Any, data: pipeline.DataSetup,

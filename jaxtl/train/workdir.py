@@ -9,7 +9,9 @@ the lock when its process exits, however it exits (kill -9 included), so a
 stale lock never blocks a restart and there is nothing to clean up. On a
 multi-process run, process 0 holds it for all.
 
-Taking the lock also proves the workdir writable before any work starts.
+Taking the lock also proves the workdir and its checkpoint folders
+writable before any work starts (a real write: a full or read-only disk
+fails now, naming the folder, not at the first save).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import socket
 from collections.abc import Iterator
 
 from jaxtl.train.checkpoint import BEST_DIR
+from jaxtl.train.storage import probe_writable
 
 LOCK_FILE = ".lock"
 
@@ -44,12 +47,13 @@ def holds_checkpoints(path: str) -> bool:
 
 
 def _check_writable(path: str) -> None:
-  """Fails now, naming the directory, where a save would fail much later."""
+  """Fails now (:class:`jaxtl.train.storage.SaveFailed`), naming the
+  folder and the OS error, where a save would fail much later."""
   for sub in ("", "checkpoints", BEST_DIR):
     d = os.path.join(path, sub)
-    if os.path.isdir(d) and not os.access(d, os.W_OK | os.X_OK):
-      raise PermissionError(f"{d} is not writable: checkpoints could not be saved "
-                            "there; fix its permissions or use another --workdir")
+    if not sub or os.path.isdir(d):
+      probe_writable(d, "the run's checkpoints and metrics cannot be saved there"
+                     if not sub else "checkpoints cannot be saved there")
 
 
 @contextlib.contextmanager
@@ -57,7 +61,8 @@ def owned(workdir: str, *, enabled: bool = True) -> Iterator[None]:
   """Holds ``workdir`` (created if missing) for the duration; re-entrant.
 
   Raises :class:`WorkdirBusy` when another process holds it, and
-  PermissionError when it (or its checkpoints) cannot be written.
+  :class:`jaxtl.train.storage.SaveFailed` when it (or its checkpoints)
+  cannot be written.
   """
   path = os.path.realpath(workdir)
   if not enabled or path in _held:
@@ -69,8 +74,7 @@ def owned(workdir: str, *, enabled: bool = True) -> Iterator[None]:
       if path in _held:
         _held[path][1] -= 1
     return
-  os.makedirs(path, exist_ok=True)
-  _check_writable(path)
+  _check_writable(path)  # creates it
   fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
   try:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
