@@ -207,3 +207,13 @@ def test_model_without_sentinels(shakespeare_lines, tmp_path):
   assert tok.num_sentinels == 0 and tok.vocab_size == 100
   with pytest.raises(ValueError, match="extra_id_0"):
     tok.sentinel_id(0)
+
+
+def test_word_starts_mark_the_first_piece_of_each_word(trained):
+  tok, _ = trained
+  starts = tok.word_starts
+  assert starts.shape == (tok.vocab_size,) and starts[tok.special_ids].all()
+  for word in ("thee", "wherefore", "gentlemen"):
+    ids = tok.encode(f"and {word}")
+    assert starts[ids[0]] and starts[ids[-len(tok.encode(word)):]][0]
+    assert not starts[tok.encode(word)[1:]].any()  # its continuations

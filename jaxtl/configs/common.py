@@ -85,6 +85,7 @@ def objective_config(**overrides: Any) -> ConfigDict:
   return _section(dict(
       name="clm",  # clm | mlm | span
       mask_rate=0.15, mask_token_rate=0.8, random_token_rate=0.1,  # mlm
+      whole_word=False,  # mlm, electra: mask whole words (the tokenizer's)
       noise_density=0.15, mean_noise_span_length=3.0,  # span
       # Positions whose logits exist at once in the loss (0: all of them).
       loss_chunk_len=objectives.LOSS_CHUNK_LEN), overrides)
