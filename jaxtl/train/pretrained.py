@@ -21,7 +21,7 @@ from jaxtl import convert
 from jaxtl.data import pipeline, sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.models import TransformerConfig, layers, paths
+from jaxtl.models import TransformerConfig, electra, layers, paths
 from jaxtl.train import checkpoint
 from jaxtl.train import workdir as workdir_lib
 
@@ -106,7 +106,15 @@ def load(init_from: str, tokenizer_path: str = "") -> Pretrained:
   params = checkpoint.load_params(checkpoint.selected_checkpoint(path))
   if paths.BACKBONE in params:  # a fine-tuning workdir: a TaskModel's tree
     return tuned_backbone(cfg, tok, params)
+  if electra.is_electra(params):  # ELECTRA's: the discriminator transfers
+    params, rest = electra.discriminator(params)
+    return Pretrained(cfg, tok, params, {}, _names(rest))
   return Pretrained(cfg, tok, params, {})
+
+
+def _names(params: dict[str, Any]) -> tuple[str, ...]:
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+  return tuple(traverse_util.flatten_dict(params, sep="/"))
 
 
 def tuned_backbone(cfg: TransformerConfig, tok: Tokenizer, params: dict[str, Any]
