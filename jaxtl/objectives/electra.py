@@ -88,7 +88,7 @@ def make_loss_fn(model: nn.Module, max_predictions: int | None,
     fill_BK = jnp.where(w_BK > 0, sampled_BK.astype(inputs_BT.dtype),
                         _gather(inputs_BT, at_BK))
     rows_B1 = jnp.arange(inputs_BT.shape[0])[:, None]
-    corrupted_BT = inputs_BT.at[rows_B1, at_BK].set(fill_BK)
+    corrupted_BT = jnp.asarray(inputs_BT).at[rows_B1, at_BK].set(fill_BK)
 
     # The discriminator tells, at every real token, which were replaced.
     out = model.apply(variables, corrupted_BT, *features, deterministic=deterministic,
