@@ -173,3 +173,19 @@ def discriminator(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
 def is_electra(params: dict[str, Any]) -> bool:
   """Whether a checkpoint's parameters are an ELECTRA pretrainer's."""
   return all(name in params for name in PRETRAINING_ONLY)
+
+
+def generator_as_encoder(generator_config: TransformerConfig, params: dict[str, Any]
+                         ) -> tuple[TransformerConfig, dict[str, Any]]:
+  """The generator alone as an encoder with a BERT-style LM head: what
+  ``build_model`` runs and Hugging Face's ``ElectraForMaskedLM`` holds.
+  Only a generator as wide as the token table has no projection."""
+  generator = params[paths.GENERATOR]
+  if paths.EMBED_PROJECT in generator:
+    raise ValueError("this generator is narrower than the token table (it has "
+                     f"{paths.EMBED_PROJECT}); as a standalone encoder it would need "
+                     "an embedding projection, which jaxtl's encoder lacks")
+  cfg = generator_config.replace(lm_head_transform=True, lm_head_bias=True,
+                                 tie_embeddings=True, scale_tied_logits=False)
+  return cfg, {paths.TOKEN_EMBED: params[paths.TOKEN_EMBED],
+               paths.STACK: generator[paths.STACK], paths.LM_HEAD: generator[paths.LM_HEAD]}
