@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxtl import convert
 from jaxtl.models import paths
 from jaxtl.train import checkpoint, pretrained
 from jaxtl import train
@@ -213,4 +214,7 @@ def test_a_killed_electra_run_resumes_exactly_and_transfers_its_discriminator(tm
   assert 0 < evals[-1]["replaced"] < 0.16 and evals[-1]["rtd_accuracy"] > 0.5
   source = pretrained.load(ref_dir)  # fine-tuning's init_from: the discriminator
   assert sorted(source.params) == [paths.STACK, paths.TOKEN_EMBED]
+  assert sorted(source.head) == [paths.DISCRIMINATOR_HEAD]
   assert any(n.startswith(paths.GENERATOR + "/") for n in source.dropped)
+  assert convert.export_hf(tmp_path / "hf", source.config, source.params,
+                           head=source.head) == "ElectraForPreTraining"
