@@ -183,7 +183,9 @@ PARAM_KINDS = {
     "lm_head": f"{LM_HEAD}/(?:{TRANSFORM}/{_DENSE}|{LOGITS}/{KERNEL}|{BIAS})",
 }
 TASK_PARAM_KINDS = {  # a TaskModel's own, beside its backbone/
-    "head": f"{HEAD}/(?:{POOLER}|{HEAD_OUT})/{_DENSE}",
+    # ELECTRA's detection head sits here when imported or exported.
+    "head": (f"{HEAD}/(?:{POOLER}|{HEAD_OUT}|{DISCRIMINATOR_HEAD}/(?:{TRANSFORM}|{LOGITS}))"
+             f"/{_DENSE}"),
     "scalar_mix": f"{SCALAR_MIX}/(?:{MIX_WEIGHTS}|{MIX_GAMMA})",
 }
 _KIND_RES = {**{k: re.compile(f"(?:{BACKBONE}/)?(?:{v})")
