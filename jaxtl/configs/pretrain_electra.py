@@ -24,7 +24,13 @@ measured.
 from jaxtl.configs import pretrain_mlm
 
 
-def get_config(arg: str | None = None):
-  c = pretrain_mlm.get_config(arg)
+def use_electra(c):
+  """ELECTRA's objective on a pretraining config: 15% masked, 85% of them
+  shown as [MASK], the rest kept (no random tokens: the generator's samples
+  are the replacements)."""
   c.objective.update(name="electra", mask_token_rate=0.85, random_token_rate=0.0)
   return c
+
+
+def get_config(arg: str | None = None):
+  return use_electra(pretrain_mlm.get_config(arg))
