@@ -105,3 +105,10 @@ def test_loss_is_mlm_plus_weighted_detection_and_rtd_skips_the_generator(setup):
   gen = jax.tree.leaves(grads[paths.GENERATOR])
   assert all(float(jnp.abs(g).max()) == 0.0 for g in gen)
   assert float(jnp.abs(grads[paths.TOKEN_EMBED]["embedding"]).max()) > 0
+
+
+def test_stages_cannot_switch_between_mlm_and_electra():
+  from jaxtl.train import pretrain  # pylint: disable=import-outside-toplevel
+  pretrain.check_same_model(objectives.get("mlm"), objectives.get("span"))  # same module
+  with pytest.raises(ValueError, match="trains another model than the run's 'electra'"):
+    pretrain.check_same_model(objectives.get("mlm"), objectives.get("electra"))
