@@ -48,8 +48,9 @@ def batches(family, n, batch=16, length=16, seed=0):
   return out
 
 
-ELECTRA = ml_collections.ConfigDict(dict(generator_scale=0.5, generator_layers=1,
-                                         rtd_weight=50.0, loss_chunk_len=0))
+OBJECTIVE = ml_collections.ConfigDict(dict(  # config.objective's keys the models read
+    generator_scale=0.5, generator_layers=1, rtd_weight=50.0,
+    loss_chunk_len=objectives.LOSS_CHUNK_LEN))
 
 
 def run_steps(cfg, mesh_shape, data, *, accum=1, loss_fn=None, optim_cfg=OPTIM,
@@ -57,7 +58,7 @@ def run_steps(cfg, mesh_shape, data, *, accum=1, loss_fn=None, optim_cfg=OPTIM,
   """Runs len(data) train steps on a mesh; returns (losses, final state).
   ``objective`` electra trains its pretrainer (else the family's model)."""
   obj = objectives.get(objective)
-  model = obj.build_model(cfg, ELECTRA)
+  model = obj.build_model(cfg, OBJECTIVE)
   devices = jax.devices()[:int(np.prod(mesh_shape))]
   mesh = sharding.make_mesh(mesh_shape, devices)
   rules = sharding.make_rules()
@@ -65,7 +66,7 @@ def run_steps(cfg, mesh_shape, data, *, accum=1, loss_fn=None, optim_cfg=OPTIM,
   state, shardings = train.create_sharded_state(
       model, tx, train.lm_init_inputs(model, data[0]), jax.random.key(0), mesh, rules)
   step = train.jit_train_step(
-      loss_fn or obj.make_loss_fn(model, None, ELECTRA),
+      loss_fn or obj.make_loss_fn(model, None, OBJECTIVE),
       functools.partial(obj.weight_total, family=cfg.family), tx,
       schedule, shardings, mesh, accum_steps=accum)
   losses, metrics = [], []
