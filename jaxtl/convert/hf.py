@@ -1,4 +1,4 @@
-"""Hugging Face model folders in and out: BERT, GPT-2 and T5.
+"""Hugging Face model folders in and out: BERT, GPT-2, T5 and ELECTRA.
 
 ``import_hf(folder)`` reads ``config.json`` and the weights
 (``model.safetensors``, sharded or not, or ``pytorch_model.bin``) into a
@@ -174,7 +174,7 @@ def _untie(family: Family, tensors: dict[str, np.ndarray], claimed: set[str],
 
 
 def import_hf(path: str | os.PathLike) -> Imported:
-  """Converts a Hugging Face BERT / GPT-2 / T5 folder; see the module doc."""
+  """Converts a Hugging Face BERT / GPT-2 / T5 / ELECTRA folder; see the module doc."""
   path = os.fspath(path)
   hf_config = read_config(path)
   family = _family(hf_config, path)
