@@ -10,7 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtl.train import checkpoint, storage
+from jaxtl import convert
+from jaxtl.models import paths
+from jaxtl.train import checkpoint, pretrained, storage
 from jaxtl import train
 
 import runs
@@ -212,3 +214,35 @@ def test_too_little_free_space_for_one_checkpoint_fails_before_training(tmp_path
   with pytest.raises(storage.SaveFailed, match=rf"{tmp_path} has 0.0 MiB free, but a "
                      r"checkpoint of this run takes about 1.0 MiB"):
     storage.check_space(str(tmp_path), 2**20)
+
+
+def test_a_killed_electra_run_resumes_exactly_and_transfers_its_discriminator(tmp_path):
+  """ELECTRA's generator samples on the device from the step's RNG: a
+  resumed run must draw the same replacements, so its losses match."""
+  steps = 40
+  config_file = runs.tiny_clm_config(tmp_path, f"""
+      c.data.update(seq_len=16, batch_size=8)
+      c.model.update(num_layers=1, d_model=32, num_heads=2, head_dim=16,
+                     mlp_dim=64, dropout_rate=0.1)
+      c.optim.warmup_steps = 5
+      c.train.update(steps={steps}, log_every=1, eval_every=20, eval_batches=2,
+                     checkpoint_every=5, keep_checkpoints=2)
+  """, lines=1000, recipe="pretrain_electra")
+  ref_dir, dir_ = str(tmp_path / "ref"), str(tmp_path / "killed")
+  runs.run(config_file, ref_dir)
+  code, _ = runs.interrupt(config_file, dir_, signal.SIGKILL, min_step=10)
+  assert code == -signal.SIGKILL, "the run finished before it could be killed"
+  assert "resumed from checkpoint step" in runs.run(config_file, dir_)
+  ref, resumed = runs.logged_losses(ref_dir), runs.logged_losses(dir_)
+  assert ref.keys() == resumed.keys()
+  np.testing.assert_allclose([resumed[k] for k in sorted(ref)],
+                             [ref[k] for k in sorted(ref)], rtol=1e-6)
+  with open(f"{ref_dir}/metrics.jsonl") as f:
+    evals = [r for r in map(json.loads, f) if r["split"] == "eval"]
+  assert 0 < evals[-1]["replaced"] < 0.16 and evals[-1]["rtd_accuracy"] > 0.5
+  source = pretrained.load(ref_dir)  # fine-tuning's init_from: the discriminator
+  assert sorted(source.params) == [paths.STACK, paths.TOKEN_EMBED]
+  assert sorted(source.head) == [paths.DISCRIMINATOR_HEAD]
+  assert any(n.startswith(paths.GENERATOR + "/") for n in source.dropped)
+  assert convert.export_hf(tmp_path / "hf", source.config, source.params,
+                           head=source.head) == "ElectraForPreTraining"

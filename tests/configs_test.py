@@ -35,6 +35,7 @@ RECIPE_ARGS = {
     "finetune_minilm": [f"task={t}" for t in FINETUNE_TASKS],
     "pretrain_mixed": ["objective=mlm"],
     "pretrain_mlm": ["stages=bert"],
+    "pretrain_electra": ["stages=bert"],
     "ulmfit": ["stage=lm,task=imdb", "stage=classifier", "stage=classifier,task=imdb"],
 }
 
@@ -51,7 +52,7 @@ def test_every_recipe_and_preset_builds(recipe, preset):
     return
   model_cfg = train.model_config_from(config, vocab_size=1000)
   assert model_cfg.vocab_size == 1024  # padded to a multiple of 128
-  model = build_model(model_cfg)
+  model = objectives.get(config.objective.name).build_model(model_cfg, config.objective)
   toks = jnp.ones((1, 8), jnp.int32)
   args = (toks, toks) if model_cfg.family == "encoder_decoder" else (toks,)
   shapes = jax.eval_shape(model.init, jax.random.key(0), *args)
@@ -209,6 +210,8 @@ RECIPE_DATA = {
     "pretrain_mlm": ("imdb", ["--config.data.max_docs=500",
                               "--config.data.tokenizer.vocab_size=1000"]),
     "pretrain_span": ("wikitext2", []),
+    "pretrain_electra": ("imdb", ["--config.data.max_docs=500",
+                                  "--config.data.tokenizer.vocab_size=1000"]),
     "pretrain_mixed": ("imdb", ["--config.data.max_docs=300",
                                 "--config.data.tokenizer.vocab_size=1000"]),
 }

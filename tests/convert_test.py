@@ -44,9 +44,19 @@ T5S = [
         feed_forward_proj="gated-gelu", tie_word_embeddings=False,
         decoder_start_token_id=0)),
 ]
+ELECTRAS = [  # embedding_size = hidden_size: jaxtl has no embeddings_project
+    ("ElectraForPreTraining", dict(
+        vocab_size=211, embedding_size=48, hidden_size=48, num_hidden_layers=3,
+        num_attention_heads=3, intermediate_size=72, hidden_act="relu",
+        max_position_embeddings=20)),
+    ("ElectraForMaskedLM", dict(
+        vocab_size=103, embedding_size=40, hidden_size=40, num_hidden_layers=2,
+        num_attention_heads=5, intermediate_size=56, max_position_embeddings=16)),
+]
 CASES = ([("bert", *c) for c in BERTS] + [("gpt2", *c) for c in GPT2S]
-         + [("t5", *c) for c in T5S])
-CONFIG_CLASSES = {"bert": "BertConfig", "gpt2": "GPT2Config", "t5": "T5Config"}
+         + [("t5", *c) for c in T5S] + [("electra", *c) for c in ELECTRAS])
+CONFIG_CLASSES = {"bert": "BertConfig", "gpt2": "GPT2Config", "t5": "T5Config",
+                  "electra": "ElectraConfig"}
 
 
 def _hf_model(model_type, cls, kwargs, seed=0):
@@ -143,7 +153,10 @@ def test_classifier_head_matches_transformers(tmp_path):
 
 def test_export_loads_in_transformers_and_round_trips(converted, tmp_path):
   model, _, imported = converted
-  arch = convert.export_hf(tmp_path, imported.config, imported.params, head=imported.head)
+  # An ELECTRA generator is also a BertForMaskedLM (the default): name it.
+  asked = "ElectraForMaskedLM" if type(model).__name__ == "ElectraForMaskedLM" else None
+  arch = convert.export_hf(tmp_path, imported.config, imported.params, head=imported.head,
+                           architecture=asked)
   assert arch == type(model).__name__
   loaded, info = getattr(transformers, arch).from_pretrained(tmp_path,
                                                              output_loading_info=True)
@@ -267,3 +280,73 @@ def test_real_minilm_sentence_embeddings(tmp_path):
   unit = ours / np.linalg.norm(ours, axis=-1, keepdims=True)
   assert unit[0] @ unit[1] == pytest.approx(0.84, abs=0.05)
   assert abs(unit[0] @ unit[2]) < 0.1
+
+
+def _electra_logits(cfg, params, head, ids, mask):
+  from jaxtl.models import electra  # pylint: disable=g-import-not-at-top
+  hidden = build_model(cfg).apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask),
+                                  lm_head=False)["last_hidden"]
+  return np.asarray(electra.DiscriminatorHead(cfg).apply(
+      {"params": head["discriminator_head"]}, hidden))
+
+
+def test_electra_discriminator_logits_match_transformers(tmp_path):
+  model = _hf_model("electra", *ELECTRAS[0])
+  model.save_pretrained(tmp_path)
+  imported = convert.import_hf(tmp_path)
+  assert set(imported.head) == {"discriminator_head"}
+  ids, mask = _batch(model.config.vocab_size)
+  with torch.no_grad():
+    expected = model(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+  ours = _electra_logits(imported.config, imported.params, imported.head, ids, mask)
+  assert _max_diff(ours, expected, mask.astype(bool)) <= TOL
+
+
+def test_a_jaxtl_electra_pretrainer_exports_both_halves(tmp_path):
+  """A pretrainer's discriminator as ElectraForPreTraining and its generator
+  (as wide as the table) as ElectraForMaskedLM compute what jaxtl does."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from jaxtl.models import TransformerConfig, electra  # pylint: disable=g-import-not-at-top
+  cfg = TransformerConfig(family="encoder", vocab_size=97, d_model=36, num_heads=3,
+                          head_dim=12, mlp_dim=52, num_layers=2, max_len=16,
+                          type_vocab_size=2, pre_norm=False, embed_norm=True,
+                          lm_head_transform=True, lm_head_bias=True, init_std=0.2)
+  gen_cfg = electra.generator_config(cfg, 1.0, num_layers=1).replace(mlp_dim=20)
+  model = electra.ElectraPretrainer(cfg, gen_cfg)
+  ids, mask = _batch(cfg.vocab_size)
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(3), jnp.asarray(ids)))["params"]
+  noise = np.random.RandomState(4)  # biases and norms off their 0 / 1
+  params = jax.tree.map(lambda x: np.asarray(x) + 0.05 * noise.randn(*x.shape).astype(
+      np.float32), params)
+  disc, rest = electra.discriminator(params)
+  head = {"discriminator_head": rest["discriminator_head"]}
+  assert convert.export_hf(tmp_path / "d", cfg, disc, head=head) == "ElectraForPreTraining"
+  hf_disc = transformers.ElectraForPreTraining.from_pretrained(tmp_path / "d")
+  with torch.no_grad():
+    theirs = hf_disc(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+  apply = jax.jit(lambda *a, method: model.apply({"params": params}, *a, method=method),
+                  static_argnames="method")
+  ours = apply(jnp.asarray(ids), jnp.asarray(mask), method="discriminate")["rtd_logits"]
+  assert _max_diff(ours, theirs, mask.astype(bool)) <= TOL
+  g_cfg, g_params = electra.generator_as_encoder(gen_cfg, params)
+  convert.export_hf(tmp_path / "g", g_cfg, g_params, architecture="ElectraForMaskedLM")
+  hf_gen = transformers.ElectraForMaskedLM.from_pretrained(tmp_path / "g")
+  with torch.no_grad():
+    theirs = hf_gen(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+  at = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+  ours = apply(jnp.asarray(ids), at, jnp.asarray(mask), method="generator_logits")
+  assert _max_diff(ours, theirs, mask.astype(bool)) <= TOL
+  with pytest.raises(ValueError, match="narrower than the token table"):
+    small = electra.ElectraPretrainer(cfg, electra.generator_config(cfg, 0.5))
+    electra.generator_as_encoder(small.generator_config, nn.unbox(jax.eval_shape(
+        small.init, jax.random.key(0), jnp.asarray(ids)))["params"])
+
+
+def test_electra_small_embeddings_project_is_refused(tmp_path):
+  model = _hf_model("electra", "ElectraModel", dict(
+      vocab_size=50, embedding_size=16, hidden_size=32, num_hidden_layers=1,
+      num_attention_heads=2, intermediate_size=40, max_position_embeddings=16))
+  model.save_pretrained(tmp_path)
+  with pytest.raises(ValueError, match="embedding_size=16 differs from hidden_size=32"):
+    convert.import_hf(tmp_path)

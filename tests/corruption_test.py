@@ -249,3 +249,55 @@ def test_span_corrupt_reproducible_and_validates():
                 noise_density=1.0)
   with pytest.raises(ValueError, match='mean_noise_span_length'):
     corruption.span_corruption_lengths(512, mean_noise_span_length=0.0)
+
+
+def _words(tokens, word_starts, maskable):
+  """Lists of positions, one list per word (a word also starts after any
+  unmaskable position)."""
+  words, current = [], []
+  for i in range(tokens.size):
+    if not maskable[i]:
+      current = []
+      continue
+    if word_starts[i] or not current:
+      current = []
+      words.append(current)
+    current.append(i)
+  return words
+
+
+def test_whole_word_masking_covers_whole_words_at_the_rate():
+  rng = np.random.default_rng(0)
+  n_maskable = n_chosen = 0
+  for _ in range(400):
+    seq = _random_sequence(rng, rng.integers(20, 120), rng.integers(0, 10))
+    starts = rng.random(seq.size) < 0.6  # words of 1.7 tokens on average
+    inputs, targets, weights = _mask(seq, rng, word_starts=starts)
+    chosen = weights > 0
+    maskable = ~np.isin(seq, SPECIALS)
+    assert not chosen[~maskable].any(), "a special token or padding was masked"
+    for word in _words(seq, starts, maskable):
+      assert chosen[word].all() or not chosen[word].any(), (word, chosen[word])
+    budget = max(1, round(0.15 * maskable.sum()))
+    assert chosen.sum() <= budget  # bounds the loss positions per row
+    np.testing.assert_array_equal(inputs[~chosen], seq[~chosen])
+    np.testing.assert_array_equal(targets, seq)
+    n_maskable += maskable.sum()
+    n_chosen += chosen.sum()
+  assert abs(n_chosen / n_maskable - 0.15) < 0.01
+
+
+def test_whole_word_masking_with_one_long_word_and_can_mask():
+  rng = np.random.default_rng(1)
+  seq = np.array([CLS, 7, 8, 9, 10, SEP, 11, 12, PAD], np.int32)
+  starts = np.array([1, 1, 0, 0, 0, 1, 0, 1, 1], bool)
+  # 11 follows [SEP]: a word of its own even though marked a continuation.
+  for _ in range(50):
+    _, _, w = _mask(seq, rng, word_starts=starts, mask_rate=0.5)
+    assert w[1:5].all() or not w[1:5].any()
+    assert w.sum() <= 4
+  _, _, w = _mask(seq, rng, word_starts=starts, mask_rate=0.5,
+                  can_mask=np.arange(seq.size) >= 5)
+  assert not w[:5].any() and w.sum() >= 1
+  with pytest.raises(ValueError, match="word_starts has shape"):
+    _mask(seq, rng, word_starts=starts[:3])

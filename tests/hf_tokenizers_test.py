@@ -2,6 +2,7 @@
 `transformers`' tokenizers on real task texts, the shared interface's ids,
 offsets and errors."""
 
+import numpy as np
 import pytest
 
 import datadir
@@ -92,3 +93,19 @@ def test_t5_style_sentinels_are_found():
   assert (tok.pad_id, tok.eos_id, tok.unk_id) == (0, 1, 2)
   assert [tok.sentinel_id(0), tok.sentinel_id(1)] == [5, 4]
   assert tok.special_ids.tolist() == [0, 1, 2, 4, 5]
+
+
+def test_word_starts_of_wordpiece_and_byte_level_bpe():
+  wp = hf_tokenizers.HuggingFaceTokenizer.wordpiece(f"{_minilm()}/vocab.txt")
+  ids = wp.encode("unaffable tokenization")
+  pieces = [wp.backend.id_to_token(i) for i in ids]
+  np.testing.assert_array_equal(wp.word_starts[ids],
+                                [not p.startswith("##") for p in pieces])
+  assert wp.word_starts[wp.special_ids].all()
+  bpe = hf_tokenizers.HuggingFaceTokenizer.byte_level_bpe(
+      datadir.require_data(*GPT2), datadir.require_data("tokenizers", "gpt2_merges.txt"))
+  ids = bpe.encode("unaffable tokenization")
+  pieces = [bpe.backend.id_to_token(i) for i in ids]
+  assert [bool(bpe.word_starts[i]) for i in ids] == [p.startswith("\u0120")
+                                                      for p in pieces]
+  assert sum(bpe.word_starts[ids]) == 1  # "Gtoken"; the text's first word has no space

@@ -71,10 +71,12 @@ def logged_losses(workdir: str, splits: tuple[str, ...] = ("train", "eval")
   return losses
 
 
-def tiny_clm_config(tmp: pathlib.Path, settings: str, lines: int = 3000) -> str:
+def tiny_clm_config(tmp: pathlib.Path, settings: str, lines: int = 3000,
+                    recipe: str = "pretrain_clm") -> str:
   """Writes a synthetic corpus (sentences with learnable structure) and a
-  config file running ``configs/pretrain_clm.py`` on it with a 200-token BPE;
-  ``settings`` are more lines of ``get_config`` (model size, steps, ...)."""
+  config file running ``configs/pretrain_clm.py`` (or ``recipe``) on it with
+  a 200-token BPE; ``settings`` are more lines of ``get_config`` (model
+  size, steps, ...)."""
   rng = np.random.default_rng(0)
   parts = (["the cat", "a dog", "my friend", "the king", "our teacher"],
            ["sees", "likes", "finds", "calls", "follows"],
@@ -82,12 +84,12 @@ def tiny_clm_config(tmp: pathlib.Path, settings: str, lines: int = 3000) -> str:
   text = "\n".join(" ".join(rng.choice(p) for p in parts) + "." for _ in range(lines))
   for name in ("train", "valid"):
     (tmp / f"{name}.txt").write_text(text + "\n")
-  cfg = tmp / "tiny_clm.py"
+  cfg = tmp / f"tiny_{recipe}.py"
   cfg.write_text(textwrap.dedent(f"""
-      from jaxtl.configs import pretrain_clm
+      from jaxtl.configs import {recipe}
 
       def get_config(arg=None):
-        c = pretrain_clm.get_config()
+        c = {recipe}.get_config()
         with c.unlocked():
           c.data.source.kind = "text"
           c.data.source.files = dict(train=["{tmp}/train.txt"],

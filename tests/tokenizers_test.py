@@ -207,3 +207,34 @@ def test_model_without_sentinels(shakespeare_lines, tmp_path):
   assert tok.num_sentinels == 0 and tok.vocab_size == 100
   with pytest.raises(ValueError, match="extra_id_0"):
     tok.sentinel_id(0)
+
+
+def test_word_starts_mark_the_first_piece_of_each_word(trained):
+  tok, _ = trained
+  starts = tok.word_starts
+  assert starts.shape == (tok.vocab_size,) and starts[tok.special_ids].all()
+  for word in ("thee", "wherefore", "gentlemen"):
+    ids = tok.encode(f"and {word}")
+    assert starts[ids[0]] and starts[ids[-len(tok.encode(word)):]][0]
+    assert not starts[tok.encode(word)[1:]].any()  # its continuations
+
+
+def test_whole_word_mlm_masks_every_piece_of_a_chosen_word(trained, shakespeare_lines):
+  import types  # pylint: disable=import-outside-toplevel
+  from jaxtl.configs import common  # pylint: disable=import-outside-toplevel
+  from jaxtl.objectives import mlm  # pylint: disable=import-outside-toplevel
+  tok, _ = trained
+  objective = common.objective_config(name="mlm", whole_word=True, mask_rate=0.3)
+  data = types.SimpleNamespace(seq_len=256, packing="pack")
+  prepared = mlm.prepare(tok, objective, data)
+  ids = np.array(tok.encode(" ".join(shakespeare_lines[:40]))[:256], np.int32)
+  row = {"tokens": ids, "segment_ids": np.ones_like(ids),
+         "positions": np.arange(ids.size, dtype=np.int32)}
+  starts = tok.word_starts[ids]
+  assert (~starts).sum() > 20  # words of several pieces exist
+  for seed in range(5):
+    chosen = prepared.make_example(row, np.random.default_rng(seed))[
+        "encoder_loss_weights"] > 0
+    continued = ~starts[1:]  # position i + 1 continues position i's word
+    np.testing.assert_array_equal(chosen[1:][continued], chosen[:-1][continued])
+    assert abs(chosen.mean() - 0.3) < 0.05

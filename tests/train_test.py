@@ -48,9 +48,17 @@ def batches(family, n, batch=16, length=16, seed=0):
   return out
 
 
-def run_steps(cfg, mesh_shape, data, *, accum=1, loss_fn=None, optim_cfg=OPTIM):
-  """Runs len(data) train steps on a mesh; returns (losses, final state)."""
-  model = build_model(cfg)
+OBJECTIVE = ml_collections.ConfigDict(dict(  # config.objective's keys the models read
+    generator_scale=0.5, generator_layers=1, rtd_weight=50.0,
+    loss_chunk_len=objectives.LOSS_CHUNK_LEN))
+
+
+def run_steps(cfg, mesh_shape, data, *, accum=1, loss_fn=None, optim_cfg=OPTIM,
+              objective="mlm"):
+  """Runs len(data) train steps on a mesh; returns (losses, final state).
+  ``objective`` electra trains its pretrainer (else the family's model)."""
+  obj = objectives.get(objective)
+  model = obj.build_model(cfg, OBJECTIVE)
   devices = jax.devices()[:int(np.prod(mesh_shape))]
   mesh = sharding.make_mesh(mesh_shape, devices)
   rules = sharding.make_rules()
@@ -58,8 +66,8 @@ def run_steps(cfg, mesh_shape, data, *, accum=1, loss_fn=None, optim_cfg=OPTIM):
   state, shardings = train.create_sharded_state(
       model, tx, train.lm_init_inputs(model, data[0]), jax.random.key(0), mesh, rules)
   step = train.jit_train_step(
-      loss_fn or objectives.make_loss_fn(model),
-      functools.partial(objectives.loss_weight_total, family=cfg.family), tx,
+      loss_fn or obj.make_loss_fn(model, None, OBJECTIVE),
+      functools.partial(obj.weight_total, family=cfg.family), tx,
       schedule, shardings, mesh, accum_steps=accum)
   losses, metrics = [], []
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -89,6 +97,19 @@ def test_meshes_match_single_device(family):
     np.testing.assert_allclose(losses, ref, rtol=2e-5, err_msg=str(shape))
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
       np.testing.assert_allclose(a, b, atol=2e-5, err_msg=str(shape))
+
+
+def test_electra_meshes_match_single_device():
+  """The generator's sampling (a categorical over vocabulary-sharded logits),
+  the scatter of its samples and the two losses shard like the rest."""
+  data = batches("encoder", 1) * 3
+  cfg = tiny("encoder", pre_norm=False, embed_norm=True, type_vocab_size=2)
+  ref, ref_state, metrics = run_steps(cfg, (1, 1, 1), data, objective="electra")
+  assert metrics[0]["replaced_sum"] > 0 and ref[-1] < ref[0]
+  losses, state, _ = run_steps(cfg, (2, 2, 2), data, objective="electra")
+  np.testing.assert_allclose(losses, ref, rtol=2e-5)
+  for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
+    np.testing.assert_allclose(a, b, atol=2e-5)
 
 
 def test_parameters_are_sharded_as_the_rules_say():

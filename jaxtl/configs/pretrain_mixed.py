@@ -31,9 +31,9 @@ transfer study uses) reaches 3.54 nats per masked token (perplexity 34) and
 transfers +10.9 points to TREC at 500 labels, against +1.3 after 3000.
 """
 
-from jaxtl.configs import common
+from jaxtl.configs import common, pretrain_electra
 
-MODELS = {"clm": "gpt2_tiny", "mlm": "bert_tiny"}
+MODELS = {"clm": "gpt2_tiny", "mlm": "bert_tiny", "electra": "bert_tiny"}
 
 
 def get_config(arg: str | None = None):
@@ -43,6 +43,8 @@ def get_config(arg: str | None = None):
                      f"{sorted(MODELS)}")
   c = common.pretrain_config(args.model or MODELS[args.objective])
   c.objective.name = args.objective
+  if args.objective == "electra":  # the discriminator: the MLM's architecture
+    pretrain_electra.use_electra(c)
   c.data.source.kind = "mixture"
   # Concatenated; each rate is read once --config.data.source.mixing=rates
   # (shares of documents: Shakespeare, one document here, would repeat).

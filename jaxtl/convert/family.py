@@ -43,6 +43,8 @@ class Family:
     head_transforms: Per class, a function ``(params, head) -> (params,
       head)`` that rewrites parameters into the class's form before export
       (GPT-2's bias-free ``score``); it must keep the class's outputs equal.
+    head_shapes: ``config -> {path: shape}`` of head parameters beyond the
+      pooler and classifier (ELECTRA's ``head/discriminator_head``).
   """
   model_type: str
   family: str
@@ -60,6 +62,7 @@ class Family:
   sequence_pooling: tuple[str, str] = ("", "")
   head_transforms: dict[str, Callable[[Any, Any], tuple[Any, Any]]] = dataclasses.field(
       default_factory=dict)
+  head_shapes: Callable[[TransformerConfig], dict[str, tuple[int, ...]]] | None = None
 
   def prefix(self, architecture: str) -> str:
     """Where ``architecture``'s checkpoints keep the base model's tensors."""

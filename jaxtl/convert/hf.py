@@ -1,4 +1,4 @@
-"""Hugging Face model folders in and out: BERT, GPT-2 and T5.
+"""Hugging Face model folders in and out: BERT, GPT-2, T5 and ELECTRA.
 
 ``import_hf(folder)`` reads ``config.json`` and the weights
 (``model.safetensors``, sharded or not, or ``pytorch_model.bin``) into a
@@ -26,15 +26,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from jaxtl.convert import bert, gpt2, rules, t5
+from jaxtl.convert import bert, electra, gpt2, rules, t5
 from jaxtl.convert.family import Family
 from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
 
 log = logging.getLogger(__name__)
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (bert.FAMILY, gpt2.FAMILY, t5.FAMILY)}
-BY_JAXTL_FAMILY = {f.family: f for f in FAMILIES.values()}
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (bert.FAMILY, gpt2.FAMILY, t5.FAMILY,
+                                                         electra.FAMILY)}
+# Each jaxtl family's default export (an encoder is a BERT unless its
+# parameters or the class asked for fit ELECTRA better: _export_family).
+BY_JAXTL_FAMILY = {f.family: f for f in (bert.FAMILY, gpt2.FAMILY, t5.FAMILY)}
 _SAFETENSORS, _TORCH = "model.safetensors", "pytorch_model.bin"
 # Rule groups of a classifier whose outputs are labels (id2label in config.json).
 _LABEL_GROUPS = {"classifier", "score"}
@@ -133,8 +136,10 @@ def num_labels(hf_config: dict[str, Any]) -> int:
   return len(hf_config.get("id2label") or {}) or hf_config.get("num_labels", 2)
 
 
-def _jax_shapes(cfg: TransformerConfig, labels: int) -> dict[str, tuple[int, ...]]:
-  """Every parameter shape of the backbone, plus the BERT head's (pooler, out)."""
+def _jax_shapes(cfg: TransformerConfig, labels: int, family: Family
+                ) -> dict[str, tuple[int, ...]]:
+  """Every parameter shape of the backbone, plus the BERT head's (pooler, out)
+  and the family's own head's."""
   from jaxtl.models.transformer import build_model  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   tokens = jnp.ones((1, 1), jnp.int32)
@@ -147,6 +152,8 @@ def _jax_shapes(cfg: TransformerConfig, labels: int) -> dict[str, tuple[int, ...
     dense = paths.join(paths.HEAD, name)
     shapes[paths.join(dense, paths.KERNEL)] = (d, outputs)
     shapes[paths.join(dense, paths.BIAS)] = (outputs,)
+  if family.head_shapes:
+    shapes.update(family.head_shapes(cfg))
   return shapes
 
 
@@ -167,7 +174,7 @@ def _untie(family: Family, tensors: dict[str, np.ndarray], claimed: set[str],
 
 
 def import_hf(path: str | os.PathLike) -> Imported:
-  """Converts a Hugging Face BERT / GPT-2 / T5 folder; see the module doc."""
+  """Converts a Hugging Face BERT / GPT-2 / T5 / ELECTRA folder; see the module doc."""
   path = os.fspath(path)
   hf_config = read_config(path)
   family = _family(hf_config, path)
@@ -177,7 +184,8 @@ def import_hf(path: str | os.PathLike) -> Imported:
              for k, v in read_tensors(path).items()}
   table = family.rules(cfg)
   tensors = _untie(family, tensors, {r.hf for r in table}, path)
-  flat, groups = rules.load(table, tensors, _jax_shapes(cfg, num_labels(hf_config)), path)
+  flat, groups = rules.load(table, tensors,
+                            _jax_shapes(cfg, num_labels(hf_config), family), path)
   in_head = paths.HEAD + "/"
   split = lambda head: traverse_util.unflatten_dict(
       {k.removeprefix(in_head): v for k, v in flat.items()
@@ -244,6 +252,20 @@ def _richest_architecture(family: Family, have: set[str]) -> str:
           else family.base_architecture)
 
 
+def _export_family(config: TransformerConfig, flat: dict[str, np.ndarray],
+                   architecture: str | None) -> Family:
+  """The family of the class asked for; else, among those of ``config``'s
+  jaxtl family, the one placing the most complete rule groups (the default
+  one on a tie: an encoder with an MLM head is a BERT, one with ELECTRA's
+  discriminator head an ELECTRA)."""
+  default = BY_JAXTL_FAMILY[config.family]
+  candidates = [default] + [f for f in FAMILIES.values()
+                            if f.family == config.family and f is not default]
+  if architecture is not None:
+    return next((f for f in candidates if architecture in f.architectures), default)
+  return max(candidates, key=lambda f: len(_complete_groups(f.rules(config), flat)))
+
+
 def _label_fields(flat: dict[str, np.ndarray], label_names: tuple[str, ...]
                   ) -> dict[str, Any]:
   """``num_labels``, ``id2label`` and ``label2id`` for the classifier's outputs."""
@@ -282,9 +304,9 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
   """
   from jaxtl.models import layers  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  family = BY_JAXTL_FAMILY[config.family]
   params, head = nn.unbox(params), nn.unbox(head or {})  # as model.init returns them
   config, params = layers.without_lora(config, params)
+  family = _export_family(config, _flat_tree(params, head), architecture)
   hf_config = _check_exportable(family, config)
   table = family.rules(config)
   have = _complete_groups(table, _flat_tree(params, head))

@@ -62,6 +62,7 @@ def mlm_mask(
   mask_token_rate: float = 0.8,
   random_token_rate: float = 0.1,
   can_mask: np.ndarray | None = None,
+  word_starts: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """BERT masking of one 1-D int32 sequence -> (inputs, targets, weights).
 
@@ -87,7 +88,11 @@ def mlm_mask(
     mask_token_rate: probability a chosen position becomes `mask_id`.
     random_token_rate: probability a chosen position becomes a random id.
     can_mask: optional boolean array like `tokens`; False forbids a position
-      (e.g. to mask whole words only at word starts, or to skip a prompt).
+      (e.g. to skip a prompt).
+    word_starts: optional boolean array like `tokens` (whole-word masking):
+      True where a token begins a word. Whole words are then chosen, about
+      round(mask_rate * n_maskable) tokens' worth (see `_choose_words`); a
+      word also begins after any position that cannot be masked.
 
   Returns:
     inputs: int32 corrupted tokens.
@@ -121,7 +126,11 @@ def mlm_mask(
   num_chosen = 0
   if candidates.size:
     num_chosen = max(1, int(round(mask_rate * candidates.size)))
-  chosen = rng.choice(candidates, size=num_chosen, replace=False)
+  if word_starts is None:
+    chosen = rng.choice(candidates, size=num_chosen, replace=False)
+  else:
+    chosen = _choose_words(maskable, word_starts, num_chosen, rng)
+    num_chosen = chosen.size
 
   # One uniform per chosen position decides mask / random / keep.
   u = rng.random(num_chosen)
@@ -139,6 +148,37 @@ def mlm_mask(
   weights = np.zeros(tokens.shape, dtype=np.float32)
   weights[chosen] = 1.0
   return inputs, tokens.copy(), weights
+
+
+def _choose_words(maskable: np.ndarray, word_starts: np.ndarray, budget: int,
+                  rng: np.random.Generator) -> np.ndarray:
+  """Positions of whole words, in random order, up to `budget` tokens.
+
+  As BERT's whole-word masking does, words are visited in a random order and
+  taken while they fit in the budget (a word that does not fit is skipped,
+  a shorter one later may still fit), so no word is ever split and the count
+  never exceeds the budget (which bounds the loss positions per row).
+  """
+  word_starts = np.asarray(word_starts, dtype=bool)
+  if word_starts.shape != maskable.shape:
+    raise ValueError(f'word_starts has shape {word_starts.shape}, tokens '
+                     f'have {maskable.shape}.')
+  after_unmaskable = ~np.concatenate([[False], maskable[:-1]])
+  starts = np.flatnonzero(maskable & (word_starts | after_unmaskable))
+  if not starts.size:
+    return np.zeros(0, dtype=np.int64)
+  # Word k spans starts[k] up to its first unmaskable position or next start.
+  word_of = np.cumsum(np.isin(np.arange(maskable.size), starts)) - 1
+  positions = np.flatnonzero(maskable)
+  lengths = np.bincount(word_of[positions], minlength=starts.size)
+  taken, total = [], 0
+  for k in rng.permutation(starts.size):
+    if total + lengths[k] <= budget:
+      taken.append(k)
+      total += lengths[k]
+      if total == budget:
+        break
+  return positions[np.isin(word_of[positions], taken)]
 
 
 def _noise_counts(tokens_length: int, noise_density: float,

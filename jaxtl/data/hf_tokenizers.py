@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Sequence
 
+import numpy as np
 import tokenizers
 
 from jaxtl.data.tokenizers import Tokenizer
@@ -120,6 +121,21 @@ class HuggingFaceTokenizer(Tokenizer):
   def decode(self, ids: Sequence[int]) -> str:
     """The text of ``ids``, special tokens (padding included) left out."""
     return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+  def _word_start_table(self) -> np.ndarray:
+    # WordPiece marks continuations (BERT's "##"); byte-level BPE (GPT-2's
+    # "\u0120") and SentencePiece-style models ("\u2581") mark word starts.
+    model = self._tok.model
+    if isinstance(model, tokenizers.models.WordPiece):
+      prefix = model.continuing_subword_prefix
+      starts = lambda piece: not piece.startswith(prefix)
+    else:
+      starts = lambda piece: piece.startswith(("\u0120", "\u2581"))
+    table = np.ones(self.vocab_size, dtype=bool)
+    for piece, i in self._tok.get_vocab(with_added_tokens=True).items():
+      if i < self.vocab_size:
+        table[i] = starts(piece)
+    return table
 
 
 def _existing(path: str | os.PathLike) -> str:

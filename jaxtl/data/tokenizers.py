@@ -10,6 +10,7 @@ the `tokenizers` library, in :mod:`jaxtl.data.hf_tokenizers`;
 from __future__ import annotations
 
 import abc
+import functools
 import hashlib
 import logging
 import os
@@ -24,6 +25,7 @@ _LOG = logging.getLogger(__name__)
 
 # Pieces by which special tokens are recognised in a SentencePiece model.
 MASK_PIECE = "[MASK]"
+WORD_START = "\u2581"  # SentencePiece's mark of a piece that follows a space
 CLS_PIECE = "[CLS]"
 SEP_PIECE = "[SEP]"
 _SENTINEL_RE = re.compile(r"^(?:\u2581)?<extra_id_(\d+)>$")
@@ -104,6 +106,21 @@ class Tokenizer(abc.ABC):
   def _extra_special_ids(self) -> Iterable[int]:
     """Other ids that are special for a given implementation."""
     return ()
+
+  @functools.cached_property
+  def word_starts(self) -> np.ndarray:
+    """[vocab_size] bool: whether each id begins a word, computed once from
+    the vocabulary, for whole-word masking (special ids count as starts: a
+    word never runs across one).
+    """
+    table = np.asarray(self._word_start_table(), dtype=bool).copy()
+    table[self.special_ids] = True
+    return table
+
+  def _word_start_table(self) -> np.ndarray:
+    """Per id, whether its piece starts a word; subclasses read their vocab."""
+    raise NotImplementedError(f"{type(self).__name__} cannot tell where words "
+                              "start (config.objective.whole_word)")
 
   @property
   def special_ids(self) -> np.ndarray:
@@ -246,6 +263,14 @@ class SentencePieceTokenizer(Tokenizer):
 
   def _extra_special_ids(self) -> Iterable[int]:
     return self._controls
+
+  def _word_start_table(self) -> np.ndarray:
+    # SentencePiece marks the pieces that follow a space with U+2581; ids
+    # past its pieces (T5's virtual sentinels) are special anyway.
+    table = np.ones(self.vocab_size, dtype=bool)
+    pieces = self._sp.id_to_piece(list(range(self._num_pieces)))
+    table[:self._num_pieces] = [p.startswith(WORD_START) for p in pieces]
+    return table
 
 
 def _split_long(line: str, max_bytes: int) -> Iterator[str]:

@@ -63,6 +63,11 @@ ADAPTER_DOWN, ADAPTER_UP = "down", "up"
 # Inside the LM head (its output bias is a BIAS leaf).
 TRANSFORM, TRANSFORM_NORM, LOGITS = "transform", "transform_norm", "logits"
 
+# ELECTRA's pretrainer (jaxtl.models.electra): beside the discriminator's
+# token_embed/ and stack/, a generator (its own stack/, lm_head/ and, when
+# narrower than the table, embed_project/) and the replaced-token head.
+GENERATOR, DISCRIMINATOR_HEAD, EMBED_PROJECT = "generator", "discriminator_head", "embed_project"
+
 # A TaskModel.
 BACKBONE, HEAD, SCALAR_MIX = "backbone", "head", "scalar_mix"
 POOLER, HEAD_OUT = "pooler", "out"  # inside HEAD (BERT's pooler, the classifier)
@@ -178,7 +183,9 @@ PARAM_KINDS = {
     "lm_head": f"{LM_HEAD}/(?:{TRANSFORM}/{_DENSE}|{LOGITS}/{KERNEL}|{BIAS})",
 }
 TASK_PARAM_KINDS = {  # a TaskModel's own, beside its backbone/
-    "head": f"{HEAD}/(?:{POOLER}|{HEAD_OUT})/{_DENSE}",
+    # ELECTRA's detection head sits here when imported or exported.
+    "head": (f"{HEAD}/(?:{POOLER}|{HEAD_OUT}|{DISCRIMINATOR_HEAD}/(?:{TRANSFORM}|{LOGITS}))"
+             f"/{_DENSE}"),
     "scalar_mix": f"{SCALAR_MIX}/(?:{MIX_WEIGHTS}|{MIX_GAMMA})",
 }
 _KIND_RES = {**{k: re.compile(f"(?:{BACKBONE}/)?(?:{v})")

@@ -4,8 +4,9 @@ and the training loop all ask, instead of each branching on its name.
 An :class:`Objective` says which model family it trains and, given the
 tokenizer and the config, how a row of token ids becomes one example with
 t5x feature names (:class:`Prepared`). The loss is the same weighted token
-cross-entropy for every objective (:mod:`jaxtl.objectives.losses`); an
-objective only chooses which positions carry weight.
+cross-entropy for most objectives (:mod:`jaxtl.objectives.losses`), which
+then only choose which positions carry weight; one that trains more than
+the model itself (ELECTRA's generator) brings its module and loss too.
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
+import flax.linen as nn
 import numpy as np
 
 from jaxtl.data.tokenizers import Tokenizer
+from jaxtl.models import transformer
+from jaxtl.models.config import TransformerConfig
+from jaxtl.objectives import losses
 
 Example = dict[str, np.ndarray]
 Row = Mapping[str, np.ndarray]  # "tokens", "segment_ids", "positions": [L]
@@ -43,6 +48,15 @@ class Prepared:
   max_predictions: int | None = None
 
 
+def plain_model(config: TransformerConfig, objective: Any) -> nn.Module:  # pylint: disable=unused-argument
+  return transformer.build_model(config)
+
+
+def token_loss(model: nn.Module, max_predictions: int | None, objective: Any
+               ) -> losses.LossFn:
+  return losses.make_loss_fn(model, max_predictions, objective.loss_chunk_len)
+
+
 @dataclasses.dataclass(frozen=True)
 class Objective:
   """A pretraining objective, registered once by name.
@@ -52,11 +66,20 @@ class Objective:
     family: the model family it trains.
     prepare: ``(tokenizer, config.objective, config.data) -> Prepared``.
     description: one line for error messages and docs.
+    build_model: ``(model config, config.objective) -> module`` trained; by
+      default the family's model itself (ELECTRA: a generator beside it).
+    make_loss_fn: ``(module, max_predictions, config.objective) -> loss_fn``
+      (see :func:`jaxtl.objectives.losses.make_loss_fn`).
+    weight_total: ``(batch, family) -> normaliser`` of a batch's loss
+      (any tree; the loss function reads it).
   """
   name: str
   family: str
   prepare: Callable[[Tokenizer, Any, Any], Prepared]
   description: str = ""
+  build_model: Callable[[TransformerConfig, Any], nn.Module] = plain_model
+  make_loss_fn: Callable[[nn.Module, int | None, Any], losses.LossFn] = token_loss
+  weight_total: Callable[[Any, str], Any] = losses.loss_weight_total
 
   def check_family(self, family: str, where: str = "config.model.family") -> None:
     """Fails early, naming both, when paired with the wrong model (``where``

@@ -204,12 +204,19 @@ def normalized_loss(sums: Mapping[str, Array], normalizer: Array | None) -> Arra
 
 
 def summarize(sums: Mapping[str, Any]) -> dict[str, float]:
-  """Turns accumulated sums into loss, accuracy, token count and perplexity."""
+  """Turns accumulated sums into loss, accuracy, token count and perplexity
+  (and ELECTRA's detection loss, accuracy and replaced fraction)."""
   weight = max(float(sums["weight_sum"]), 1.0)
   loss = float(sums["loss_sum"]) / weight
-  return {
+  out = {
       "loss": loss,
       "accuracy": float(sums["correct_sum"]) / weight,
       "tokens": float(sums["weight_sum"]),
       "perplexity": float(np.exp(min(loss, 50.0))),
   }
+  if "rtd_weight_sum" in sums:  # ELECTRA's discriminator
+    real = max(float(sums["rtd_weight_sum"]), 1.0)
+    out.update(rtd_loss=float(sums["rtd_loss_sum"]) / real,
+               rtd_accuracy=float(sums["rtd_correct_sum"]) / real,
+               replaced=float(sums["replaced_sum"]) / real)
+  return out

@@ -12,14 +12,17 @@ from jaxtl.objectives.base import Example, Objective, Prepared, Row
 
 
 def mlm_example(row: Row, rng: np.random.Generator, tokenizer: Tokenizer,
-                objective: Mapping[str, Any], special_ids: np.ndarray) -> Example:
-  """BERT masking of a row (special tokens and padding are never chosen)."""
+                objective: Mapping[str, Any], special_ids: np.ndarray,
+                word_starts: np.ndarray | None = None) -> Example:
+  """BERT masking of a row (special tokens and padding are never chosen);
+  with ``word_starts`` (the tokenizer's, per id), of whole words."""
   tokens, seg, pos = row["tokens"], row["segment_ids"], row["positions"]
   inputs, targets, weights = corruption.mlm_mask(
       tokens, rng, mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size,
       special_ids=special_ids, mask_rate=objective["mask_rate"],
       mask_token_rate=objective["mask_token_rate"],
-      random_token_rate=objective["random_token_rate"], can_mask=seg > 0)
+      random_token_rate=objective["random_token_rate"], can_mask=seg > 0,
+      word_starts=None if word_starts is None else word_starts[tokens])
   return {"encoder_input_tokens": inputs, "encoder_target_tokens": targets,
           "encoder_loss_weights": weights, "encoder_segment_ids": seg,
           "encoder_positions": pos}
@@ -30,10 +33,13 @@ def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
     raise ValueError("the mlm objective needs a [MASK] token; the tokenizer "
                      f"{data.tokenizer.path or '(trained)'} has none")
   specials, length = tokenizer.special_ids, data.seq_len
+  # Computed once per run from the vocabulary (and a tokenizer that cannot
+  # tell word starts fails here, before any training).
+  word_starts = tokenizer.word_starts if objective.whole_word else None
   framed = data.packing == "chunk"  # room for [CLS] ... [SEP]
   return Prepared(
       make_example=lambda row, rng: mlm_example(row, rng, tokenizer, objective,
-                                                specials),
+                                                specials, word_starts),
       lengths={"encoder": length}, row_length=length - 2 if framed else length,
       eos=not framed, framed=framed,
       # mlm_mask chooses round(rate * maskable) <= ceil(rate * L) positions.

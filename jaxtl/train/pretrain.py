@@ -21,7 +21,7 @@ import ml_collections
 
 from jaxtl import objectives
 from jaxtl.data import pipeline
-from jaxtl.models import TransformerConfig, build_model, paths
+from jaxtl.models import TransformerConfig, paths
 from jaxtl.train import loop, optim, perf, pretrained, sharding
 from jaxtl.train import step as step_lib
 
@@ -167,18 +167,19 @@ def check_positions(model_cfg: TransformerConfig, lengths: Mapping[str, int],
 
 def make_stage(index: int, steps: int, stage_config: Any, data: pipeline.DataSetup,
                model_cfg: TransformerConfig, model: nn.Module, params_shape: Any,
-               where: str) -> loop.Stage:
+               where: str, run_objective: objectives.Objective) -> loop.Stage:
   """A stage's batches (a stream of their own after the first, so a stage
   over the same rows does not repeat its predecessor's), loss and numbers."""
+  objective = objectives.get(stage_config.objective.name)
   try:
-    objectives.check_objective(stage_config.objective.name, model_cfg.family)
+    objectives.check_objective(objective.name, model_cfg.family)
+    check_same_model(objective, run_objective)
     batches, prepared = data.stage_batches(stage_config,
                                            stream=(index,) if index else ())
   except ValueError as e:
     raise ValueError(f"{where}: {e}") from e
   check_positions(model_cfg, prepared.lengths, f"{where}.data.seq_len")
-  loss_fn = objectives.make_loss_fn(model, prepared.max_predictions,
-                                    stage_config.objective.loss_chunk_len)
+  loss_fn = objective.make_loss_fn(model, prepared.max_predictions, stage_config.objective)
   flops = perf.flops_per_example(model_cfg, params_shape, *prepared.lengths.values(),
                                  head_positions=prepared.max_predictions)
   return loop.Stage(
@@ -186,6 +187,16 @@ def make_stage(index: int, steps: int, stage_config: Any, data: pipeline.DataSet
       batch_size=stage_config.data.batch_size, flops_per_example=flops,
       tokens_per_example=sum(prepared.lengths.values()),
       info={f"{side}_length": n for side, n in prepared.lengths.items()})
+
+
+def check_same_model(objective: objectives.Objective, run: objectives.Objective) -> None:
+  """A stage's objective must train the run's module (ELECTRA's pretrainer
+  is not an MLM's encoder) and normalise its loss the same way."""
+  if (objective.build_model is not run.build_model
+      or objective.weight_total is not run.weight_total):
+    raise ValueError(f"objective {objective.name!r} trains another model than the "
+                     f"run's {run.name!r} (config.objective.name); stages may change "
+                     "the objective only between those that train the same model")
 
 
 def loop_config(config: Any) -> loop.LoopConfig:
@@ -221,12 +232,12 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   check_positions(model_cfg, data.lengths, "config.data.seq_len")
   if jax.process_index() == 0:  # Fine-tuning rebuilds the model from this.
     pretrained.save_model_config(model_cfg, workdir)
-  model = build_model(model_cfg)
+  objective = objectives.get(config.objective.name)
+  model = objective.build_model(model_cfg, config.objective)
   mesh = sharding.make_mesh(config.mesh.shape)
   rules = sharding.make_rules(config.mesh.rules)
   tx, schedule = optim.make_optimizer(config.optim, config.train.steps)
-  loss_fn = objectives.make_loss_fn(model, data.max_predictions,
-                                    config.objective.loss_chunk_len)
+  loss_fn = objective.make_loss_fn(model, data.max_predictions, config.objective)
   p_eval = jax.jit(functools.partial(step_lib.eval_step, loss_fn=loss_fn),
                    in_shardings=(None, sharding.batch_sharding(mesh)))
 
@@ -249,11 +260,12 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
                data.num_rows(data.eval_split), data.unigram_entropy)
   load_params = source_loader(params_shape, source, config.init_from)
   where = lambda k: f"config.stages[{k}]" if config.stages else "config"
-  stages = tuple(make_stage(k, steps, c, data, model_cfg, model, params_shape, where(k))
+  stages = tuple(make_stage(k, steps, c, data, model_cfg, model, params_shape, where(k),
+                            objective)
                  for k, (steps, c) in enumerate(stage_list))
   work = loop.Workload(
       model=model,
-      weight_fn=functools.partial(objectives.loss_weight_total, family=model_cfg.family),
+      weight_fn=functools.partial(objective.weight_total, family=model_cfg.family),
       init_inputs=init_inputs, stages=stages, evaluate=evaluate,
       info={"params": n_params, "flops_per_example": flops,
             "unigram_entropy": data.unigram_entropy},

@@ -21,7 +21,7 @@ from jaxtl import convert
 from jaxtl.data import pipeline, sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.models import TransformerConfig, layers, paths
+from jaxtl.models import TransformerConfig, electra, layers, paths
 from jaxtl.train import checkpoint
 from jaxtl.train import workdir as workdir_lib
 
@@ -82,8 +82,9 @@ class Pretrained:
     tokenizer: The tokenizer it was trained with (or the one asked for).
     params: The backbone's parameters (``build_model(config)``'s tree, its
       LM head included when the checkpoint has one).
-    head: Task-head parameters the checkpoint carries: BERT's ``pooler``
-      (a classifier from another task never fits, so it is left out).
+    head: Task-head parameters the checkpoint carries: BERT's ``pooler``,
+      ELECTRA's ``discriminator_head`` (a classifier from another task never
+      fits, so it is left out).
     dropped: What of the checkpoint was left out (a fine-tuning workdir's
       classifier and scalar mix), for the transfer report.
   """
@@ -100,13 +101,28 @@ def load(init_from: str, tokenizer_path: str = "") -> Pretrained:
   tok = get_tokenizer(sources.expand_path(tokenizer_path)) if tokenizer_path else None
   if convert.is_hf_folder(path):
     imported = convert.import_hf(path)
-    head = {k: v for k, v in imported.head.items() if k == paths.POOLER}
+    head = {k: v for k, v in imported.head.items()
+            if k in (paths.POOLER, paths.DISCRIMINATOR_HEAD)}
     return Pretrained(imported.config, tok or get_tokenizer(path), imported.params, head)
   cfg, tok = load_model_config(path), tok or pipeline.workdir_tokenizer(path)
   params = checkpoint.load_params(checkpoint.selected_checkpoint(path))
   if paths.BACKBONE in params:  # a fine-tuning workdir: a TaskModel's tree
     return tuned_backbone(cfg, tok, params)
+  if electra.is_electra(params):  # ELECTRA's: the discriminator transfers
+    return electra_discriminator(cfg, tok, params)
   return Pretrained(cfg, tok, params, {})
+
+
+def electra_discriminator(cfg: TransformerConfig, tok: Tokenizer, params: dict[str, Any]
+                          ) -> Pretrained:
+  """An ELECTRA pretrainer's discriminator: its encoder, and its detection
+  head as a head (exported as ElectraForPreTraining; a task has no use for
+  it); the generator is left out."""
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+  encoder, rest = electra.discriminator(params)
+  head = {paths.DISCRIMINATOR_HEAD: rest.pop(paths.DISCRIMINATOR_HEAD)}
+  return Pretrained(cfg, tok, encoder, head,
+                    tuple(traverse_util.flatten_dict(rest, sep="/")))
 
 
 def tuned_backbone(cfg: TransformerConfig, tok: Tokenizer, params: dict[str, Any]

@@ -1,0 +1,114 @@
+"""ELECTRA: the pretrainer's tree and sharing, sampled replacements, which
+positions carry each loss, gradients, and what transfers."""
+
+import types
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from jaxtl import objectives
+from jaxtl.models import TransformerConfig, build_model, electra, paths
+
+OBJECTIVE = types.SimpleNamespace(generator_scale=0.25, generator_layers=1,
+                                  rtd_weight=50.0, loss_chunk_len=0)
+MASK = 3
+
+
+def tiny(**kw):
+  return TransformerConfig(**{**dict(
+      family="encoder", vocab_size=64, d_model=32, num_heads=4, head_dim=8, mlp_dim=64,
+      num_layers=1, max_len=16, dropout_rate=0.0, pre_norm=False, embed_norm=True,
+      lm_head_transform=True, lm_head_bias=True), **kw})
+
+
+def batch(seed=0, b=4, length=12):
+  rng = np.random.default_rng(seed)
+  targets = rng.integers(4, 64, (b, length)).astype(np.int32)
+  seg = np.ones((b, length), np.int32)
+  seg[:, -3:] = 0  # padding
+  weights = np.zeros((b, length), np.float32)
+  weights[:, [1, 4, 6]] = 1.0
+  inputs = np.where(weights > 0, MASK, targets).astype(np.int32)
+  return {"encoder_input_tokens": inputs, "encoder_target_tokens": targets,
+          "encoder_loss_weights": weights, "encoder_segment_ids": seg,
+          "encoder_positions": np.broadcast_to(np.arange(length), (b, length))}
+
+
+@pytest.fixture(scope="module")
+def setup():
+  obj = objectives.get("electra")
+  model = obj.build_model(tiny(), OBJECTIVE)
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0),
+                                        jnp.ones((1, 12), jnp.int32)))["params"]
+  return obj, model, params, jax.jit(obj.make_loss_fn(model, 4, OBJECTIVE))
+
+
+def test_generator_is_smaller_and_shares_the_token_table(setup):
+  _, model, params, _ = setup
+  g = model.generator_config
+  assert (g.d_model, g.num_heads, g.mlp_dim, g.num_layers) == (8, 1, 16, 1)
+  flat = traverse_util.flatten_dict(params, sep="/")
+  assert [k for k in flat if k.endswith("/" + paths.EMBEDDING)] == [paths.TOKEN_TABLE]
+  assert flat[f"{paths.GENERATOR}/{paths.EMBED_PROJECT}/kernel"].shape == (32, 8)
+  with pytest.raises(ValueError, match="generator_scale"):
+    electra.generator_config(tiny(), 0.0)
+
+
+def test_the_discriminator_is_an_encoders_tree(setup):
+  _, _, params, _ = setup
+  disc, rest = electra.discriminator(params)
+  encoder = nn.unbox(jax.eval_shape(build_model(tiny()).init, jax.random.key(1),
+                                    jnp.ones((1, 12), jnp.int32)))["params"]
+  del encoder[paths.LM_HEAD]
+  assert jax.tree.map(jnp.shape, disc) == jax.tree.map(jnp.shape, encoder)
+  assert sorted(rest) == sorted(electra.PRETRAINING_ONLY)
+
+
+def test_replacements_are_sampled_at_masked_positions_only(setup):
+  _, model, params, loss_fn = setup
+  b = batch()
+  seen = []
+  for seed in range(4):
+    _, sums = loss_fn(params, b, jax.random.key(seed))
+    seen.append(float(sums["replaced_sum"]))
+  # A random generator almost never samples the original token: nearly all
+  # 12 masked tokens are replaced, and only they (9 real tokens per row).
+  assert all(9 <= r <= 12 for r in seen)
+  _, sums = loss_fn(params, b, None)
+  assert float(sums["rtd_weight_sum"]) == 4 * 9 and float(sums["weight_sum"]) == 12
+  # Samples, not the argmax: different keys replace with different tokens.
+  logits = jax.jit(lambda p, t, at: model.apply({"params": p}, t, at,
+                                                method=model.generator_logits))(
+      params, b["encoder_input_tokens"], jnp.array([[1, 4, 6, 0]] * 4))
+  draws = {tuple(np.asarray(jax.random.categorical(jax.random.key(s), logits)).ravel())
+           for s in range(3)}
+  assert len(draws) == 3
+
+
+def test_loss_is_mlm_plus_weighted_detection_and_rtd_skips_the_generator(setup):
+  obj, model, params, loss_fn = setup
+  b = batch(1)
+  loss, sums = loss_fn(params, b, jax.random.key(0))
+  expected = (sums["loss_sum"] / sums["weight_sum"]
+              + 50.0 * sums["rtd_loss_sum"] / sums["rtd_weight_sum"])
+  np.testing.assert_allclose(loss, expected, rtol=1e-6)
+  # Without the MLM term, nothing reaches the generator's own weights (the
+  # samples are discrete); the shared table still learns from detection.
+  rtd_only = types.SimpleNamespace(**{**vars(OBJECTIVE), "rtd_weight": 1.0})
+  fn = obj.make_loss_fn(model, 4, rtd_only)
+  grads = jax.jit(jax.grad(lambda p: fn(p, b, jax.random.key(0))[1]["rtd_loss_sum"]))(
+      params)
+  gen = jax.tree.leaves(grads[paths.GENERATOR])
+  assert all(float(jnp.abs(g).max()) == 0.0 for g in gen)
+  assert float(jnp.abs(grads[paths.TOKEN_EMBED]["embedding"]).max()) > 0
+
+
+def test_stages_cannot_switch_between_mlm_and_electra():
+  from jaxtl.train import pretrain  # pylint: disable=import-outside-toplevel
+  pretrain.check_same_model(objectives.get("mlm"), objectives.get("span"))  # same module
+  with pytest.raises(ValueError, match="trains another model than the run's 'electra'"):
+    pretrain.check_same_model(objectives.get("mlm"), objectives.get("electra"))
