@@ -35,6 +35,7 @@ RECIPE_ARGS = {
     "finetune_minilm": [f"task={t}" for t in FINETUNE_TASKS],
     "pretrain_mixed": ["objective=mlm"],
     "pretrain_mlm": ["stages=bert"],
+    "pretrain_prefix_lm": ["model=t5_tiny"],
     "ulmfit": ["stage=lm,task=imdb", "stage=classifier", "stage=classifier,task=imdb"],
 }
 
@@ -209,6 +210,8 @@ RECIPE_DATA = {
     "pretrain_mlm": ("imdb", ["--config.data.max_docs=500",
                               "--config.data.tokenizer.vocab_size=1000"]),
     "pretrain_span": ("wikitext2", []),
+    "pretrain_bart": ("wikitext2", []),
+    "pretrain_prefix_lm": ("wikitext2", []),
     "pretrain_mixed": ("imdb", ["--config.data.max_docs=300",
                                 "--config.data.tokenizer.vocab_size=1000"]),
 }
