@@ -1,4 +1,4 @@
-"""Hugging Face model folders in and out: BERT, GPT-2 and T5.
+"""Hugging Face model folders in and out: BERT, GPT-2, T5 and BART.
 
 ``import_hf(folder)`` reads ``config.json`` and the weights
 (``model.safetensors``, sharded or not, or ``pytorch_model.bin``) into a
@@ -26,15 +26,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from jaxtl.convert import bert, gpt2, rules, t5
+from jaxtl.convert import bart, bert, gpt2, rules, t5
 from jaxtl.convert.family import Family
 from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
 
 log = logging.getLogger(__name__)
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (bert.FAMILY, gpt2.FAMILY, t5.FAMILY)}
-BY_JAXTL_FAMILY = {f.family: f for f in FAMILIES.values()}
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (bert.FAMILY, gpt2.FAMILY, t5.FAMILY,
+                                                          bart.FAMILY)}
+# Each jaxtl family's first HF family; family_of picks among several (T5, BART).
+BY_JAXTL_FAMILY: dict[str, Family] = {}
+for _f in FAMILIES.values():
+  BY_JAXTL_FAMILY.setdefault(_f.family, _f)
 _SAFETENSORS, _TORCH = "model.safetensors", "pytorch_model.bin"
 # Rule groups of a classifier whose outputs are labels (id2label in config.json).
 _LABEL_GROUPS = {"classifier", "score"}
@@ -203,22 +207,31 @@ def _unscan(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   return out
 
 
-def _check_exportable(family: Family, cfg: TransformerConfig) -> dict[str, Any]:
-  """HF's config for ``cfg``; an error when HF's class would compute something else."""
-  hf_config = family.config_to_hf(cfg)
-  back = family.config_from_hf(hf_config)
-  differ = [f"{f}={getattr(cfg, f)!r} (a {family.model_type} model has "
-            f"{getattr(back, f)!r})" for f in _ARCH_FIELDS
-            if getattr(cfg, f) != getattr(back, f)]
-  if differ:
-    raise ValueError(f"this {cfg.family} model has no Hugging Face "
-                     f"{family.model_type} equivalent: " + "; ".join(differ))
-  return hf_config
+def _differences(family: Family, cfg: TransformerConfig) -> list[str]:
+  """The architecture fields ``family``'s HF class cannot give ``cfg``."""
+  back = family.config_from_hf(family.config_to_hf(cfg))
+  return [f"{f}={getattr(cfg, f)!r} (a {family.model_type} model has "
+          f"{getattr(back, f)!r})" for f in _ARCH_FIELDS
+          if getattr(cfg, f) != getattr(back, f)]
+
+
+def family_of(cfg: TransformerConfig) -> Family:
+  """The HF family whose class computes what ``cfg`` does (an encoder-decoder
+  with relative positions is a T5, one with learned positions a BART); an
+  error naming what differs from each when none does."""
+  candidates = [f for f in FAMILIES.values() if f.family == cfg.family]
+  problems = {}
+  for family in candidates:
+    problems[family.model_type] = _differences(family, cfg)
+    if not problems[family.model_type]:
+      return family
+  raise ValueError(f"this {cfg.family} model has no Hugging Face " + "; nor ".join(
+      f"{name} equivalent: " + "; ".join(differ) for name, differ in problems.items()))
 
 
 def hf_config(config: TransformerConfig) -> dict[str, Any]:
   """The ``config.json`` fields of the Hugging Face model equal to ``config``."""
-  return _check_exportable(BY_JAXTL_FAMILY[config.family], config)
+  return family_of(config).config_to_hf(config)
 
 
 def _flat_tree(params: Any, head: Any) -> dict[str, np.ndarray]:
@@ -282,10 +295,10 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
   """
   from jaxtl.models import layers  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  family = BY_JAXTL_FAMILY[config.family]
   params, head = nn.unbox(params), nn.unbox(head or {})  # as model.init returns them
   config, params = layers.without_lora(config, params)
-  hf_config = _check_exportable(family, config)
+  family = family_of(config)
+  hf_config = family.config_to_hf(config)
   table = family.rules(config)
   have = _complete_groups(table, _flat_tree(params, head))
   if architecture is None:
