@@ -72,6 +72,7 @@ def test_presets_have_the_published_sizes():
   assert count("gpt2_small", 50257) == pytest.approx(124.4e6, rel=0.01)
   assert count("bert_base", 30522) == pytest.approx(110e6, rel=0.02)  # no pooler
   assert count("t5_small", 32128) == pytest.approx(60.5e6, rel=0.01)
+  assert count("bart_base", 50265) == pytest.approx(139.4e6, rel=0.01)
 
 
 def test_config_argument_errors():
