@@ -4,7 +4,7 @@ text infilling, on one 1-D sequence of token ids at a time.
 BART's best combination shuffles the sentences of a document, then replaces
 spans whose lengths are drawn from Poisson(3), 30% of the tokens in all, by
 ONE mask token each; a span of length 0 inserts a mask, so the model must
-also learn how many tokens a mask stands for (none included). The decoder
+also learn how many tokens a mask stands for (zero included). The decoder
 then writes the original text. T5's span corruption
 (:mod:`jaxtl.data.corruption`) differs in using a sentinel per span and
 writing only the dropped tokens.
