@@ -13,7 +13,13 @@ Noise (Lewis et al. 2019, BART's best): every row's sentences (ended by
 30% of the tokens replaced by one ``[MASK]`` each (zero-length spans insert
 one); the decoder writes the whole original row (128 tokens).
 
-Hardware / time and the measured result: see README "Results on a 2-core CPU".
+Hardware / time: 2-core CPU (AMD EPYC), 27 minutes (0.20 steps/s median)
+while other jobs kept the load near 20, measured 2026-11-23.
+Expected: validation loss 8.39 -> 4.48 nats over all target tokens
+(accuracy 27.5%) after 300 steps, against a unigram entropy of 5.71 nats;
+split by the noise (64 validation rows), 4.61 on the masked tokens and 4.45
+on the visible ones: at this budget the model has not yet learned to copy
+what it sees, and predicts the masked spans far better than unigram.
 """
 
 from jaxtl.configs import common
@@ -30,8 +36,8 @@ def get_config(arg: str | None = None):
                              validation=[wiki("valid.txt")])
   c.data.tokenizer.update(vocab_size=4000, model_type="unigram")
   c.data.seq_len = 128
-  c.data.batch_size = 32
-  c.optim.update(lr=1e-3, warmup_steps=100)
-  c.train.update(steps=600, log_every=50, eval_every=200, eval_batches=0,
-                 checkpoint_every=200)
+  c.data.batch_size = 16
+  c.optim.update(lr=1e-3, warmup_steps=40)
+  c.train.update(steps=300, log_every=50, eval_every=150, eval_batches=16,
+                 checkpoint_every=150)
   return c

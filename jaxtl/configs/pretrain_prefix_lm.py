@@ -13,7 +13,10 @@ encoder-decoder one (``pretrain_prefix_lm:model=t5_tiny`` or ``bart_tiny``)
 runs ``prefix_lm_encdec`` (the prefix is the encoder's input).
 Data and tokenizer as ``pretrain_span``.
 
-Hardware / time and the measured result: see README "Results on a 2-core CPU".
+Hardware / time: 2-core CPU (AMD EPYC), 25 minutes (0.23 steps/s median)
+while other jobs kept the load near 20, measured 2026-11-23.
+Expected (gpt2_tiny): validation loss on the continuations 8.36 -> 4.67
+nats (accuracy 25.3%) after 300 steps, against a unigram entropy of 5.71.
 """
 
 from jaxtl.configs import common
@@ -30,8 +33,8 @@ def get_config(arg: str | None = None):
                              validation=[wiki("valid.txt")])
   c.data.tokenizer.update(vocab_size=4000, model_type="unigram")
   c.data.seq_len = 128
-  c.data.batch_size = 32
-  c.optim.update(lr=1e-3, warmup_steps=100)
-  c.train.update(steps=600, log_every=50, eval_every=200, eval_batches=0,
-                 checkpoint_every=200)
+  c.data.batch_size = 16
+  c.optim.update(lr=1e-3, warmup_steps=40)
+  c.train.update(steps=300, log_every=50, eval_every=150, eval_batches=16,
+                 checkpoint_every=150)
   return c
