@@ -36,6 +36,7 @@ RECIPE_ARGS = {
     "pretrain_mixed": ["objective=mlm"],
     "pretrain_mlm": ["stages=bert"],
     "pretrain_electra": ["stages=bert"],
+    "pretrain_prefix_lm": ["model=t5_tiny"],
     "ulmfit": ["stage=lm,task=imdb", "stage=classifier", "stage=classifier,task=imdb"],
 }
 
@@ -72,6 +73,7 @@ def test_presets_have_the_published_sizes():
   assert count("gpt2_small", 50257) == pytest.approx(124.4e6, rel=0.01)
   assert count("bert_base", 30522) == pytest.approx(110e6, rel=0.02)  # no pooler
   assert count("t5_small", 32128) == pytest.approx(60.5e6, rel=0.01)
+  assert count("bart_base", 50265) == pytest.approx(139.4e6, rel=0.01)
 
 
 def test_config_argument_errors():
@@ -212,6 +214,8 @@ RECIPE_DATA = {
     "pretrain_span": ("wikitext2", []),
     "pretrain_electra": ("imdb", ["--config.data.max_docs=500",
                                   "--config.data.tokenizer.vocab_size=1000"]),
+    "pretrain_bart": ("wikitext2", []),
+    "pretrain_prefix_lm": ("wikitext2", []),
     "pretrain_mixed": ("imdb", ["--config.data.max_docs=300",
                                 "--config.data.tokenizer.vocab_size=1000"]),
 }

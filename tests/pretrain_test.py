@@ -83,3 +83,55 @@ def test_an_objective_of_another_family_fails_naming_both(hf_bert, tmp_path):
                                        r"init_from=.* is 'encoder'"):
     train.train_and_evaluate(config, str(tmp_path))
   assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
+
+
+def _tiny_denoising_config(tmp, recipe, arg):
+  """``recipe`` on a small synthetic corpus of sentences, with a tiny model,
+  checkpointing every step."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  words = ["the cat", "a dog", "my friend", "the king", "sees", "likes", "finds",
+           "calls", "follows", "the moon", "a river", "an old song", "the market",
+           "!", "?"]
+  text = "\n".join(" ".join(rng.choice(words, 6)) + " ." for _ in range(800))
+  (tmp / "text.txt").write_text(text + "\n")
+  config = importlib.import_module(f"jaxtl.configs.{recipe}").get_config(arg)
+  config.data.source.files = dict(train=[str(tmp / "text.txt")],
+                                  validation=[str(tmp / "text.txt")])
+  config.data.tokenizer.update(vocab_size=160, model_type="bpe")
+  config.data.update(seq_len=16, batch_size=8)
+  config.model.update(num_layers=1, d_model=32, num_heads=2, head_dim=16, mlp_dim=64,
+                      num_decoder_layers=1)
+  config.optim.warmup_steps = 2
+  config.train.update(steps=4, log_every=1, eval_every=4, eval_batches=1,
+                      checkpoint_every=1, keep_checkpoints=4)
+  return config
+
+
+@pytest.mark.parametrize("recipe,arg", [("pretrain_bart", None),
+                                        ("pretrain_prefix_lm", None),
+                                        ("pretrain_prefix_lm", "model=bart_tiny")])
+def test_new_objectives_resume_exactly_after_a_kill(recipe, arg, tmp_path):
+  """bart, prefix_lm and prefix_lm_encdec: a run killed after its step-2
+  checkpoint (the later ones removed, as a kill leaves it) and run again
+  logs the uninterrupted run's losses and ends with its parameters."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import checkpoint  # pylint: disable=g-import-not-at-top
+  config = _tiny_denoising_config(tmp_path, recipe, arg)
+  ref_dir, workdir = str(tmp_path / "ref"), str(tmp_path / "killed")
+  train.train_and_evaluate(config, ref_dir)
+  shutil.copytree(ref_dir, workdir)
+  os.remove(os.path.join(workdir, "metrics.jsonl"))
+  for step in runs.checkpoint_steps(workdir):
+    if step > 2:
+      shutil.rmtree(os.path.join(workdir, "checkpoints", str(step)))
+  train.train_and_evaluate(config, workdir)
+  ref, resumed = runs.logged_losses(ref_dir), runs.logged_losses(workdir)
+  assert sorted(resumed) == sorted(k for k in ref if k[1] > 2)
+  assert resumed == {k: ref[k] for k in resumed}
+  flat = lambda d: traverse_util.flatten_dict(checkpoint.load_params(d), sep="/")
+  for name, value in flat(ref_dir).items():
+    np.testing.assert_array_equal(flat(workdir)[name], value, err_msg=name)

@@ -107,6 +107,48 @@ def test_electra_meshes_match_single_device():
   ref, ref_state, metrics = run_steps(cfg, (1, 1, 1), data, objective="electra")
   assert metrics[0]["replaced_sum"] > 0 and ref[-1] < ref[0]
   losses, state, _ = run_steps(cfg, (2, 2, 2), data, objective="electra")
+class _FakeTokenizer:
+  """What the bart and prefix-LM objectives ask of a tokenizer: id 4 reads '.'."""
+  pad_id, eos_id, mask_id, vocab_size = 0, 1, 3, 128
+
+  def decode(self, ids):
+    return "." if list(ids) == [4] else "w"
+
+
+def objective_batches(names, batch=16, length=16, seed=0):
+  """One batch whose rows are the examples of ``names`` in turn (objectives
+  of one family share their features), from random rows with full stops."""
+  data = ml_collections.ConfigDict(dict(seq_len=length, tokenizer=dict(path="")))
+  prepared = [objectives.get(n).prepare(_FakeTokenizer(), OBJECTIVE, data) for n in names]
+  rng = np.random.default_rng(seed)
+  rows = []
+  for i in range(batch):
+    p = prepared[i % len(prepared)]
+    tokens = rng.integers(5, 128, p.row_length).astype(np.int32)
+    tokens[rng.random(p.row_length) < 0.1] = 4
+    row = {"tokens": tokens, "segment_ids": np.ones_like(tokens),
+           "positions": np.arange(p.row_length, dtype=np.int32)}
+    rows.append(p.make_example(row, rng))
+  return [{k: np.stack([r[k] for r in rows]) for k in rows[0]}]
+
+
+OBJECTIVE = ml_collections.ConfigDict(dict(
+    noise_density=0.3, mean_noise_span_length=3.0, permute_sentence_ratio=1.0))
+BART = dict(position="learned", pre_norm=False, embed_norm=True, lm_head_bias=True,
+            norm_eps=1e-5, max_len=16)
+
+
+@pytest.mark.parametrize("family,names,kw", [
+    ("decoder", ("prefix_lm",), {}),
+    ("encoder_decoder", ("bart", "prefix_lm_encdec"), BART)])
+def test_new_objectives_match_single_device_on_the_mesh(family, names, kw):
+  """BART (on BART's architecture), the encoder-decoder prefix LM and the
+  decoder's (its bidirectional prefix sharded with the batch) on 2x2x2."""
+  data = objective_batches(names) * 3
+  cfg = tiny(family, **kw)
+  ref, ref_state, _ = run_steps(cfg, (1, 1, 1), data)
+  assert ref[-1] < ref[0]
+  losses, state, _ = run_steps(cfg, (2, 2, 2), data)
   np.testing.assert_allclose(losses, ref, rtol=2e-5)
   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
     np.testing.assert_allclose(a, b, atol=2e-5)

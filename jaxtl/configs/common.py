@@ -83,13 +83,15 @@ def mesh_config(**overrides: Any) -> ConfigDict:
 def objective_config(**overrides: Any) -> ConfigDict:
   """The pretraining objective and its corruption rates."""
   return _section(dict(
-      name="clm",  # clm | mlm | span | electra
+      name="clm",  # clm | mlm | span | electra | bart | prefix_lm | prefix_lm_encdec
       mask_rate=0.15, mask_token_rate=0.8, random_token_rate=0.1,  # mlm
       whole_word=False,  # mlm, electra: mask whole words (the tokenizer's)
       # electra: the generator's width/heads/MLP as a fraction of the
       # discriminator's, its depth (0: the same), the detection loss weight.
       generator_scale=0.25, generator_layers=0, rtd_weight=50.0,
-      noise_density=0.15, mean_noise_span_length=3.0,  # span
+      # span; bart: the masked share and the Poisson mean of span lengths
+      noise_density=0.15, mean_noise_span_length=3.0,
+      permute_sentence_ratio=1.0,  # bart: the share of sentences shuffled
       # Positions whose logits exist at once in the loss (0: all of them).
       loss_chunk_len=objectives.LOSS_CHUNK_LEN), overrides)
 

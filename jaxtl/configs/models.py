@@ -1,4 +1,4 @@
-"""Model presets: BERT, GPT-2 and T5 sizes as TransformerConfig fields.
+"""Model presets: BERT, GPT-2, T5 and BART sizes as TransformerConfig fields.
 
 Recipes pick one by name (``model=bert_tiny``) and override single fields
 from the command line (``--config.model.num_layers=2``). ``vocab_size=0``
@@ -23,6 +23,13 @@ _T5 = dict(family="encoder_decoder", position="relative", relative_buckets=32,
            norm_eps=1e-6, pre_norm=True, embed_norm=False, use_bias=False,
            scale_attention=False, dropout_rate=0.1, attention_dropout_rate=0.0,
            tie_embeddings=True, scale_tied_logits=True, max_len=512)
+# BART: T5's shape with BERT's layers (learned positions per stack, post-LN,
+# an embedding LayerNorm, exact GELU, biases) and one table shared by both
+# stacks and the head, whose output bias is HF's ``final_logits_bias``.
+_BART = dict(family="encoder_decoder", position="learned", activation="gelu",
+             norm="layernorm", norm_eps=1e-5, pre_norm=False, embed_norm=True,
+             use_bias=True, dropout_rate=0.1, attention_dropout_rate=0.0,
+             tie_embeddings=True, lm_head_bias=True, max_len=1024)
 
 
 def _size(layers: int, d_model: int, heads: int, mlp: int, **kw) -> dict:
@@ -45,6 +52,9 @@ PRESETS: dict[str, dict] = {
                 "activation": "gelu_new", "gated_mlp": True,
                 "num_decoder_layers": 2},
     "t5_small": {**_T5, **_size(6, 512, 8, 2048, head_dim=64)},
+    # bart_tiny matches t5_tiny's stacks; bart_base is facebook/bart-base.
+    "bart_tiny": {**_BART, **_size(2, 256, 4, 1024, max_len=512)},
+    "bart_base": {**_BART, **_size(6, 768, 12, 3072)},
 }
 
 

@@ -1,4 +1,4 @@
-"""Hugging Face model folders in and out: BERT, GPT-2, T5 and ELECTRA.
+"""Hugging Face model folders in and out: BERT, GPT-2, T5, ELECTRA and BART.
 
 ``import_hf(folder)`` reads ``config.json`` and the weights
 (``model.safetensors``, sharded or not, or ``pytorch_model.bin``) into a
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from jaxtl.convert import bert, electra, gpt2, rules, t5
+from jaxtl.convert import bart, bert, electra, gpt2, rules, t5
 from jaxtl.convert.family import Family
 from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
@@ -34,10 +34,7 @@ from jaxtl.models.config import TransformerConfig
 log = logging.getLogger(__name__)
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (bert.FAMILY, gpt2.FAMILY, t5.FAMILY,
-                                                         electra.FAMILY)}
-# Each jaxtl family's default export (an encoder is a BERT unless its
-# parameters or the class asked for fit ELECTRA better: _export_family).
-BY_JAXTL_FAMILY = {f.family: f for f in (bert.FAMILY, gpt2.FAMILY, t5.FAMILY)}
+                                                         electra.FAMILY, bart.FAMILY)}
 _SAFETENSORS, _TORCH = "model.safetensors", "pytorch_model.bin"
 # Rule groups of a classifier whose outputs are labels (id2label in config.json).
 _LABEL_GROUPS = {"classifier", "score"}
@@ -211,22 +208,31 @@ def _unscan(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   return out
 
 
-def _check_exportable(family: Family, cfg: TransformerConfig) -> dict[str, Any]:
-  """HF's config for ``cfg``; an error when HF's class would compute something else."""
-  hf_config = family.config_to_hf(cfg)
-  back = family.config_from_hf(hf_config)
-  differ = [f"{f}={getattr(cfg, f)!r} (a {family.model_type} model has "
-            f"{getattr(back, f)!r})" for f in _ARCH_FIELDS
-            if getattr(cfg, f) != getattr(back, f)]
-  if differ:
-    raise ValueError(f"this {cfg.family} model has no Hugging Face "
-                     f"{family.model_type} equivalent: " + "; ".join(differ))
-  return hf_config
+def _differences(family: Family, cfg: TransformerConfig) -> list[str]:
+  """The architecture fields ``family``'s HF class cannot give ``cfg``."""
+  back = family.config_from_hf(family.config_to_hf(cfg))
+  return [f"{f}={getattr(cfg, f)!r} (a {family.model_type} model has "
+          f"{getattr(back, f)!r})" for f in _ARCH_FIELDS
+          if getattr(cfg, f) != getattr(back, f)]
+
+
+def family_of(cfg: TransformerConfig) -> Family:
+  """The HF family whose class computes what ``cfg`` does (an encoder-decoder
+  with relative positions is a T5, one with learned positions a BART); an
+  error naming what differs from each when none does."""
+  candidates = [f for f in FAMILIES.values() if f.family == cfg.family]
+  problems = {}
+  for family in candidates:
+    problems[family.model_type] = _differences(family, cfg)
+    if not problems[family.model_type]:
+      return family
+  raise ValueError(f"this {cfg.family} model has no Hugging Face " + "; nor ".join(
+      f"{name} equivalent: " + "; ".join(differ) for name, differ in problems.items()))
 
 
 def hf_config(config: TransformerConfig) -> dict[str, Any]:
   """The ``config.json`` fields of the Hugging Face model equal to ``config``."""
-  return _check_exportable(BY_JAXTL_FAMILY[config.family], config)
+  return family_of(config).config_to_hf(config)
 
 
 def _flat_tree(params: Any, head: Any) -> dict[str, np.ndarray]:
@@ -254,16 +260,28 @@ def _richest_architecture(family: Family, have: set[str]) -> str:
 
 def _export_family(config: TransformerConfig, flat: dict[str, np.ndarray],
                    architecture: str | None) -> Family:
-  """The family of the class asked for; else, among those of ``config``'s
-  jaxtl family, the one placing the most complete rule groups (the default
-  one on a tie: an encoder with an MLM head is a BERT, one with ELECTRA's
-  discriminator head an ELECTRA)."""
-  default = BY_JAXTL_FAMILY[config.family]
-  candidates = [default] + [f for f in FAMILIES.values()
-                            if f.family == config.family and f is not default]
-  if architecture is not None:
-    return next((f for f in candidates if architecture in f.architectures), default)
-  return max(candidates, key=lambda f: len(_complete_groups(f.rules(config), flat)))
+  """The family of the class asked for; else, among the families whose
+  class computes what ``config`` does, the one placing the most complete
+  rule groups, the first in ``FAMILIES`` on a tie (an encoder with an MLM
+  head is a BERT, one with ELECTRA's discriminator head an ELECTRA; an
+  encoder-decoder with relative positions a T5, with learned ones a BART)."""
+  candidates = [f for f in FAMILIES.values() if f.family == config.family]
+  asked = [f for f in candidates if architecture in f.architectures]
+  if asked:
+    return asked[0]
+  fitting = [f for f in candidates if not _differences(f, config)]
+  if not fitting:
+    return family_of(config)  # raises, naming what differs from each
+  return max(fitting, key=lambda f: len(_complete_groups(f.rules(config), flat)))
+
+
+def _exportable(family: Family, cfg: TransformerConfig) -> dict[str, Any]:
+  """HF's config for ``cfg``; an error when HF's class would compute something else."""
+  differ = _differences(family, cfg)
+  if differ:
+    raise ValueError(f"this {cfg.family} model has no Hugging Face "
+                     f"{family.model_type} equivalent: " + "; ".join(differ))
+  return family.config_to_hf(cfg)
 
 
 def _label_fields(flat: dict[str, np.ndarray], label_names: tuple[str, ...]
@@ -307,7 +325,7 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
   params, head = nn.unbox(params), nn.unbox(head or {})  # as model.init returns them
   config, params = layers.without_lora(config, params)
   family = _export_family(config, _flat_tree(params, head), architecture)
-  hf_config = _check_exportable(family, config)
+  hf_config = _exportable(family, config)
   table = family.rules(config)
   have = _complete_groups(table, _flat_tree(params, head))
   if architecture is None:

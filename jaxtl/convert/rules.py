@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxtl.models import paths
 
-KINDS = ("copy", "vector", "linear", "conv1d")
+KINDS = ("copy", "vector", "row", "linear", "conv1d")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,11 +34,15 @@ class Rule:
     jax: The jaxtl path (:mod:`jaxtl.models.paths`); ``head/...`` is a
       task-head parameter, anything else belongs to the backbone.
     kind: ``copy`` (same layout), ``vector`` (1-D in HF, any shape here),
+      ``row`` ([1, N] in HF, [N] here: BART's ``final_logits_bias``),
       ``linear`` (transposed) or ``conv1d`` (reshaped only).
     group: Rules are loaded group by group: ``base`` must be complete; any
       other group (``mlm``, ``pooler``, ...) is all there or all absent.
     n_in: Leading jaxtl axes that form the HF input axis.
     part: ``(i, n)`` for slice i of n of a fused HF tensor's output axis.
+    offset: (``copy``) leading HF rows jaxtl has no use for, dropped on
+      import and written as zeros on export (BART's position tables start
+      at row 2).
   """
   hf: str
   jax: str
@@ -46,11 +50,14 @@ class Rule:
   group: str = "base"
   n_in: int = 1
   part: tuple[int, int] | None = None
+  offset: int = 0
 
   def hf_shape(self, jax_shape: Sequence[int]) -> tuple[int, ...]:
     """The HF shape (of the whole fused tensor) for a jaxtl shape."""
     if self.kind == "copy":
-      return tuple(jax_shape)
+      return (jax_shape[0] + self.offset, *jax_shape[1:]) if self.offset else tuple(jax_shape)
+    if self.kind == "row":
+      return (1, math.prod(jax_shape))
     if self.kind == "vector":
       shape = (math.prod(jax_shape),)
     else:
@@ -60,7 +67,7 @@ class Rule:
     return shape[::-1] if self.kind == "linear" else shape
 
   def to_jax(self, hf_value: np.ndarray, jax_shape: Sequence[int]) -> np.ndarray:
-    x = hf_value.T if self.kind == "linear" else hf_value
+    x = hf_value.T if self.kind == "linear" else hf_value[self.offset:]
     if self.part:
       x = np.split(x, self.part[1], axis=-1)[self.part[0]]
     return np.ascontiguousarray(x.reshape(jax_shape))
@@ -68,7 +75,10 @@ class Rule:
   def to_hf(self, value: np.ndarray) -> np.ndarray:
     """The HF layout of ``value`` (only this rule's slice when ``part``)."""
     if self.kind == "copy":
-      return value
+      pad = np.zeros((self.offset, *value.shape[1:]), value.dtype)
+      return np.concatenate([pad, value]) if self.offset else value
+    if self.kind == "row":
+      return value.reshape(1, -1)
     if self.kind == "vector":
       return value.reshape(-1)
     x = value.reshape(math.prod(value.shape[:self.n_in]), -1)

@@ -26,7 +26,7 @@ SEQUENCE_KINDS = tuple(PROBLEM_TYPES)
 
 def _architecture(cfg: TransformerConfig, spec: Any) -> str:
   """The HF class computing what the fine-tuned model computes, or an error."""
-  family = hf.BY_JAXTL_FAMILY[cfg.family]
+  family = hf.family_of(cfg)
   if spec.kind not in family.tasks:
     raise ValueError(
         f"a {cfg.family} model fine-tuned for {spec.kind!r} has no Hugging Face "
@@ -105,7 +105,7 @@ def export_task_hf(out: str | os.PathLike, cfg: TransformerConfig, params: Any,
   fields: dict[str, Any] = {}
   if spec.kind in SEQUENCE_KINDS:
     fields["problem_type"] = PROBLEM_TYPES[spec.kind]
-    if hf.BY_JAXTL_FAMILY[cfg.family].sequence_pooling[0] == "last":
+    if hf.family_of(cfg).sequence_pooling[0] == "last":
       fields["pad_token_id"] = _pad_token_id(tokenizer, arch)
   labels = tuple(spec.label_names or ())
   return hf.export_hf(out, cfg, params[paths.BACKBONE], head=params.get(paths.HEAD),

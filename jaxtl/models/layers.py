@@ -117,13 +117,16 @@ class Dropout(nn.Module):
 def attention_mask(q_segment_BT: Array, kv_segment_BS: Array,
                    causal: bool = False,
                    q_positions_BT: Array | None = None,
-                   kv_positions_BS: Array | None = None) -> Array:
+                   kv_positions_BS: Array | None = None,
+                   prefix_BT: Array | None = None) -> Array:
   """Boolean mask [B, 1, T, S]: True where query t may attend to key s.
 
   Segment id 0 marks padding; packed rows carry segment ids 1..k and a token
   only sees tokens of its own segment. With ``causal`` a query also never sees
   a later key; positions (restarting per packed segment) decide "later" when
-  given, else the index along the row.
+  given, else the index along the row. ``prefix_BT`` (self-attention of a
+  prefix LM; t5x's ``decoder_causal_attention``) marks each segment's prefix,
+  whose tokens see one another in both directions; the rest stays causal.
   """
   mask_BTS = ((q_segment_BT[:, :, None] == kv_segment_BS[:, None, :])
               & (kv_segment_BS[:, None, :] > 0))
@@ -131,9 +134,13 @@ def attention_mask(q_segment_BT: Array, kv_segment_BS: Array,
     if q_positions_BT is None or kv_positions_BS is None:
       t = jnp.arange(q_segment_BT.shape[1])
       s = jnp.arange(kv_segment_BS.shape[1])
-      mask_BTS &= (t[:, None] >= s[None, :])[None]
+      causal_BTS = (t[:, None] >= s[None, :])[None]
     else:
-      mask_BTS &= q_positions_BT[:, :, None] >= kv_positions_BS[:, None, :]
+      causal_BTS = q_positions_BT[:, :, None] >= kv_positions_BS[:, None, :]
+    if prefix_BT is not None:
+      prefix_BT = prefix_BT.astype(bool)
+      causal_BTS = causal_BTS | (prefix_BT[:, :, None] & prefix_BT[:, None, :])
+    mask_BTS &= causal_BTS
   return mask_BTS[:, None]
 
 

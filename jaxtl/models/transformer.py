@@ -127,11 +127,15 @@ class Stack(nn.Module):
                enc_BSD: Array | None = None,
                enc_segment_ids_BS: Array | None = None, *,
                deterministic: bool = True, return_hidden: bool = False,
-               return_attention: bool = False, decode: bool = False):
+               return_attention: bool = False, decode: bool = False,
+               prefix_BT: Array | None = None):
     cfg = self.config
     if segment_ids_BT is None:
       segment_ids_BT = jnp.ones_like(tokens_BT)
     cache_index = None
+    if prefix_BT is not None and (decode or not self.causal):
+      raise ValueError("a bidirectional prefix (decoder_causal_attention) needs a "
+                       "causal stack run on whole rows, not cached decoding")
     if decode:
       cache_index, slots_BS, kv_segment_ids_BS = self._decode_slots(segment_ids_BT)
       q_slots_BT = cache_index + jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]),
@@ -145,7 +149,8 @@ class Stack(nn.Module):
         positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]),
                                         tokens_BT.shape)
       mask_B1TT = layers.attention_mask(segment_ids_BT, segment_ids_BT,
-                                        self.causal, positions_BT, positions_BT)
+                                        self.causal, positions_BT, positions_BT,
+                                        prefix_BT)
       kv_positions_BS = positions_BT
     x_BTD = layers.Embedder(cfg, self.token_embed, deterministic,
                             name=paths.EMBEDDER)(tokens_BT, positions_BT,
@@ -168,7 +173,9 @@ class Stack(nn.Module):
                   deterministic=deterministic,
                   return_hidden=return_hidden,
                   return_attention=return_attention, decode=decode,
-                  causal=self.causal)
+                  # The fused kernel's causal mask would hide a prefix's
+                  # later tokens: with a prefix only the explicit mask counts.
+                  causal=self.causal and prefix_BT is None)
     args = (mask_B1TT, bias_BHTT, enc_BSD, enc_mask_B1TS, cache_index)
     if cfg.scan_layers:
       scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0},
@@ -215,12 +222,13 @@ class EncoderOrDecoder(nn.Module):
                token_types_BT: Array | None = None, *,
                deterministic: bool = True, return_hidden: bool = False,
                return_attention: bool = False, lm_head: bool = True,
-               decode: bool = False) -> dict[str, Any]:
+               decode: bool = False, prefix_BT: Array | None = None) -> dict[str, Any]:
     """Runs the stack and (``lm_head``) the LM head.
 
     Training leaves the head out and applies it itself through
     :func:`apply_lm_head`: at the masked positions only (MLM), a chunk of
     positions at a time (:func:`jaxtl.objectives.chunked_cross_entropy`).
+    ``prefix_BT`` (a decoder's prefix LM) marks the bidirectional prefix.
     """
     cfg = self.config
     embed = layers.token_embedding(cfg)
@@ -228,7 +236,8 @@ class EncoderOrDecoder(nn.Module):
         cfg, cfg.num_layers, causal=cfg.family == "decoder", token_embed=embed,
         name=paths.STACK)(tokens_BT, segment_ids_BT, positions_BT, token_types_BT,
                       deterministic=deterministic, return_hidden=return_hidden,
-                      return_attention=return_attention, decode=decode)
+                      return_attention=return_attention, decode=decode,
+                      prefix_BT=prefix_BT)
     out = {"last_hidden": hidden_BTD, **extras}
     if lm_head:
       out["logits"] = layers.LMHead(cfg, embed, name=paths.LM_HEAD)(hidden_BTD)

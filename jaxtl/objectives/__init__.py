@@ -6,14 +6,15 @@ an example), and one entry in ``REGISTRY`` below; the pipeline, the loss,
 the loop and the config checks then take it by ``config.objective.name``.
 """
 
-from jaxtl.objectives import clm, electra, mlm, span
+from jaxtl.objectives import bart, clm, electra, mlm, prefix_lm, span
 from jaxtl.objectives.base import Objective, Prepared
 from jaxtl.objectives.losses import (LOSS_CHUNK_LEN, chunked_cross_entropy, forward,
                                      loss_weight_total, make_loss_fn, normalized_loss,
                                      summarize, token_cross_entropy)
 
-REGISTRY: dict[str, Objective] = {o.name: o for o in (clm.OBJECTIVE, mlm.OBJECTIVE,
-                                                       span.OBJECTIVE, electra.OBJECTIVE)}
+REGISTRY: dict[str, Objective] = {o.name: o for o in (
+    clm.OBJECTIVE, mlm.OBJECTIVE, span.OBJECTIVE, electra.OBJECTIVE, bart.OBJECTIVE,
+    prefix_lm.OBJECTIVE, prefix_lm.ENCDEC_OBJECTIVE)}
 
 
 def get(name: str) -> Objective:

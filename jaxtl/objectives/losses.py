@@ -8,8 +8,10 @@ model family runs and which features feed it:
 
   mlm  (encoder):          encoder_input_tokens -> encoder_target_tokens
   clm  (decoder):          decoder_input_tokens -> decoder_target_tokens
-  span (encoder_decoder):  encoder_input_tokens + decoder_input_tokens
+  span, bart, prefix_lm_encdec (encoder_decoder):
+                           encoder_input_tokens + decoder_input_tokens
                            -> decoder_target_tokens
+  prefix_lm (decoder):     clm's, plus decoder_causal_attention (the prefix)
 
 Losses are returned as *sums* alongside the weight total so that gradient
 accumulation and multi-batch evaluation give exactly the full-batch numbers.
@@ -51,6 +53,8 @@ def forward(model: nn.Module, params: Any, batch: Batch, *,
         batch.get("encoder_positions"), batch.get("decoder_positions"),
         deterministic=deterministic, rngs=rngs, **kwargs)
   p = input_side(family)
+  if f"{p}_causal_attention" in batch:  # a prefix LM's bidirectional prefix
+    kwargs["prefix_BT"] = batch[f"{p}_causal_attention"]
   return model.apply(
       variables, batch[f"{p}_input_tokens"], batch.get(f"{p}_segment_ids"),
       batch.get(f"{p}_positions"), batch.get(f"{p}_token_type_ids"),

@@ -11,27 +11,36 @@ from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.objectives.base import Example, Objective, Prepared, Row
 
 
-def span_example(row: Row, rng: np.random.Generator, tokenizer: Tokenizer,
-                 objective: Mapping[str, Any], sentinels: np.ndarray,
-                 inputs_length: int, targets_length: int) -> Example:
-  """T5 span corruption; decoder inputs are targets shifted right (start = pad)."""
-  inputs, targets = corruption.span_corrupt(
-      row["tokens"], rng, sentinel_ids=sentinels, eos_id=tokenizer.eos_id,
-      noise_density=objective["noise_density"],
-      mean_noise_span_length=objective["mean_noise_span_length"])
+def encoder_decoder_example(inputs: np.ndarray, targets: np.ndarray, pad_id: int,
+                            inputs_length: int, targets_length: int) -> Example:
+  """The features of one (inputs, targets) pair, padded to the lengths; the
+  decoder's inputs are its targets shifted right, starting from ``pad_id``
+  (T5's start token, which generation starts from too)."""
   ex = packing.pad_batch([{"encoder": inputs, "decoder": targets}],
                          {"encoder": inputs_length, "decoder": targets_length},
-                         pad_id=tokenizer.pad_id)
+                         pad_id=pad_id)
   ex = {k: v[0] for k, v in ex.items()}
   dec = ex["decoder"]
   return {"encoder_input_tokens": ex["encoder"],
           "encoder_segment_ids": ex["encoder_segment_ids"],
           "encoder_positions": ex["encoder_positions"],
-          "decoder_input_tokens": np.concatenate([[tokenizer.pad_id], dec[:-1]]).astype(np.int32),
+          "decoder_input_tokens": np.concatenate([[pad_id], dec[:-1]]).astype(np.int32),
           "decoder_target_tokens": dec,
           "decoder_loss_weights": (ex["decoder_segment_ids"] > 0).astype(np.float32),
           "decoder_segment_ids": ex["decoder_segment_ids"],
           "decoder_positions": ex["decoder_positions"]}
+
+
+def span_example(row: Row, rng: np.random.Generator, tokenizer: Tokenizer,
+                 objective: Mapping[str, Any], sentinels: np.ndarray,
+                 inputs_length: int, targets_length: int) -> Example:
+  """T5 span corruption of a row."""
+  inputs, targets = corruption.span_corrupt(
+      row["tokens"], rng, sentinel_ids=sentinels, eos_id=tokenizer.eos_id,
+      noise_density=objective["noise_density"],
+      mean_noise_span_length=objective["mean_noise_span_length"])
+  return encoder_decoder_example(inputs, targets, tokenizer.pad_id, inputs_length,
+                                 targets_length)
 
 
 def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
