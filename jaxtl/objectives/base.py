@@ -52,11 +52,14 @@ class Objective:
     family: the model family it trains.
     prepare: ``(tokenizer, config.objective, config.data) -> Prepared``.
     description: one line for error messages and docs.
+    model_needs: the least value of each TransformerConfig field it needs
+      (NSP: token types and a sentence head).
   """
   name: str
   family: str
   prepare: Callable[[Tokenizer, Any, Any], Prepared]
   description: str = ""
+  model_needs: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
   def check_family(self, family: str, where: str = "config.model.family") -> None:
     """Fails early, naming both, when paired with the wrong model (``where``
@@ -64,3 +67,10 @@ class Objective:
     if family != self.family:
       raise ValueError(f"objective {self.name!r} needs a {self.family!r} model, but "
                        f"{where} is {family!r}")
+
+  def check_model(self, model: Any, where: str = "config.model") -> None:
+    """Fails early, naming the field, when the model lacks what it needs."""
+    for field, least in self.model_needs.items():
+      if getattr(model, field) < least:
+        raise ValueError(f"objective {self.name!r} needs {where}.{field} >= {least}, "
+                         f"but it is {getattr(model, field)}")

@@ -170,6 +170,7 @@ def make_stage(index: int, steps: int, stage_config: Any, data: pipeline.DataSet
   over the same rows does not repeat its predecessor's), loss and numbers."""
   try:
     objectives.check_objective(stage_config.objective.name, model_cfg.family)
+    objectives.check_model(stage_config.objective.name, model_cfg)
     batches, prepared = data.stage_batches(stage_config,
                                            stream=(index,) if index else ())
   except ValueError as e:
