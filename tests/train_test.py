@@ -91,6 +91,28 @@ def test_meshes_match_single_device(family):
       np.testing.assert_allclose(a, b, atol=2e-5, err_msg=str(shape))
 
 
+def test_sentence_pair_objectives_match_on_a_mesh_with_accumulation():
+  # mlm_nsp / mlm_sop's features (they differ only in how pairs are drawn):
+  # token types and sentence labels, whose loss is normalised by the full
+  # batch, so 2 accumulated micro-batches on 8 devices match one device.
+  rng = np.random.default_rng(0)
+  b = batches("encoder", 1)[0]
+  b["encoder_token_type_ids"] = (np.arange(16) >= rng.integers(2, 14, (16, 1))
+                                 ).astype(np.int32)
+  b["sentence_labels"] = rng.integers(0, 2, 16).astype(np.int32)
+  data = [b] * 3
+  cfg = tiny("encoder", type_vocab_size=2, sentence_classes=2, pre_norm=False,
+             embed_norm=True)
+  ref, ref_state, ref_m = run_steps(cfg, (1, 1, 1), data)
+  assert ref_m[-1]["sentence_loss_sum"] < ref_m[0]["sentence_loss_sum"]
+  losses, state, m = run_steps(cfg, (2, 2, 2), data, accum=2)
+  np.testing.assert_allclose(losses, ref, rtol=2e-5)
+  np.testing.assert_allclose([x["sentence_loss_sum"] for x in m],
+                             [x["sentence_loss_sum"] for x in ref_m], rtol=2e-5)
+  for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
+    np.testing.assert_allclose(x, y, atol=2e-5)
+
+
 def test_parameters_are_sharded_as_the_rules_say():
   data = batches("decoder", 1)
   _, state, _ = run_steps(tiny(), (2, 2, 2), data)
