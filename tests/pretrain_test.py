@@ -1,18 +1,24 @@
 """Continued pretraining (``config.init_from``): from a jaxtl workdir it starts
 exactly where the source stopped; from a Hugging Face BERT it takes the
-architecture, the MLM head and the tokenizer; a family mismatch fails early."""
+architecture, the MLM head and the tokenizer; a family mismatch fails early.
+NSP / SOP runs resume exactly."""
 
 import filecmp
 import glob
+import json
 import logging
 import os
+import shutil
 import string
 
+import numpy as np
 import pytest
+from flax import traverse_util
 
 import runs
 from jaxtl import train
 from jaxtl.data.tokenizer_files import get_tokenizer
+from jaxtl.train import checkpoint
 from jaxtl.train import pretrained as pretrained_lib
 
 TEXT = "To be, or not to be: that is the question."
@@ -83,3 +89,43 @@ def test_an_objective_of_another_family_fails_naming_both(hf_bert, tmp_path):
                                        r"init_from=.* is 'encoder'"):
     train.train_and_evaluate(config, str(tmp_path))
   assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
+
+
+def _sentence_pair_config(objective):
+  config = runs.tiny_mlm_config()  # one line of Shakespeare per document
+  config.objective.name = objective
+  config.model.update(sentence_classes=2)
+  config.optim.update(warmup_steps=2)
+  config.train.update(steps=4, log_every=1, eval_every=4, eval_batches=1,
+                      checkpoint_every=1, keep_checkpoints=4)
+  return config
+
+
+def _records(workdir, key):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return {(r["split"], r["step"]): r[key] for r in map(json.loads, f)
+            if r["split"] in ("train", "eval")}
+
+
+@pytest.mark.parametrize("objective", ["mlm_nsp", "mlm_sop"])
+def test_a_sentence_pair_run_stopped_after_a_checkpoint_resumes_exactly(
+    objective, tmp_path):
+  """As if killed right after step 2's checkpoint (the later ones removed):
+  the same MLM and sentence losses and the same final weights."""
+  ref_dir, workdir = str(tmp_path / "ref"), str(tmp_path / "resumed")
+  train.train_and_evaluate(_sentence_pair_config(objective), ref_dir)
+  shutil.copytree(ref_dir, workdir)
+  os.remove(os.path.join(workdir, "metrics.jsonl"))
+  for step in runs.checkpoint_steps(workdir):
+    if step > 2:
+      shutil.rmtree(os.path.join(workdir, "checkpoints", str(step)))
+  train.train_and_evaluate(_sentence_pair_config(objective), workdir)
+  for key in ("loss", "sentence_loss", "sentence_accuracy"):
+    ref, resumed = _records(ref_dir, key), _records(workdir, key)
+    assert sorted(resumed) == sorted(k for k in ref if k[1] > 2)
+    assert resumed == {k: ref[k] for k in resumed}, key
+  ref_params, params = (traverse_util.flatten_dict(checkpoint.load_params(d), sep="/")
+                        for d in (ref_dir, workdir))
+  assert "sentence_head/out/kernel" in params
+  for name, value in ref_params.items():
+    np.testing.assert_array_equal(params[name], value, err_msg=name)
