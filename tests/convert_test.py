@@ -27,6 +27,9 @@ BERTS = [
     ("BertForSequenceClassification", dict(
         vocab_size=211, hidden_size=48, num_hidden_layers=1, num_attention_heads=4,
         intermediate_size=96, max_position_embeddings=16, num_labels=5)),
+    ("BertForPreTraining", dict(vocab_size=113, hidden_size=36, num_hidden_layers=2,
+                                num_attention_heads=3, intermediate_size=52,
+                                max_position_embeddings=20)),
 ]
 GPT2S = [
     ("GPT2LMHeadModel", dict(vocab_size=997, n_embd=80, n_layer=3, n_head=5,
@@ -141,6 +144,31 @@ def test_classifier_head_matches_transformers(tmp_path):
   np.testing.assert_allclose(np.asarray(logits), expected, atol=TOL)
 
 
+def test_bert_next_sentence_head_matches_transformers(tmp_path):
+  """BertForPreTraining's pooler and cls.seq_relationship become the
+  backbone's sentence head: the same NSP (and MLM) logits, with token types."""
+  model = _hf_model("bert", *BERTS[3])
+  model.save_pretrained(tmp_path)
+  imported = convert.import_hf(tmp_path)
+  assert imported.config.sentence_classes == 2 and "sentence_head" in imported.params
+  assert {"nsp", "nsp_pooler", "mlm", "pooler"} <= set(imported.groups)
+  ids, mask = _batch(model.config.vocab_size)
+  types = (np.arange(9) >= np.array([[4], [3]])).astype(np.int64) * mask
+  out = build_model(imported.config).apply(
+      {"params": imported.params}, jnp.asarray(ids), jnp.asarray(mask), None,
+      jnp.asarray(types))
+  with torch.no_grad():
+    theirs = model(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                   token_type_ids=torch.tensor(types))
+  np.testing.assert_allclose(out["sentence_logits"], theirs.seq_relationship_logits.numpy(),
+                             atol=TOL)
+  assert _max_diff(out["logits"], theirs.prediction_logits.numpy(), mask > 0) <= TOL
+  # A BertForMaskedLM export of the same model leaves the sentence head out.
+  assert convert.export_hf(tmp_path / "mlm", imported.config, imported.params,
+                           architecture="BertForMaskedLM") == "BertForMaskedLM"
+  assert "cls.seq_relationship.weight" not in hf.read_tensors(tmp_path / "mlm")
+
+
 def test_export_loads_in_transformers_and_round_trips(converted, tmp_path):
   model, _, imported = converted
   arch = convert.export_hf(tmp_path, imported.config, imported.params, head=imported.head)
@@ -201,7 +229,8 @@ def test_bad_checkpoints_name_every_offending_tensor(tmp_path):
 def test_export_refuses_models_transformers_cannot_express(tmp_path):
   from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top
   cfg = TransformerConfig(family="encoder", vocab_size=50, d_model=16, num_heads=2,
-                          head_dim=8, mlp_dim=32, num_layers=1, max_len=8)  # pre-LN
+                          head_dim=8, mlp_dim=32, num_layers=1, max_len=8,
+                          type_vocab_size=2)  # pre-LN
   with pytest.raises(ValueError, match="no Hugging Face bert equivalent: pre_norm=True"):
     convert.export_hf(tmp_path, cfg, {})
 

@@ -160,7 +160,8 @@ def _untie(family: Family, tensors: dict[str, np.ndarray], claimed: set[str],
         raise ValueError(f"{path}: {alias} differs from {canonical}, but jaxtl "
                          "ties them (untied weights are not supported here)")
       del out[alias]
-  dropped = sorted(k for k in out if any(re.search(p, k) for p in family.ignored))
+  dropped = sorted(k for k in out if k not in claimed
+                   and any(re.search(p, k) for p in family.ignored))
   if dropped:
     log.info("%s: not loading %s", path, ", ".join(dropped))
   return {k: v for k, v in out.items() if k not in dropped}

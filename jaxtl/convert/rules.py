@@ -39,6 +39,9 @@ class Rule:
       other group (``mlm``, ``pooler``, ...) is all there or all absent.
     n_in: Leading jaxtl axes that form the HF input axis.
     part: ``(i, n)`` for slice i of n of a fused HF tensor's output axis.
+    skip_rows: ``copy`` only: leading HF rows jaxtl never reads (RoBERTa's
+      position table starts at padding_idx + 1); dropped on import, written
+      as zeros on export.
   """
   hf: str
   jax: str
@@ -46,11 +49,12 @@ class Rule:
   group: str = "base"
   n_in: int = 1
   part: tuple[int, int] | None = None
+  skip_rows: int = 0
 
   def hf_shape(self, jax_shape: Sequence[int]) -> tuple[int, ...]:
     """The HF shape (of the whole fused tensor) for a jaxtl shape."""
     if self.kind == "copy":
-      return tuple(jax_shape)
+      return (jax_shape[0] + self.skip_rows, *jax_shape[1:])
     if self.kind == "vector":
       shape = (math.prod(jax_shape),)
     else:
@@ -60,7 +64,7 @@ class Rule:
     return shape[::-1] if self.kind == "linear" else shape
 
   def to_jax(self, hf_value: np.ndarray, jax_shape: Sequence[int]) -> np.ndarray:
-    x = hf_value.T if self.kind == "linear" else hf_value
+    x = hf_value.T if self.kind == "linear" else hf_value[self.skip_rows:]
     if self.part:
       x = np.split(x, self.part[1], axis=-1)[self.part[0]]
     return np.ascontiguousarray(x.reshape(jax_shape))
@@ -68,7 +72,7 @@ class Rule:
   def to_hf(self, value: np.ndarray) -> np.ndarray:
     """The HF layout of ``value`` (only this rule's slice when ``part``)."""
     if self.kind == "copy":
-      return value
+      return np.pad(value, [(self.skip_rows, 0)] + [(0, 0)] * (value.ndim - 1))
     if self.kind == "vector":
       return value.reshape(-1)
     x = value.reshape(math.prod(value.shape[:self.n_in]), -1)
