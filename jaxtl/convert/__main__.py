@@ -26,6 +26,8 @@ flags.DEFINE_string("out", None, "The folder to write.", required=True)
 flags.DEFINE_string("architecture", None, "HF class (default: the richest that fits; "
                     "a fine-tuning workdir's is set by its task, and naming one "
                     "exports its tuned backbone, e.g. BertModel).")
+flags.DEFINE_string("model_type", None, "HF family of an encoder: bert (default), "
+                    "roberta or distilbert (default for one without token types).")
 FLAGS = flags.FLAGS
 
 
@@ -38,12 +40,13 @@ def main(argv: list[str]) -> None:
   if spec.exists(FLAGS.checkpoint) and not FLAGS.architecture:
     tuned = predictor.load(FLAGS.checkpoint)  # best/, LoRA merged
     arch = convert.export_task_hf(FLAGS.out, tuned.config, tuned.params, tuned.spec,
-                                  tokenizer=tuned.tokenizer)
+                                  tokenizer=tuned.tokenizer, model_type=FLAGS.model_type)
     tokenizer = tuned.tokenizer
   else:
     loaded = pretrained.load(FLAGS.checkpoint)
     arch = convert.export_hf(FLAGS.out, loaded.config, loaded.params, head=loaded.head,
-                             architecture=FLAGS.architecture)
+                             architecture=FLAGS.architecture,
+                             model_type=FLAGS.model_type)
     tokenizer = loaded.tokenizer
   save_tokenizer(tokenizer, FLAGS.out, sentencepiece_name="spiece.model")
   logging.info("wrote %s to %s", arch, FLAGS.out)

@@ -1,4 +1,4 @@
-"""Hugging Face model folders in and out: BERT, GPT-2 and T5.
+"""Hugging Face model folders in and out: BERT, RoBERTa, DistilBERT, GPT-2 and T5.
 
 ``import_hf(folder)`` reads ``config.json`` and the weights
 (``model.safetensors``, sharded or not, or ``pytorch_model.bin``) into a
@@ -26,18 +26,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from jaxtl.convert import bert, gpt2, rules, t5
+from jaxtl.convert import bert, distilbert, gpt2, roberta, rules, t5
 from jaxtl.convert.family import Family
 from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
 
 log = logging.getLogger(__name__)
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (bert.FAMILY, gpt2.FAMILY, t5.FAMILY)}
-BY_JAXTL_FAMILY = {f.family: f for f in FAMILIES.values()}
+# In the order an export tries them: a jaxtl model exports as the first of
+# its family's that computes the same (an encoder: BERT, or DistilBERT when
+# it has no token types; RoBERTa only when asked for).
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (
+    bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, gpt2.FAMILY, t5.FAMILY)}
 _SAFETENSORS, _TORCH = "model.safetensors", "pytorch_model.bin"
 # Rule groups of a classifier whose outputs are labels (id2label in config.json).
-_LABEL_GROUPS = {"classifier", "score"}
+_LABEL_GROUPS = {"classifier", "score", "classification_head"}
 # Architecture fields a config must keep through HF's config to be exportable.
 _ARCH_FIELDS = ("family", "vocab_size", "d_model", "num_heads", "head_dim", "mlp_dim",
                 "num_layers", "decoder_layers", "max_len", "position", "relative_buckets",
@@ -217,9 +220,30 @@ def _check_exportable(family: Family, cfg: TransformerConfig) -> dict[str, Any]:
   return hf_config
 
 
-def hf_config(config: TransformerConfig) -> dict[str, Any]:
+def export_family(config: TransformerConfig, model_type: str | None = None) -> Family:
+  """The Hugging Face family ``config`` exports as: ``model_type``'s, or the
+  first of its jaxtl family's (:data:`FAMILIES`) that computes the same."""
+  if model_type is not None:
+    family = FAMILIES.get(model_type)
+    if family is None or family.family != config.family:
+      known = sorted(f.model_type for f in FAMILIES.values() if f.family == config.family)
+      raise ValueError(f"cannot export a {config.family} model as model_type "
+                       f"{model_type!r}; known for it: {known}")
+    return family
+  problems = []
+  for family in FAMILIES.values():
+    if family.family == config.family:
+      try:
+        _check_exportable(family, config)
+        return family
+      except ValueError as e:
+        problems.append(str(e))
+  raise ValueError("; and ".join(problems))
+
+
+def hf_config(config: TransformerConfig, model_type: str | None = None) -> dict[str, Any]:
   """The ``config.json`` fields of the Hugging Face model equal to ``config``."""
-  return _check_exportable(BY_JAXTL_FAMILY[config.family], config)
+  return _check_exportable(export_family(config, model_type), config)
 
 
 def _flat_tree(params: Any, head: Any) -> dict[str, np.ndarray]:
@@ -262,7 +286,8 @@ def _label_fields(flat: dict[str, np.ndarray], label_names: tuple[str, ...]
 def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *,
               head: Any = None, architecture: str | None = None,
               label_names: tuple[str, ...] = (),
-              config_fields: dict[str, Any] | None = None) -> str:
+              config_fields: dict[str, Any] | None = None,
+              model_type: str | None = None) -> str:
   """Writes ``config.json`` + ``model.safetensors`` for ``transformers``.
 
   Args:
@@ -277,15 +302,17 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
     label_names: ``id2label`` for a classifier (default ``LABEL_i``).
     config_fields: More ``config.json`` fields (``problem_type``,
       ``pad_token_id``...), written last.
+    model_type: The Hugging Face family (``roberta``...); default: the first
+      that computes what ``config`` does (:func:`export_family`).
 
   Returns:
     The architecture written.
   """
   from jaxtl.models import layers  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  family = BY_JAXTL_FAMILY[config.family]
   params, head = nn.unbox(params), nn.unbox(head or {})  # as model.init returns them
   config, params = layers.without_lora(config, params)
+  family = export_family(config, model_type)
   hf_config = _check_exportable(family, config)
   table = family.rules(config)
   have = _complete_groups(table, _flat_tree(params, head))
