@@ -68,6 +68,25 @@ def hf_bert(tmp_path_factory):
   return str(folder)
 
 
+def test_continuing_a_bert_for_pretraining_with_nsp_loads_its_sentence_head(
+    hf_bert, tmp_path, caplog):
+  """BertForPreTraining's next-sentence head goes on training under mlm_nsp."""
+  transformers = pytest.importorskip("transformers")
+  folder = tmp_path / "bert_pretraining"
+  folder.mkdir()
+  shutil.copy(os.path.join(hf_bert, "vocab.txt"), folder)
+  config = transformers.BertConfig.from_pretrained(hf_bert)
+  transformers.BertForPreTraining(config).save_pretrained(folder)
+  run = _continued(str(folder))
+  run.objective.name = "mlm_nsp"
+  with caplog.at_level(logging.INFO):
+    metrics = train.train_and_evaluate(run, str(tmp_path / "work"))
+  assert "LM head: 5 tensors loaded" in caplog.text
+  assert "; new []" in caplog.text  # the sentence head came from the source
+  assert pretrained_lib.load(str(tmp_path / "work")).config.sentence_classes == 2
+  assert 0 <= metrics["sentence_accuracy"] <= 1
+
+
 def test_continuing_a_hugging_face_bert_loads_its_mlm_head_and_tokenizer(
     hf_bert, tmp_path, caplog):
   workdir = str(tmp_path)
