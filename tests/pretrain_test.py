@@ -148,3 +148,7 @@ def test_a_sentence_pair_run_stopped_after_a_checkpoint_resumes_exactly(
   assert "sentence_head/out/kernel" in params
   for name, value in ref_params.items():
     np.testing.assert_array_equal(params[name], value, err_msg=name)
+  # Fine-tuning with pooling="pooler" starts from the pooler it trained.
+  head = pretrained_lib.load(workdir).head
+  np.testing.assert_array_equal(head["pooler"]["kernel"],
+                                params["sentence_head/pooler/kernel"])

@@ -106,7 +106,10 @@ def load(init_from: str, tokenizer_path: str = "") -> Pretrained:
   params = checkpoint.load_params(checkpoint.selected_checkpoint(path))
   if paths.BACKBONE in params:  # a fine-tuning workdir: a TaskModel's tree
     return tuned_backbone(cfg, tok, params)
-  return Pretrained(cfg, tok, params, {})
+  # NSP / SOP trained BERT's pooler: a pooled task head starts from it, as
+  # from an imported BERT's.
+  pooler = params.get(paths.SENTENCE_HEAD, {}).get(paths.POOLER)
+  return Pretrained(cfg, tok, params, {} if pooler is None else {paths.POOLER: pooler})
 
 
 def tuned_backbone(cfg: TransformerConfig, tok: Tokenizer, params: dict[str, Any]
