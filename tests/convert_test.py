@@ -54,10 +54,15 @@ ROBERTAS = [  # positions offset by padding_idx + 1, one token type
     ("RobertaForSequenceClassification", dict(
         vocab_size=97, hidden_size=24, num_hidden_layers=1, num_attention_heads=3,
         intermediate_size=40, max_position_embeddings=14, num_labels=3)),
+    ("RobertaModel", dict(vocab_size=53, hidden_size=16, num_hidden_layers=1,
+                          num_attention_heads=2, intermediate_size=24,
+                          max_position_embeddings=13, hidden_act="relu")),
 ]
 DISTILBERTS = [  # no token types, its own names
     ("DistilBertForMaskedLM", dict(vocab_size=331, dim=60, n_layers=3, n_heads=5,
                                    hidden_dim=76, max_position_embeddings=18)),
+    ("DistilBertModel", dict(vocab_size=59, dim=20, n_layers=1, n_heads=4, hidden_dim=28,
+                             max_position_embeddings=12, activation="relu")),
 ]
 CASES = ([("bert", *c) for c in BERTS] + [("gpt2", *c) for c in GPT2S]
          + [("t5", *c) for c in T5S] + [("roberta", *c) for c in ROBERTAS]
