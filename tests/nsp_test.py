@@ -1,8 +1,10 @@
 """NSP and SOP: sentence pairs drawn from a row's documents (rates, labels,
 token types, where B comes from), and their loss on BERT's sentence head."""
 
+import importlib
+import os
+
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
@@ -169,6 +171,16 @@ def test_loss_is_mlm_plus_the_mean_sentence_cross_entropy():
   flipped = dict(b, encoder_token_type_ids=1 - b["encoder_token_type_ids"])
   assert not np.allclose(forward(params, flipped)["sentence_logits"],
                          out["sentence_logits"])
+
+
+def test_a_run_whose_model_lacks_the_sentence_head_fails_before_any_work(tmp_path):
+  from jaxtl import train  # pylint: disable=g-import-not-at-top
+  config = importlib.import_module("jaxtl.configs.pretrain_mlm").get_config(
+      "objective=mlm_sop")
+  config.model.sentence_classes = 0
+  with pytest.raises(ValueError, match=r"mlm_sop' needs config.model.sentence_classes"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert not os.listdir(tmp_path)
 
 
 def test_a_model_without_the_sentence_head_fails_naming_the_key():
