@@ -4,7 +4,9 @@ r"""Export a jaxtl checkpoint as a Hugging Face model folder.
   python -m jaxtl.convert --checkpoint=workdirs/sst2 --out=/tmp/sst2_hf
 
 A pretraining workdir becomes GPT2LMHeadModel, BertForMaskedLM or
-T5ForConditionalGeneration, by family. A fine-tuning workdir (one with a
+T5ForConditionalGeneration, by family (BertForPreTraining with an NSP / SOP
+sentence head, DistilBertForMaskedLM without token types, RobertaForMaskedLM
+with ``--model_type=roberta``). A fine-tuning workdir (one with a
 ``task.json``) becomes the task class computing what its head computes
 (BertForSequenceClassification, GPT2ForTokenClassification, ...; see
 :mod:`jaxtl.convert.task`), from the parameters in its ``best/``, with its
