@@ -34,7 +34,7 @@ RECIPE_ARGS = {
                  for s in ("full", "features", "scalar_mix", "adapters", "lora")],
     "finetune_minilm": [f"task={t}" for t in FINETUNE_TASKS],
     "pretrain_mixed": ["objective=mlm"],
-    "pretrain_mlm": ["stages=bert"],
+    "pretrain_mlm": ["stages=bert", "objective=mlm_nsp", "objective=mlm_sop"],
     "pretrain_electra": ["stages=bert"],
     "pretrain_prefix_lm": ["model=t5_tiny"],
     "ulmfit": ["stage=lm,task=imdb", "stage=classifier", "stage=classifier,task=imdb"],
@@ -58,6 +58,22 @@ def test_every_recipe_and_preset_builds(recipe, preset):
   args = (toks, toks) if model_cfg.family == "encoder_decoder" else (toks,)
   shapes = jax.eval_shape(model.init, jax.random.key(0), *args)
   assert jax.tree.leaves(shapes)
+
+
+@pytest.mark.parametrize("objective", sorted(objectives.REGISTRY))
+def test_every_objective_has_a_recipe_whose_model_it_fits(objective):
+  recipe = {"clm": "pretrain_clm", "span": "pretrain_span"}.get(objective, "pretrain_mlm")
+  arg = f"objective={objective}" if recipe == "pretrain_mlm" else None
+  config = importlib.import_module(f"jaxtl.configs.{recipe}").get_config(arg)
+  assert config.objective.name == objective
+  model_cfg = train.model_config_from(config, vocab_size=1000)
+  objectives.check_objective(objective, model_cfg.family)
+  objectives.check_model(objective, model_cfg)
+  toks = jnp.ones((1, 8), jnp.int32)
+  args = (toks, toks) if model_cfg.family == "encoder_decoder" else (toks,)
+  out = jax.eval_shape(lambda: build_model(model_cfg).init_with_output(
+      jax.random.key(0), *args)[0])
+  assert ("sentence_logits" in out) == objective.startswith("mlm_")
 
 
 def test_presets_have_the_published_sizes():

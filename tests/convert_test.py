@@ -27,6 +27,9 @@ BERTS = [
     ("BertForSequenceClassification", dict(
         vocab_size=211, hidden_size=48, num_hidden_layers=1, num_attention_heads=4,
         intermediate_size=96, max_position_embeddings=16, num_labels=5)),
+    ("BertForPreTraining", dict(vocab_size=113, hidden_size=36, num_hidden_layers=2,
+                                num_attention_heads=3, intermediate_size=52,
+                                max_position_embeddings=20)),
 ]
 GPT2S = [
     ("GPT2LMHeadModel", dict(vocab_size=997, n_embd=80, n_layer=3, n_head=5,
@@ -53,10 +56,6 @@ ELECTRAS = [  # embedding_size = hidden_size: jaxtl has no embeddings_project
         vocab_size=103, embedding_size=40, hidden_size=40, num_hidden_layers=2,
         num_attention_heads=5, intermediate_size=56, max_position_embeddings=16)),
 ]
-CASES = ([("bert", *c) for c in BERTS] + [("gpt2", *c) for c in GPT2S]
-         + [("t5", *c) for c in T5S] + [("electra", *c) for c in ELECTRAS])
-CONFIG_CLASSES = {"bert": "BertConfig", "gpt2": "GPT2Config", "t5": "T5Config",
-                  "electra": "ElectraConfig"}
 BARTS = [
     ("BartForConditionalGeneration", dict(  # 5 heads of 16, 2 + 3 layers
         vocab_size=997, d_model=80, encoder_layers=2, decoder_layers=3,
@@ -67,10 +66,30 @@ BARTS = [
                        encoder_ffn_dim=48, decoder_ffn_dim=48,
                        max_position_embeddings=16, activation_function="relu")),
 ]
+ROBERTAS = [  # positions offset by padding_idx + 1, one token type
+    ("RobertaForMaskedLM", dict(vocab_size=311, hidden_size=60, num_hidden_layers=2,
+                                num_attention_heads=5, intermediate_size=84,
+                                max_position_embeddings=22, layer_norm_eps=1e-5)),
+    ("RobertaForSequenceClassification", dict(
+        vocab_size=97, hidden_size=24, num_hidden_layers=1, num_attention_heads=3,
+        intermediate_size=40, max_position_embeddings=14, num_labels=3)),
+    ("RobertaModel", dict(vocab_size=53, hidden_size=16, num_hidden_layers=1,
+                          num_attention_heads=2, intermediate_size=24,
+                          max_position_embeddings=13, hidden_act="relu")),
+]
+DISTILBERTS = [  # no token types, its own names
+    ("DistilBertForMaskedLM", dict(vocab_size=331, dim=60, n_layers=3, n_heads=5,
+                                   hidden_dim=76, max_position_embeddings=18)),
+    ("DistilBertModel", dict(vocab_size=59, dim=20, n_layers=1, n_heads=4, hidden_dim=28,
+                             max_position_embeddings=12, activation="relu")),
+]
 CASES = ([("bert", *c) for c in BERTS] + [("gpt2", *c) for c in GPT2S]
-         + [("t5", *c) for c in T5S] + [("bart", *c) for c in BARTS])
+         + [("t5", *c) for c in T5S] + [("electra", *c) for c in ELECTRAS]
+         + [("bart", *c) for c in BARTS] + [("roberta", *c) for c in ROBERTAS]
+         + [("distilbert", *c) for c in DISTILBERTS])
 CONFIG_CLASSES = {"bert": "BertConfig", "gpt2": "GPT2Config", "t5": "T5Config",
-                  "bart": "BartConfig"}
+                  "electra": "ElectraConfig", "bart": "BartConfig",
+                  "roberta": "RobertaConfig", "distilbert": "DistilBertConfig"}
 
 
 def _hf_model(model_type, cls, kwargs, seed=0):
@@ -151,14 +170,16 @@ def test_outputs_match_transformers(converted):
     assert _max_diff(ours["logits"], theirs["logits"].numpy(), t) <= TOL
 
 
-def test_classifier_head_matches_transformers(tmp_path):
+@pytest.mark.parametrize("model_type,case", [("bert", BERTS[2]), ("roberta", ROBERTAS[1])])
+def test_classifier_head_matches_transformers(model_type, case, tmp_path):
   from jaxtl.models import heads  # pylint: disable=g-import-not-at-top
-  model = _hf_model("bert", *BERTS[2])
+  model = _hf_model(model_type, *case)
   model.save_pretrained(tmp_path)
   imported = convert.import_hf(tmp_path)
   assert set(imported.head) == {"pooler", "out"}
   ids, mask = _batch(model.config.vocab_size)
-  task = heads.TaskModel(imported.config, num_labels=5, pooling="pooler")
+  task = heads.TaskModel(imported.config, num_labels=case[1]["num_labels"],
+                         pooling="pooler")
   logits = task.apply({"params": {"backbone": imported.params, "head": imported.head}},
                       jnp.asarray(ids), jnp.asarray(mask))
   with torch.no_grad():
@@ -166,22 +187,54 @@ def test_classifier_head_matches_transformers(tmp_path):
   np.testing.assert_allclose(np.asarray(logits), expected, atol=TOL)
 
 
+def test_bert_next_sentence_head_matches_transformers(tmp_path):
+  """BertForPreTraining's pooler and cls.seq_relationship become the
+  backbone's sentence head: the same NSP (and MLM) logits, with token types."""
+  model = _hf_model("bert", *BERTS[3])
+  model.save_pretrained(tmp_path)
+  imported = convert.import_hf(tmp_path)
+  assert imported.config.sentence_classes == 2 and "sentence_head" in imported.params
+  assert {"nsp", "nsp_pooler", "mlm", "pooler"} <= set(imported.groups)
+  ids, mask = _batch(model.config.vocab_size)
+  types = (np.arange(9) >= np.array([[4], [3]])).astype(np.int64) * mask
+  out = build_model(imported.config).apply(
+      {"params": imported.params}, jnp.asarray(ids), jnp.asarray(mask), None,
+      jnp.asarray(types))
+  with torch.no_grad():
+    theirs = model(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                   token_type_ids=torch.tensor(types))
+  np.testing.assert_allclose(out["sentence_logits"], theirs.seq_relationship_logits.numpy(),
+                             atol=TOL)
+  assert _max_diff(out["logits"], theirs.prediction_logits.numpy(), mask > 0) <= TOL
+  # A BertForMaskedLM export of the same model leaves the sentence head out.
+  assert convert.export_hf(tmp_path / "mlm", imported.config, imported.params,
+                           architecture="BertForMaskedLM") == "BertForMaskedLM"
+  assert "cls.seq_relationship.weight" not in hf.read_tensors(tmp_path / "mlm")
+
+
 def test_export_loads_in_transformers_and_round_trips(converted, tmp_path):
   model, _, imported = converted
+  model_type = imported.hf_config["model_type"]
   # An ELECTRA generator is also a BertForMaskedLM (the default): name it.
   asked = "ElectraForMaskedLM" if type(model).__name__ == "ElectraForMaskedLM" else None
   arch = convert.export_hf(tmp_path, imported.config, imported.params, head=imported.head,
-                           architecture=asked)
+                           architecture=asked,
+                           # RoBERTa only when asked; DistilBERT for want of types
+                           model_type="roberta" if model_type == "roberta" else None)
   assert arch == type(model).__name__
   loaded, info = getattr(transformers, arch).from_pretrained(tmp_path,
                                                              output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"], info
   ours, theirs = model.state_dict(), loaded.state_dict()
   for name, value in ours.items():
-    # BART's first two position rows are never read; export writes zeros.
-    rows = 2 if name.endswith("embed_positions.weight") else 0
-    np.testing.assert_array_equal(theirs[name].numpy()[rows:], value.numpy()[rows:],
-                                  err_msg=name)
+    value, theirs_value = value.numpy(), theirs[name].numpy()
+    # Position rows before the first position are never read (RoBERTa's
+    # padding_idx + 1, BART's 2): export writes zeros.
+    if ((model_type == "roberta" and name.endswith("position_embeddings.weight"))
+        or name.endswith("embed_positions.weight")):
+      np.testing.assert_array_equal(theirs_value[:2], 0)
+      value, theirs_value = value[2:], theirs_value[2:]
+    np.testing.assert_array_equal(theirs_value, value, err_msg=name)
   again = convert.import_hf(tmp_path)
   assert again.config == imported.config
   for a, b in ((again.params, imported.params), (again.head, imported.head)):
@@ -232,7 +285,8 @@ def test_bad_checkpoints_name_every_offending_tensor(tmp_path):
 def test_export_refuses_models_transformers_cannot_express(tmp_path):
   from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top
   cfg = TransformerConfig(family="encoder", vocab_size=50, d_model=16, num_heads=2,
-                          head_dim=8, mlp_dim=32, num_layers=1, max_len=8)  # pre-LN
+                          head_dim=8, mlp_dim=32, num_layers=1, max_len=8,
+                          type_vocab_size=2)  # pre-LN
   with pytest.raises(ValueError, match="no Hugging Face bert equivalent: pre_norm=True"):
     convert.export_hf(tmp_path, cfg, {})
 

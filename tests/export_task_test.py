@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from jaxtl import convert  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jaxtl.convert import bert, gpt2, t5  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jaxtl.convert import bert, distilbert, gpt2, roberta, t5  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jaxtl.models.heads import TaskModel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TOL = 1e-4
@@ -31,6 +31,12 @@ CONFIGS = {
     "t5": t5.config_from_hf(dict(vocab_size=VOCAB, d_model=24, d_kv=8, d_ff=40,
                                  num_layers=2, num_heads=3,
                                  relative_attention_num_buckets=8)),
+    "roberta": roberta.config_from_hf(dict(
+        vocab_size=VOCAB, hidden_size=24, num_attention_heads=3, intermediate_size=40,
+        num_hidden_layers=2, max_position_embeddings=18, type_vocab_size=1)),
+    "distilbert": distilbert.config_from_hf(dict(
+        vocab_size=VOCAB, dim=24, n_heads=3, hidden_dim=40, n_layers=2,
+        max_position_embeddings=16)),
 }
 LABELS = ["negative", "positive", "neutral"]
 # A decoder's tokenizer as the pad-id check reads it (jaxtl's SentencePiece ids).
@@ -42,6 +48,10 @@ AUTO = {"BertForSequenceClassification": "AutoModelForSequenceClassification",
         "BertForQuestionAnswering": "AutoModelForQuestionAnswering",
         "GPT2ForQuestionAnswering": "AutoModelForQuestionAnswering",
         "T5ForTokenClassification": "AutoModelForTokenClassification",
+        "RobertaForSequenceClassification": "AutoModelForSequenceClassification",
+        "RobertaForTokenClassification": "AutoModelForTokenClassification",
+        "DistilBertForTokenClassification": "AutoModelForTokenClassification",
+        "DistilBertForQuestionAnswering": "AutoModelForQuestionAnswering",
         "T5ForConditionalGeneration": "AutoModelForSeq2SeqLM"}
 
 
@@ -93,14 +103,21 @@ def _load(folder, arch):
     ("gpt2", "token_classification", "", "GPT2ForTokenClassification"),
     ("gpt2", "span_qa", "", "GPT2ForQuestionAnswering"),
     ("t5", "token_classification", "", "T5ForTokenClassification"),
+    ("roberta", "classification", "pooler", "RobertaForSequenceClassification"),
+    ("roberta", "token_classification", "", "RobertaForTokenClassification"),
+    ("distilbert", "token_classification", "", "DistilBertForTokenClassification"),
+    ("distilbert", "span_qa", "", "DistilBertForQuestionAnswering"),
 ])
 def test_task_heads_match_transformers(family, kind, pooling, arch, tmp_path):
   labels = LABELS if kind in ("classification", "token_classification") else None
   model, params = _task_model(family, kind, pooling=pooling or "first")
   assert convert.export_task_hf(tmp_path, CONFIGS[family], params,
-                                _spec(kind, pooling, labels), tokenizer=TOKENIZER) == arch
+                                _spec(kind, pooling, labels), tokenizer=TOKENIZER,
+                                model_type=family) == arch
   hf_model = _load(tmp_path, arch)
   ids, mask = _batch()
+  if family == "roberta":  # its positions count the tokens that are not id 1
+    ids = np.where(ids == roberta.PAD_ID, 2, ids)
   ours = np.asarray(model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask)))
   with torch.no_grad():
     out = hf_model(torch.tensor(ids), attention_mask=torch.tensor(mask))
@@ -169,6 +186,8 @@ def test_t5_text_to_text_is_its_lm(tmp_path):
     ("gpt2", _spec("classification", "concat"), "pooling='concat'.*task.pooling='last'"),
     ("t5", _spec("classification", "mean"), r"exportable kinds: \['text_to_text', 'token_classification'\]"),
     ("bert", _spec("classification", "pooler", scalar_mix=True), "scalar mix"),
+    ("distilbert", _spec("classification", "pooler"),
+     r"exportable kinds: \['span_qa', 'token_classification'\]"),
 ])
 def test_what_hf_cannot_compute_is_refused(family, spec, match, tmp_path):
   with pytest.raises(ValueError, match=match):

@@ -1,18 +1,24 @@
 """Continued pretraining (``config.init_from``): from a jaxtl workdir it starts
 exactly where the source stopped; from a Hugging Face BERT it takes the
-architecture, the MLM head and the tokenizer; a family mismatch fails early."""
+architecture, the MLM head and the tokenizer; a family mismatch fails early.
+BART, prefix-LM and NSP / SOP runs resume exactly."""
 
 import filecmp
 import glob
+import json
 import logging
 import os
+import shutil
 import string
 
+import numpy as np
 import pytest
+from flax import traverse_util
 
 import runs
 from jaxtl import train
 from jaxtl.data.tokenizer_files import get_tokenizer
+from jaxtl.train import checkpoint
 from jaxtl.train import pretrained as pretrained_lib
 
 TEXT = "To be, or not to be: that is the question."
@@ -62,6 +68,25 @@ def hf_bert(tmp_path_factory):
   return str(folder)
 
 
+def test_continuing_a_bert_for_pretraining_with_nsp_loads_its_sentence_head(
+    hf_bert, tmp_path, caplog):
+  """BertForPreTraining's next-sentence head goes on training under mlm_nsp."""
+  transformers = pytest.importorskip("transformers")
+  folder = tmp_path / "bert_pretraining"
+  folder.mkdir()
+  shutil.copy(os.path.join(hf_bert, "vocab.txt"), folder)
+  config = transformers.BertConfig.from_pretrained(hf_bert)
+  transformers.BertForPreTraining(config).save_pretrained(folder)
+  run = _continued(str(folder))
+  run.objective.name = "mlm_nsp"
+  with caplog.at_level(logging.INFO):
+    metrics = train.train_and_evaluate(run, str(tmp_path / "work"))
+  assert "LM head: 5 tensors loaded" in caplog.text
+  assert "; new []" in caplog.text  # the sentence head came from the source
+  assert pretrained_lib.load(str(tmp_path / "work")).config.sentence_classes == 2
+  assert 0 <= metrics["sentence_accuracy"] <= 1
+
+
 def test_continuing_a_hugging_face_bert_loads_its_mlm_head_and_tokenizer(
     hf_bert, tmp_path, caplog):
   workdir = str(tmp_path)
@@ -89,7 +114,6 @@ def _tiny_denoising_config(tmp, recipe, arg):
   """``recipe`` on a small synthetic corpus of sentences, with a tiny model,
   checkpointing every step."""
   import importlib  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   words = ["the cat", "a dog", "my friend", "the king", "sees", "likes", "finds",
            "calls", "follows", "the moon", "a river", "an old song", "the market",
@@ -116,10 +140,6 @@ def test_new_objectives_resume_exactly_after_a_kill(recipe, arg, tmp_path):
   """bart, prefix_lm and prefix_lm_encdec: a run killed after its step-2
   checkpoint (the later ones removed, as a kill leaves it) and run again
   logs the uninterrupted run's losses and ends with its parameters."""
-  import shutil  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from flax import traverse_util  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import checkpoint  # pylint: disable=g-import-not-at-top
   config = _tiny_denoising_config(tmp_path, recipe, arg)
   ref_dir, workdir = str(tmp_path / "ref"), str(tmp_path / "killed")
   train.train_and_evaluate(config, ref_dir)
@@ -135,3 +155,47 @@ def test_new_objectives_resume_exactly_after_a_kill(recipe, arg, tmp_path):
   flat = lambda d: traverse_util.flatten_dict(checkpoint.load_params(d), sep="/")
   for name, value in flat(ref_dir).items():
     np.testing.assert_array_equal(flat(workdir)[name], value, err_msg=name)
+
+
+def _sentence_pair_config(objective):
+  config = runs.tiny_mlm_config()  # one line of Shakespeare per document
+  config.objective.name = objective
+  config.model.update(sentence_classes=2)
+  config.optim.update(warmup_steps=2)
+  config.train.update(steps=4, log_every=1, eval_every=4, eval_batches=1,
+                      checkpoint_every=1, keep_checkpoints=4)
+  return config
+
+
+def _records(workdir, key):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return {(r["split"], r["step"]): r[key] for r in map(json.loads, f)
+            if r["split"] in ("train", "eval")}
+
+
+@pytest.mark.parametrize("objective", ["mlm_nsp", "mlm_sop"])
+def test_a_sentence_pair_run_stopped_after_a_checkpoint_resumes_exactly(
+    objective, tmp_path):
+  """As if killed right after step 2's checkpoint (the later ones removed):
+  the same MLM and sentence losses and the same final weights."""
+  ref_dir, workdir = str(tmp_path / "ref"), str(tmp_path / "resumed")
+  train.train_and_evaluate(_sentence_pair_config(objective), ref_dir)
+  shutil.copytree(ref_dir, workdir)
+  os.remove(os.path.join(workdir, "metrics.jsonl"))
+  for step in runs.checkpoint_steps(workdir):
+    if step > 2:
+      shutil.rmtree(os.path.join(workdir, "checkpoints", str(step)))
+  train.train_and_evaluate(_sentence_pair_config(objective), workdir)
+  for key in ("loss", "sentence_loss", "sentence_accuracy"):
+    ref, resumed = _records(ref_dir, key), _records(workdir, key)
+    assert sorted(resumed) == sorted(k for k in ref if k[1] > 2)
+    assert resumed == {k: ref[k] for k in resumed}, key
+  ref_params, params = (traverse_util.flatten_dict(checkpoint.load_params(d), sep="/")
+                        for d in (ref_dir, workdir))
+  assert "sentence_head/out/kernel" in params
+  for name, value in ref_params.items():
+    np.testing.assert_array_equal(params[name], value, err_msg=name)
+  # Fine-tuning with pooling="pooler" starts from the pooler it trained.
+  head = pretrained_lib.load(workdir).head
+  np.testing.assert_array_equal(head["pooler"]["kernel"],
+                                params["sentence_head/pooler/kernel"])

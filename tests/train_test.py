@@ -107,6 +107,11 @@ def test_electra_meshes_match_single_device():
   ref, ref_state, metrics = run_steps(cfg, (1, 1, 1), data, objective="electra")
   assert metrics[0]["replaced_sum"] > 0 and ref[-1] < ref[0]
   losses, state, _ = run_steps(cfg, (2, 2, 2), data, objective="electra")
+  np.testing.assert_allclose(losses, ref, rtol=2e-5)
+  for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
+    np.testing.assert_allclose(a, b, atol=2e-5)
+
+
 class _FakeTokenizer:
   """What the bart and prefix-LM objectives ask of a tokenizer: id 4 reads '.'."""
   pad_id, eos_id, mask_id, vocab_size = 0, 1, 3, 128
@@ -119,7 +124,7 @@ def objective_batches(names, batch=16, length=16, seed=0):
   """One batch whose rows are the examples of ``names`` in turn (objectives
   of one family share their features), from random rows with full stops."""
   data = ml_collections.ConfigDict(dict(seq_len=length, tokenizer=dict(path="")))
-  prepared = [objectives.get(n).prepare(_FakeTokenizer(), OBJECTIVE, data) for n in names]
+  prepared = [objectives.get(n).prepare(_FakeTokenizer(), DENOISING, data) for n in names]
   rng = np.random.default_rng(seed)
   rows = []
   for i in range(batch):
@@ -132,7 +137,7 @@ def objective_batches(names, batch=16, length=16, seed=0):
   return [{k: np.stack([r[k] for r in rows]) for k in rows[0]}]
 
 
-OBJECTIVE = ml_collections.ConfigDict(dict(
+DENOISING = ml_collections.ConfigDict(dict(
     noise_density=0.3, mean_noise_span_length=3.0, permute_sentence_ratio=1.0))
 BART = dict(position="learned", pre_norm=False, embed_norm=True, lm_head_bias=True,
             norm_eps=1e-5, max_len=16)
@@ -152,6 +157,28 @@ def test_new_objectives_match_single_device_on_the_mesh(family, names, kw):
   np.testing.assert_allclose(losses, ref, rtol=2e-5)
   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
     np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def test_sentence_pair_objectives_match_on_a_mesh_with_accumulation():
+  # mlm_nsp / mlm_sop's features (they differ only in how pairs are drawn):
+  # token types and sentence labels, whose loss is normalised by the full
+  # batch, so 2 accumulated micro-batches on 8 devices match one device.
+  rng = np.random.default_rng(0)
+  b = batches("encoder", 1)[0]
+  b["encoder_token_type_ids"] = (np.arange(16) >= rng.integers(2, 14, (16, 1))
+                                 ).astype(np.int32)
+  b["sentence_labels"] = rng.integers(0, 2, 16).astype(np.int32)
+  data = [b] * 3
+  cfg = tiny("encoder", type_vocab_size=2, sentence_classes=2, pre_norm=False,
+             embed_norm=True)
+  ref, ref_state, ref_m = run_steps(cfg, (1, 1, 1), data)
+  assert ref_m[-1]["sentence_loss_sum"] < ref_m[0]["sentence_loss_sum"]
+  losses, state, m = run_steps(cfg, (2, 2, 2), data, accum=2)
+  np.testing.assert_allclose(losses, ref, rtol=2e-5)
+  np.testing.assert_allclose([x["sentence_loss_sum"] for x in m],
+                             [x["sentence_loss_sum"] for x in ref_m], rtol=2e-5)
+  for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
+    np.testing.assert_allclose(x, y, atol=2e-5)
 
 
 def test_parameters_are_sharded_as_the_rules_say():

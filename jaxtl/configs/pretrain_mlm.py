@@ -23,18 +23,32 @@ would no longer match the stages). Measured 2026-11-22 with the 2 cores
 shared: 7m24s (3m16s of it training, 30 steps/s in the first stage);
 validation loss 9.02 -> 6.28 nats (accuracy 11.4%) after 2000 steps, having
 read a third of the one-stage run's tokens.
+
+``:objective=mlm_nsp`` adds BERT's next-sentence prediction, ``:objective=
+mlm_sop`` ALBERT's sentence-order prediction: examples become ``[CLS] A
+[SEP] B [SEP]`` pairs with token types, and a pooler + classifier on
+[CLS] (``model.sentence_classes=2``) adds its loss to the MLM's; the logs
+show ``sentence_loss`` and ``sentence_accuracy`` beside the MLM's.
 """
 
 from jaxtl.configs import common
 
+OBJECTIVES = ("mlm", "mlm_nsp", "mlm_sop")
+
 
 def get_config(arg: str | None = None):
-  args = common.parse_arg(arg, model="bert_tiny", stages="", steps=2000)
+  args = common.parse_arg(arg, model="bert_tiny", stages="", steps=2000,
+                          objective="mlm")
   if args.stages not in ("", "bert"):
     raise ValueError(f"config argument stages={args.stages!r}: expected bert "
                      "or nothing")
+  if args.objective not in OBJECTIVES:
+    raise ValueError(f"config argument objective={args.objective!r}: expected "
+                     f"one of {', '.join(OBJECTIVES)}")
   c = common.pretrain_config(args.model)
-  c.objective.name = "mlm"
+  c.objective.name = args.objective
+  if args.objective != "mlm":  # segments A/B and the sentence head
+    c.model.update(type_vocab_size=max(c.model.type_vocab_size, 2), sentence_classes=2)
   imdb = lambda name: "{data_dir}/imdb/" + name
   c.data.source.update(kind="jsonl", field="text")
   c.data.source.files = dict(train=[imdb("unsup.jsonl.gz"), imdb("train.jsonl.gz")],

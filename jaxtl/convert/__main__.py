@@ -4,7 +4,9 @@ r"""Export a jaxtl checkpoint as a Hugging Face model folder.
   python -m jaxtl.convert --checkpoint=workdirs/sst2 --out=/tmp/sst2_hf
 
 A pretraining workdir becomes GPT2LMHeadModel, BertForMaskedLM or
-T5ForConditionalGeneration, by family. A fine-tuning workdir (one with a
+T5ForConditionalGeneration, by family (BertForPreTraining with an NSP / SOP
+sentence head, DistilBertForMaskedLM without token types, RobertaForMaskedLM
+with ``--model_type=roberta``). A fine-tuning workdir (one with a
 ``task.json``) becomes the task class computing what its head computes
 (BertForSequenceClassification, GPT2ForTokenClassification, ...; see
 :mod:`jaxtl.convert.task`), from the parameters in its ``best/``, with its
@@ -26,6 +28,8 @@ flags.DEFINE_string("out", None, "The folder to write.", required=True)
 flags.DEFINE_string("architecture", None, "HF class (default: the richest that fits; "
                     "a fine-tuning workdir's is set by its task, and naming one "
                     "exports its tuned backbone, e.g. BertModel).")
+flags.DEFINE_string("model_type", None, "HF family of an encoder: bert (default), "
+                    "roberta or distilbert (default for one without token types).")
 FLAGS = flags.FLAGS
 
 
@@ -38,12 +42,13 @@ def main(argv: list[str]) -> None:
   if spec.exists(FLAGS.checkpoint) and not FLAGS.architecture:
     tuned = predictor.load(FLAGS.checkpoint)  # best/, LoRA merged
     arch = convert.export_task_hf(FLAGS.out, tuned.config, tuned.params, tuned.spec,
-                                  tokenizer=tuned.tokenizer)
+                                  tokenizer=tuned.tokenizer, model_type=FLAGS.model_type)
     tokenizer = tuned.tokenizer
   else:
     loaded = pretrained.load(FLAGS.checkpoint)
     arch = convert.export_hf(FLAGS.out, loaded.config, loaded.params, head=loaded.head,
-                             architecture=FLAGS.architecture)
+                             architecture=FLAGS.architecture,
+                             model_type=FLAGS.model_type)
     tokenizer = loaded.tokenizer
   save_tokenizer(tokenizer, FLAGS.out, sentencepiece_name="spiece.model")
   logging.info("wrote %s to %s", arch, FLAGS.out)

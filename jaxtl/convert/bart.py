@@ -92,7 +92,7 @@ def rules(cfg: TransformerConfig) -> list[R.Rule]:
     embedder = P.join(stack, P.EMBEDDER)
     stack_rules = [R.Rule(f"{hf}.embed_positions.weight",
                           P.join(embedder, P.POSITION_EMBEDDING), "copy",
-                          offset=POSITION_OFFSET),
+                          skip_rows=POSITION_OFFSET),
                    *R.norm_rules(f"{hf}.layernorm_embedding",
                                  P.join(embedder, P.EMBED_NORM), bias=True)]
     for i in range(n):

@@ -1,10 +1,15 @@
-"""BERT (``BertModel``, ``BertForMaskedLM`` and the task classes).
+"""BERT (``BertModel``, ``BertForMaskedLM``, ``BertForPreTraining`` and the
+task classes).
 
 Post-LN blocks, exact GELU, token-type embeddings and an embedding
 LayerNorm; the MLM head is dense + GELU + LayerNorm, then the tied word
 embeddings plus an output bias. The pooler (dense + tanh on ``[CLS]``) and
 the classifier become the task head's ``pooler`` and ``out``; the token
 classifier and ``qa_outputs`` (start, end) are ``out`` too, with no pooler.
+``BertForPreTraining``'s next-sentence head (the pooler and
+``cls.seq_relationship``) becomes the backbone's ``sentence_head``
+(``sentence_classes=2``), which NSP pretraining goes on training; its
+pooler also fills the task head's, for fine-tuning with ``pooling="pooler"``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,10 @@ from jaxtl.convert import rules as R
 from jaxtl.convert.family import Family, activation_from_hf, get
 from jaxtl.models import paths as P
 from jaxtl.models.config import TransformerConfig
+
+
+# Classes with the next-sentence head (they get config.sentence_classes=2).
+NSP_ARCHITECTURES = ("BertForPreTraining", "BertForNextSentencePrediction")
 
 
 def config_from_hf(hf: dict[str, Any]) -> TransformerConfig:
@@ -36,7 +45,9 @@ def config_from_hf(hf: dict[str, Any]) -> TransformerConfig:
       dropout_rate=hf.get("hidden_dropout_prob", 0.1),
       attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
       tie_embeddings=True, lm_head_transform=True, lm_head_bias=True,
-      init_std=hf.get("initializer_range", 0.02))
+      init_std=hf.get("initializer_range", 0.02),
+      sentence_classes=2 if set(hf.get("architectures") or ()) & set(NSP_ARCHITECTURES)
+      else 0)
 
 
 def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
@@ -44,7 +55,10 @@ def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
       "model_type": "bert", "vocab_size": cfg.vocab_size,
       "hidden_size": cfg.d_model, "num_attention_heads": cfg.num_heads,
       "intermediate_size": cfg.mlp_dim, "num_hidden_layers": cfg.num_layers,
-      "max_position_embeddings": cfg.max_len, "type_vocab_size": cfg.type_vocab_size,
+      "max_position_embeddings": cfg.max_len,
+      # BERT always adds a token-type row: a model without types is not one
+      # (DistilBERT is), which the round trip of the export check then says.
+      "type_vocab_size": max(cfg.type_vocab_size, 1),
       "hidden_act": cfg.activation, "layer_norm_eps": cfg.norm_eps,
       "hidden_dropout_prob": cfg.dropout_rate,
       "attention_probs_dropout_prob": cfg.attention_dropout_rate,
@@ -53,12 +67,14 @@ def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
   }
 
 
-def rules(cfg: TransformerConfig) -> list[R.Rule]:
+def encoder_rules(cfg: TransformerConfig, position_rows: int = 0) -> list[R.Rule]:
+  """The base model's tensors: embeddings and layers (BERT's and RoBERTa's,
+  whose position table has ``position_rows`` rows before the first position)."""
   embedder = P.join(P.STACK, P.EMBEDDER)
   out = [
       R.Rule("embeddings.word_embeddings.weight", P.TOKEN_TABLE, "copy"),
       R.Rule("embeddings.position_embeddings.weight",
-             P.join(embedder, P.POSITION_EMBEDDING), "copy"),
+             P.join(embedder, P.POSITION_EMBEDDING), "copy", skip_rows=position_rows),
       R.Rule("embeddings.token_type_embeddings.weight",
              P.join(embedder, P.TOKEN_TYPE_EMBEDDING), "copy"),
       *R.norm_rules("embeddings.LayerNorm", P.join(embedder, P.EMBED_NORM), bias=True),
@@ -74,8 +90,18 @@ def rules(cfg: TransformerConfig) -> list[R.Rule]:
     out += R.dense_rules(f"{hf}.intermediate.dense", P.join(ours, P.MLP, P.WI), bias=True)
     out += R.dense_rules(f"{hf}.output.dense", P.join(ours, P.MLP, P.WO), bias=True)
     out += R.norm_rules(f"{hf}.output.LayerNorm", P.join(ours, P.norm(P.MLP)), bias=True)
+  return out
+
+
+def rules(cfg: TransformerConfig) -> list[R.Rule]:
+  out = encoder_rules(cfg)
   out += R.dense_rules("pooler.dense", P.join(P.HEAD, P.POOLER), bias=True,
                        group="pooler")
+  if cfg.sentence_classes:  # the same pooler, as the sentence head's
+    out += R.dense_rules("pooler.dense", P.join(P.SENTENCE_HEAD, P.POOLER), bias=True,
+                         group="nsp_pooler")
+    out += R.dense_rules("cls.seq_relationship", P.join(P.SENTENCE_HEAD, P.HEAD_OUT),
+                         bias=True, group="nsp")
   out += R.dense_rules("cls.predictions.transform.dense", P.join(P.LM_HEAD, P.TRANSFORM),
                        bias=True, group="mlm")
   out += R.norm_rules("cls.predictions.transform.LayerNorm",
@@ -90,15 +116,19 @@ def rules(cfg: TransformerConfig) -> list[R.Rule]:
 FAMILY = Family(
     model_type="bert", family="encoder", config_from_hf=config_from_hf,
     config_to_hf=config_to_hf, rules=rules, base_prefix="bert.",
-    base_architecture="BertModel", base_groups=("base", "pooler"),
+    base_architecture="BertModel", base_groups=("base", "pooler", "nsp_pooler"),
     architectures={"BertModel": ("base", "pooler"),
                    "BertForMaskedLM": ("base", "mlm"),
+                   "BertForPreTraining": ("base", "nsp_pooler", "mlm", "nsp"),
+                   "BertForNextSentencePrediction": ("base", "nsp_pooler", "nsp"),
                    "BertForSequenceClassification": ("base", "pooler", "classifier"),
                    "BertForTokenClassification": ("base", "classifier"),
                    "BertForQuestionAnswering": ("base", "qa")},
     # Tied copies: the MLM decoder is the word embedding table plus the bias.
     tied={"cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
           "cls.predictions.decoder.bias": "cls.predictions.bias"},
+    # The next-sentence head of a checkpoint whose config.json does not name
+    # a class with one is dropped (sentence_classes=0: nowhere to load it).
     ignored=(r"^embeddings\.position_ids$", r"^cls\.seq_relationship\."),
     tasks={"classification": "BertForSequenceClassification",
            "regression": "BertForSequenceClassification",

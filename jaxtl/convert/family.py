@@ -33,7 +33,8 @@ class Family:
     tied: Tensor names that are copies of another (tied weights): checked
       equal on import, left out on export (``transformers`` re-ties them).
     ignored: Regexes of tensors that are not parameters (buffers) or that
-      jaxtl has no use for (BERT's next-sentence head); dropped on import.
+      this config has no place for (BERT's next-sentence head when
+      ``sentence_classes`` is 0); dropped on import unless a rule claims them.
     tasks: A fine-tuned model's class per jaxtl task kind
       (:data:`jaxtl.models.heads.TASK_KINDS`); kinds not listed have no
       Hugging Face class computing what jaxtl's head computes.

@@ -1,4 +1,5 @@
-"""Hugging Face model folders in and out: BERT, GPT-2, T5, ELECTRA and BART.
+"""Hugging Face model folders in and out: BERT, RoBERTa, DistilBERT, ELECTRA,
+GPT-2, T5 and BART.
 
 ``import_hf(folder)`` reads ``config.json`` and the weights
 (``model.safetensors``, sharded or not, or ``pytorch_model.bin``) into a
@@ -26,18 +27,24 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from jaxtl.convert import bart, bert, electra, gpt2, rules, t5
+from jaxtl.convert import bart, bert, distilbert, electra, gpt2, roberta, rules, t5
 from jaxtl.convert.family import Family
 from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
 
 log = logging.getLogger(__name__)
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (bert.FAMILY, gpt2.FAMILY, t5.FAMILY,
-                                                         electra.FAMILY, bart.FAMILY)}
+# In the order an export tries them: a jaxtl model exports as the first of
+# its family's that computes the same and places the most of its tensors (an
+# encoder: BERT; DistilBERT when it has no token types; ELECTRA when it holds
+# the discriminator's head; RoBERTa only when asked for. An encoder-decoder:
+# T5 with relative positions, BART with learned ones).
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (
+    bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, electra.FAMILY, gpt2.FAMILY,
+    t5.FAMILY, bart.FAMILY)}
 _SAFETENSORS, _TORCH = "model.safetensors", "pytorch_model.bin"
 # Rule groups of a classifier whose outputs are labels (id2label in config.json).
-_LABEL_GROUPS = {"classifier", "score"}
+_LABEL_GROUPS = {"classifier", "score", "classification_head"}
 # Architecture fields a config must keep through HF's config to be exportable.
 _ARCH_FIELDS = ("family", "vocab_size", "d_model", "num_heads", "head_dim", "mlp_dim",
                 "num_layers", "decoder_layers", "max_len", "position", "relative_buckets",
@@ -164,7 +171,8 @@ def _untie(family: Family, tensors: dict[str, np.ndarray], claimed: set[str],
         raise ValueError(f"{path}: {alias} differs from {canonical}, but jaxtl "
                          "ties them (untied weights are not supported here)")
       del out[alias]
-  dropped = sorted(k for k in out if any(re.search(p, k) for p in family.ignored))
+  dropped = sorted(k for k in out if k not in claimed
+                   and any(re.search(p, k) for p in family.ignored))
   if dropped:
     log.info("%s: not loading %s", path, ", ".join(dropped))
   return {k: v for k, v in out.items() if k not in dropped}
@@ -216,23 +224,50 @@ def _differences(family: Family, cfg: TransformerConfig) -> list[str]:
           if getattr(cfg, f) != getattr(back, f)]
 
 
-def family_of(cfg: TransformerConfig) -> Family:
-  """The HF family whose class computes what ``cfg`` does (an encoder-decoder
-  with relative positions is a T5, one with learned positions a BART); an
-  error naming what differs from each when none does."""
-  candidates = [f for f in FAMILIES.values() if f.family == cfg.family]
-  problems = {}
-  for family in candidates:
-    problems[family.model_type] = _differences(family, cfg)
-    if not problems[family.model_type]:
-      return family
-  raise ValueError(f"this {cfg.family} model has no Hugging Face " + "; nor ".join(
-      f"{name} equivalent: " + "; ".join(differ) for name, differ in problems.items()))
+def export_family(config: TransformerConfig, model_type: str | None = None,
+                  flat: dict[str, np.ndarray] | None = None,
+                  architecture: str | None = None) -> Family:
+  """The Hugging Face family ``config`` exports as.
+
+  ``model_type``'s when given; else the family of the class asked for; else,
+  among its jaxtl family's (in :data:`FAMILIES` order) those whose class
+  computes what ``config`` does, the one whose rules place the most complete
+  groups of ``flat`` (the parameters to write), the first on a tie. An
+  error names what differs from each when none computes the same.
+  """
+  candidates = [f for f in FAMILIES.values() if f.family == config.family]
+  if model_type is not None:
+    family = FAMILIES.get(model_type)
+    if family is None or family.family != config.family:
+      known = sorted(f.model_type for f in candidates)
+      raise ValueError(f"cannot export a {config.family} model as model_type "
+                       f"{model_type!r}; known for it: {known}")
+    return family
+  asked = [f for f in candidates if architecture in f.architectures]
+  if asked:
+    return asked[0]
+  problems = {f.model_type: _differences(f, config) for f in candidates}
+  fitting = [f for f in candidates if not problems[f.model_type]]
+  if not fitting:
+    raise ValueError(f"this {config.family} model has no Hugging Face " + "; nor ".join(
+        f"{name} equivalent: " + "; ".join(differ) for name, differ in problems.items()))
+  if flat is None:
+    return fitting[0]
+  return max(fitting, key=lambda f: len(_complete_groups(f.rules(config), flat)))
 
 
-def hf_config(config: TransformerConfig) -> dict[str, Any]:
+def _check_exportable(family: Family, cfg: TransformerConfig) -> dict[str, Any]:
+  """HF's config for ``cfg``; an error when HF's class would compute something else."""
+  differ = _differences(family, cfg)
+  if differ:
+    raise ValueError(f"this {cfg.family} model has no Hugging Face "
+                     f"{family.model_type} equivalent: " + "; ".join(differ))
+  return family.config_to_hf(cfg)
+
+
+def hf_config(config: TransformerConfig, model_type: str | None = None) -> dict[str, Any]:
   """The ``config.json`` fields of the Hugging Face model equal to ``config``."""
-  return family_of(config).config_to_hf(config)
+  return _check_exportable(export_family(config, model_type), config)
 
 
 def _flat_tree(params: Any, head: Any) -> dict[str, np.ndarray]:
@@ -258,32 +293,6 @@ def _richest_architecture(family: Family, have: set[str]) -> str:
           else family.base_architecture)
 
 
-def _export_family(config: TransformerConfig, flat: dict[str, np.ndarray],
-                   architecture: str | None) -> Family:
-  """The family of the class asked for; else, among the families whose
-  class computes what ``config`` does, the one placing the most complete
-  rule groups, the first in ``FAMILIES`` on a tie (an encoder with an MLM
-  head is a BERT, one with ELECTRA's discriminator head an ELECTRA; an
-  encoder-decoder with relative positions a T5, with learned ones a BART)."""
-  candidates = [f for f in FAMILIES.values() if f.family == config.family]
-  asked = [f for f in candidates if architecture in f.architectures]
-  if asked:
-    return asked[0]
-  fitting = [f for f in candidates if not _differences(f, config)]
-  if not fitting:
-    return family_of(config)  # raises, naming what differs from each
-  return max(fitting, key=lambda f: len(_complete_groups(f.rules(config), flat)))
-
-
-def _exportable(family: Family, cfg: TransformerConfig) -> dict[str, Any]:
-  """HF's config for ``cfg``; an error when HF's class would compute something else."""
-  differ = _differences(family, cfg)
-  if differ:
-    raise ValueError(f"this {cfg.family} model has no Hugging Face "
-                     f"{family.model_type} equivalent: " + "; ".join(differ))
-  return family.config_to_hf(cfg)
-
-
 def _label_fields(flat: dict[str, np.ndarray], label_names: tuple[str, ...]
                   ) -> dict[str, Any]:
   """``num_labels``, ``id2label`` and ``label2id`` for the classifier's outputs."""
@@ -301,7 +310,8 @@ def _label_fields(flat: dict[str, np.ndarray], label_names: tuple[str, ...]
 def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *,
               head: Any = None, architecture: str | None = None,
               label_names: tuple[str, ...] = (),
-              config_fields: dict[str, Any] | None = None) -> str:
+              config_fields: dict[str, Any] | None = None,
+              model_type: str | None = None) -> str:
   """Writes ``config.json`` + ``model.safetensors`` for ``transformers``.
 
   Args:
@@ -316,6 +326,8 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
     label_names: ``id2label`` for a classifier (default ``LABEL_i``).
     config_fields: More ``config.json`` fields (``problem_type``,
       ``pad_token_id``...), written last.
+    model_type: The Hugging Face family (``roberta``...); default: the first
+      that computes what ``config`` does (:func:`export_family`).
 
   Returns:
     The architecture written.
@@ -324,8 +336,8 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   params, head = nn.unbox(params), nn.unbox(head or {})  # as model.init returns them
   config, params = layers.without_lora(config, params)
-  family = _export_family(config, _flat_tree(params, head), architecture)
-  hf_config = _exportable(family, config)
+  family = export_family(config, model_type, _flat_tree(params, head), architecture)
+  hf_config = _check_exportable(family, config)
   table = family.rules(config)
   have = _complete_groups(table, _flat_tree(params, head))
   if architecture is None:

@@ -40,9 +40,9 @@ class Rule:
       other group (``mlm``, ``pooler``, ...) is all there or all absent.
     n_in: Leading jaxtl axes that form the HF input axis.
     part: ``(i, n)`` for slice i of n of a fused HF tensor's output axis.
-    offset: (``copy``) leading HF rows jaxtl has no use for, dropped on
-      import and written as zeros on export (BART's position tables start
-      at row 2).
+    skip_rows: ``copy`` only: leading HF rows jaxtl never reads (RoBERTa's
+      position table starts at padding_idx + 1, BART's at row 2); dropped on
+      import, written as zeros on export.
   """
   hf: str
   jax: str
@@ -50,12 +50,12 @@ class Rule:
   group: str = "base"
   n_in: int = 1
   part: tuple[int, int] | None = None
-  offset: int = 0
+  skip_rows: int = 0
 
   def hf_shape(self, jax_shape: Sequence[int]) -> tuple[int, ...]:
     """The HF shape (of the whole fused tensor) for a jaxtl shape."""
     if self.kind == "copy":
-      return (jax_shape[0] + self.offset, *jax_shape[1:]) if self.offset else tuple(jax_shape)
+      return (jax_shape[0] + self.skip_rows, *jax_shape[1:])
     if self.kind == "row":
       return (1, math.prod(jax_shape))
     if self.kind == "vector":
@@ -67,7 +67,7 @@ class Rule:
     return shape[::-1] if self.kind == "linear" else shape
 
   def to_jax(self, hf_value: np.ndarray, jax_shape: Sequence[int]) -> np.ndarray:
-    x = hf_value.T if self.kind == "linear" else hf_value[self.offset:]
+    x = hf_value.T if self.kind == "linear" else hf_value[self.skip_rows:]
     if self.part:
       x = np.split(x, self.part[1], axis=-1)[self.part[0]]
     return np.ascontiguousarray(x.reshape(jax_shape))
@@ -75,8 +75,7 @@ class Rule:
   def to_hf(self, value: np.ndarray) -> np.ndarray:
     """The HF layout of ``value`` (only this rule's slice when ``part``)."""
     if self.kind == "copy":
-      pad = np.zeros((self.offset, *value.shape[1:]), value.dtype)
-      return np.concatenate([pad, value]) if self.offset else value
+      return np.pad(value, [(self.skip_rows, 0)] + [(0, 0)] * (value.ndim - 1))
     if self.kind == "row":
       return value.reshape(1, -1)
     if self.kind == "vector":

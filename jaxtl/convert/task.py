@@ -24,9 +24,9 @@ PROBLEM_TYPES = {"classification": "single_label_classification",
 SEQUENCE_KINDS = tuple(PROBLEM_TYPES)
 
 
-def _architecture(cfg: TransformerConfig, spec: Any) -> str:
+def _architecture(cfg: TransformerConfig, spec: Any, model_type: str | None) -> str:
   """The HF class computing what the fine-tuned model computes, or an error."""
-  family = hf.family_of(cfg)
+  family = hf.export_family(cfg, model_type)
   if spec.kind not in family.tasks:
     raise ValueError(
         f"a {cfg.family} model fine-tuned for {spec.kind!r} has no Hugging Face "
@@ -83,7 +83,8 @@ def _pad_token_id(tokenizer: Any, arch: str) -> int:
 
 
 def export_task_hf(out: str | os.PathLike, cfg: TransformerConfig, params: Any,
-                   spec: Any, *, tokenizer: Any = None) -> str:
+                   spec: Any, *, tokenizer: Any = None,
+                   model_type: str | None = None) -> str:
   """Writes a fine-tuned TaskModel as the Hugging Face class computing the same.
 
   Args:
@@ -94,6 +95,8 @@ def export_task_hf(out: str | os.PathLike, cfg: TransformerConfig, params: Any,
       ``pooling`` and ``scalar_mix``, as :class:`jaxtl.tasks.spec.TaskSpec` holds them.
     tokenizer: The model's tokenizer; needed for the pad id of GPT-2's
       sequence classifier.
+    model_type: The Hugging Face family (``roberta``...); default: the first
+      that computes the same (:func:`jaxtl.convert.hf.export_family`).
 
   Returns:
     The class written (``config.json``'s ``architectures``).
@@ -101,12 +104,13 @@ def export_task_hf(out: str | os.PathLike, cfg: TransformerConfig, params: Any,
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   params = nn.unbox(params)
   _check_representable(cfg, params, spec)
-  arch = _architecture(cfg, spec)
+  arch = _architecture(cfg, spec, model_type)
   fields: dict[str, Any] = {}
   if spec.kind in SEQUENCE_KINDS:
     fields["problem_type"] = PROBLEM_TYPES[spec.kind]
-    if hf.family_of(cfg).sequence_pooling[0] == "last":
+    if hf.export_family(cfg, model_type).sequence_pooling[0] == "last":
       fields["pad_token_id"] = _pad_token_id(tokenizer, arch)
   labels = tuple(spec.label_names or ())
   return hf.export_hf(out, cfg, params[paths.BACKBONE], head=params.get(paths.HEAD),
-                      architecture=arch, label_names=labels, config_fields=fields)
+                      architecture=arch, label_names=labels, config_fields=fields,
+                      model_type=model_type)

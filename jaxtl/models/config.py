@@ -50,6 +50,9 @@ class TransformerConfig:
   relative_buckets: int = 32
   relative_max_distance: int = 128
   type_vocab_size: int = 0  # >0 adds token-type (segment A/B) embeddings.
+  # >0 adds BERT's sentence-pair head (pooler + classifier on [CLS]) for
+  # next-sentence / sentence-order prediction: 2 classes.
+  sentence_classes: int = 0
   activation: str = "gelu"  # gelu | gelu_new | relu | silu
   gated_mlp: bool = False  # T5 v1.1 gated-GELU.
   norm: str = "layernorm"  # layernorm | rmsnorm

@@ -187,7 +187,7 @@ class TaskModel(nn.Module):
                                      self.pad_id, deterministic=deterministic)
     else:
       out = backbone(tokens_BT, segment_ids_BT, positions_BT, token_types_BT,
-                     lm_head=False, **flags)
+                     lm_head=False, sentence_head=False, **flags)
       hidden_BTD, states = out["last_hidden"], out.get("hidden_states")
     if self.scalar_mix:
       hidden_BTD = ScalarMix(name=paths.SCALAR_MIX)(states)

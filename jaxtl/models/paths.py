@@ -22,6 +22,7 @@ real trees. The tree of ``build_model(config).init(...)["params"]``::
       mlp_norm/..., mlp_adapter/...
     final_norm/{scale,bias}                   (pre-norm models)
   lm_head/transform/..., transform_norm/..., logits/kernel, bias
+  sentence_head/{pooler,out}/{kernel,bias}    (NSP / SOP: sentence_classes)
 
 A :class:`jaxtl.models.heads.TaskModel` holds that tree (without
 ``lm_head``) under ``backbone/``, its head under ``head/{pooler,out}`` and
@@ -67,6 +68,9 @@ TRANSFORM, TRANSFORM_NORM, LOGITS = "transform", "transform_norm", "logits"
 # token_embed/ and stack/, a generator (its own stack/, lm_head/ and, when
 # narrower than the table, embed_project/) and the replaced-token head.
 GENERATOR, DISCRIMINATOR_HEAD, EMBED_PROJECT = "generator", "discriminator_head", "embed_project"
+# The sentence-pair head of NSP / SOP pretraining (inside a backbone, beside
+# lm_head): sentence_head/{pooler,out}/{kernel,bias}.
+SENTENCE_HEAD = "sentence_head"
 
 # A TaskModel.
 BACKBONE, HEAD, SCALAR_MIX = "backbone", "head", "scalar_mix"
@@ -181,6 +185,7 @@ PARAM_KINDS = {
     "adapter": (f"{_STACK}/{_LAYER}/{adapter(f'(?:{SELF_ATTENTION}|{MLP})')}/"
                 f"(?:{ADAPTER_DOWN}|{ADAPTER_UP})/{_DENSE}"),
     "lm_head": f"{LM_HEAD}/(?:{TRANSFORM}/{_DENSE}|{LOGITS}/{KERNEL}|{BIAS})",
+    "sentence_head": f"{SENTENCE_HEAD}/(?:{POOLER}|{HEAD_OUT})/{_DENSE}",
 }
 TASK_PARAM_KINDS = {  # a TaskModel's own, beside its backbone/
     # ELECTRA's detection head sits here when imported or exported.

@@ -208,6 +208,29 @@ class Stack(nn.Module):
     return x_BTD, extras
 
 
+class SentenceHead(nn.Module):
+  """BERT's next-sentence (ALBERT's sentence-order) head: the pooler (dense +
+  tanh over the first token, [CLS]) and a linear classifier over it.
+
+  It lives in the backbone beside the LM head, not in a task head, because
+  it is pretrained with it and Hugging Face's ``BertForPreTraining`` keeps
+  both (``bert.pooler``, ``cls.seq_relationship``).
+  """
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, hidden_BTD: Array) -> Array:
+    cfg = self.config
+    dense = lambda n, axes, name, dtype: nn.Dense(
+        n, dtype=dtype, param_dtype=cfg.jnp_param_dtype,
+        kernel_init=layers.normal_init(cfg.init_std, axes),
+        bias_init=layers.zeros_init(axes[1:]), name=name)
+    pooled_BD = jnp.tanh(dense(cfg.d_model, ("embed", "mlp"), paths.POOLER,
+                               cfg.jnp_dtype)(hidden_BTD[:, 0]))
+    return dense(cfg.sentence_classes, ("mlp", "labels"), paths.HEAD_OUT,
+                 jnp.float32)(pooled_BD)  # [B, C]
+
+
 class EncoderOrDecoder(nn.Module):
   """One stack + LM head: ``encoder`` (bidirectional, MLM) or ``decoder`` (causal LM).
 
@@ -222,13 +245,16 @@ class EncoderOrDecoder(nn.Module):
                token_types_BT: Array | None = None, *,
                deterministic: bool = True, return_hidden: bool = False,
                return_attention: bool = False, lm_head: bool = True,
-               decode: bool = False, prefix_BT: Array | None = None) -> dict[str, Any]:
+               sentence_head: bool = True, decode: bool = False,
+               prefix_BT: Array | None = None) -> dict[str, Any]:
     """Runs the stack and (``lm_head``) the LM head.
 
     Training leaves the head out and applies it itself through
     :func:`apply_lm_head`: at the masked positions only (MLM), a chunk of
     positions at a time (:func:`jaxtl.objectives.chunked_cross_entropy`).
     ``prefix_BT`` (a decoder's prefix LM) marks the bidirectional prefix.
+    With ``config.sentence_classes`` and ``sentence_head`` (task models say
+    False: they have heads of their own), ``sentence_logits`` [B, C] too.
     """
     cfg = self.config
     embed = layers.token_embedding(cfg)
@@ -241,6 +267,8 @@ class EncoderOrDecoder(nn.Module):
     out = {"last_hidden": hidden_BTD, **extras}
     if lm_head:
       out["logits"] = layers.LMHead(cfg, embed, name=paths.LM_HEAD)(hidden_BTD)
+    if cfg.sentence_classes and sentence_head and not decode:
+      out["sentence_logits"] = SentenceHead(cfg, name=paths.SENTENCE_HEAD)(hidden_BTD)
     return out
 
 

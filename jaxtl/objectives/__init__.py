@@ -6,15 +6,17 @@ an example), and one entry in ``REGISTRY`` below; the pipeline, the loss,
 the loop and the config checks then take it by ``config.objective.name``.
 """
 
-from jaxtl.objectives import bart, clm, electra, mlm, prefix_lm, span
+from typing import Any
+
+from jaxtl.objectives import bart, clm, electra, mlm, nsp, prefix_lm, span
 from jaxtl.objectives.base import Objective, Prepared
 from jaxtl.objectives.losses import (LOSS_CHUNK_LEN, chunked_cross_entropy, forward,
                                      loss_weight_total, make_loss_fn, normalized_loss,
                                      summarize, token_cross_entropy)
 
 REGISTRY: dict[str, Objective] = {o.name: o for o in (
-    clm.OBJECTIVE, mlm.OBJECTIVE, span.OBJECTIVE, electra.OBJECTIVE, bart.OBJECTIVE,
-    prefix_lm.OBJECTIVE, prefix_lm.ENCDEC_OBJECTIVE)}
+    clm.OBJECTIVE, mlm.OBJECTIVE, nsp.NSP, nsp.SOP, span.OBJECTIVE, electra.OBJECTIVE,
+    bart.OBJECTIVE, prefix_lm.OBJECTIVE, prefix_lm.ENCDEC_OBJECTIVE)}
 
 
 def get(name: str) -> Objective:
@@ -30,7 +32,14 @@ def check_objective(name: str, family: str, where: str = "config.model.family") 
   get(name).check_family(family, where)
 
 
-__all__ = ["LOSS_CHUNK_LEN", "Objective", "Prepared", "REGISTRY", "check_objective",
+def check_model(name: str, model: Any, where: str = "config.model") -> None:
+  """Fails early when the model (a TransformerConfig) lacks what the
+  objective needs (NSP's token types and sentence head)."""
+  get(name).check_model(model, where)
+
+
+__all__ = ["LOSS_CHUNK_LEN", "Objective", "Prepared", "REGISTRY", "check_model",
+           "check_objective",
            "chunked_cross_entropy", "forward", "get", "loss_weight_total",
            "make_loss_fn", "normalized_loss", "summarize",
            "token_cross_entropy"]

@@ -72,6 +72,8 @@ class Objective:
       (see :func:`jaxtl.objectives.losses.make_loss_fn`).
     weight_total: ``(batch, family) -> normaliser`` of a batch's loss
       (any tree; the loss function reads it).
+    model_needs: the least value of each TransformerConfig field it needs
+      (NSP: token types and a sentence head).
   """
   name: str
   family: str
@@ -80,6 +82,7 @@ class Objective:
   build_model: Callable[[TransformerConfig, Any], nn.Module] = plain_model
   make_loss_fn: Callable[[nn.Module, int | None, Any], losses.LossFn] = token_loss
   weight_total: Callable[[Any, str], Any] = losses.loss_weight_total
+  model_needs: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
   def check_family(self, family: str, where: str = "config.model.family") -> None:
     """Fails early, naming both, when paired with the wrong model (``where``
@@ -87,3 +90,10 @@ class Objective:
     if family != self.family:
       raise ValueError(f"objective {self.name!r} needs a {self.family!r} model, but "
                        f"{where} is {family!r}")
+
+  def check_model(self, model: Any, where: str = "config.model") -> None:
+    """Fails early, naming the field, when the model lacks what it needs."""
+    for field, least in self.model_needs.items():
+      if getattr(model, field) < least:
+        raise ValueError(f"objective {self.name!r} needs {where}.{field} >= {least}, "
+                         f"but it is {getattr(model, field)}")

@@ -13,6 +13,9 @@ model family runs and which features feed it:
                            -> decoder_target_tokens
   prefix_lm (decoder):     clm's, plus decoder_causal_attention (the prefix)
 
+A batch with ``sentence_labels`` (NSP / SOP) adds the mean cross-entropy
+of the model's sentence head to the token loss.
+
 Losses are returned as *sums* alongside the weight total so that gradient
 accumulation and multi-batch evaluation give exactly the full-batch numbers.
 """
@@ -78,9 +81,28 @@ def token_cross_entropy(logits_BTV: Array, targets_BT: Array,
   }
 
 
-def loss_weight_total(batch: Batch, family: str) -> Array:
-  """Sum of loss weights: the normaliser of a (possibly accumulated) batch."""
-  return jnp.sum(batch[f"{target_side(family)}_loss_weights"].astype(jnp.float32))
+SENTENCE_LABELS = "sentence_labels"  # [B]: NSP / SOP's batch feature
+
+
+def sentence_cross_entropy(logits_BC: Array, labels_B: Array) -> dict[str, Array]:
+  """The sentence head's cross-entropy and accuracy, as sums (float32)."""
+  logits_BC = logits_BC.astype(jnp.float32)
+  nll_B = (jax.nn.logsumexp(logits_BC, -1)
+           - jnp.take_along_axis(logits_BC, labels_B[:, None], -1)[:, 0])
+  return {"sentence_loss_sum": jnp.sum(nll_B),
+          "sentence_correct_sum": jnp.sum(jnp.argmax(logits_BC, -1) == labels_B
+                                          ).astype(jnp.float32),
+          "sentence_weight_sum": jnp.asarray(labels_B.shape[0], jnp.float32)}
+
+
+def loss_weight_total(batch: Batch, family: str) -> Array | dict[str, Array]:
+  """Sum of loss weights: the normaliser of a (possibly accumulated) batch;
+  with sentence labels, ``{"tokens": ..., "sentences": ...}``."""
+  tokens = jnp.sum(batch[f"{target_side(family)}_loss_weights"].astype(jnp.float32))
+  if SENTENCE_LABELS not in batch:
+    return tokens
+  return {"tokens": tokens,
+          "sentences": jnp.asarray(batch[SENTENCE_LABELS].shape[0], jnp.float32)}
 
 
 def _to_chunks(x_BT: Array, n: int, c: int) -> Array:
@@ -195,16 +217,33 @@ def make_loss_fn(model: nn.Module, max_predictions: int | None = None,
       weights = jnp.take_along_axis(weights, idx_BK, axis=1)
     sums = chunked_cross_entropy(logits_fn, transformer.lm_head_params(cfg, params),
                                  hidden, targets, weights, chunk_len)
+    if SENTENCE_LABELS in batch:
+      if "sentence_logits" not in out:
+        raise ValueError("the batch has sentence labels (NSP / SOP) but the model "
+                         "has no sentence head: set config.model.sentence_classes=2")
+      sums = {**sums, **sentence_cross_entropy(out["sentence_logits"],
+                                               batch[SENTENCE_LABELS])}
     return normalized_loss(sums, normalizer), sums
 
   return loss_fn
 
 
-def normalized_loss(sums: Mapping[str, Array], normalizer: Array | None) -> Array:
-  """loss_sum / normalizer (default: the batch's own weight total)."""
+def normalized_loss(sums: Mapping[str, Array],
+                    normalizer: Array | Mapping[str, Array] | None) -> Array:
+  """loss_sum / normalizer (default: the batch's own weight total), plus the
+  mean sentence loss when ``sums`` has one (``normalizer`` is then
+  :func:`loss_weight_total`'s dict)."""
+  sentences = None
+  if isinstance(normalizer, Mapping):
+    normalizer, sentences = normalizer["tokens"], normalizer["sentences"]
   if normalizer is None:
     normalizer = sums["weight_sum"]
-  return sums["loss_sum"] / jnp.maximum(normalizer, 1.0)
+  loss = sums["loss_sum"] / jnp.maximum(normalizer, 1.0)
+  if "sentence_loss_sum" in sums:
+    if sentences is None:
+      sentences = sums["sentence_weight_sum"]
+    loss = loss + sums["sentence_loss_sum"] / jnp.maximum(sentences, 1.0)
+  return loss
 
 
 def summarize(sums: Mapping[str, Any]) -> dict[str, float]:
@@ -223,4 +262,8 @@ def summarize(sums: Mapping[str, Any]) -> dict[str, float]:
     out.update(rtd_loss=float(sums["rtd_loss_sum"]) / real,
                rtd_accuracy=float(sums["rtd_correct_sum"]) / real,
                replaced=float(sums["replaced_sum"]) / real)
+  if "sentence_loss_sum" in sums:  # NSP / SOP: "loss" stays the token loss
+    pairs = max(float(sums["sentence_weight_sum"]), 1.0)
+    out["sentence_loss"] = float(sums["sentence_loss_sum"]) / pairs
+    out["sentence_accuracy"] = float(sums["sentence_correct_sum"]) / pairs
   return out

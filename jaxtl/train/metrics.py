@@ -26,7 +26,7 @@ def summarize_train(window: list[dict[str, Any]], seconds: float,
                      peak_per_device: float | None, tokens_per_example: int
                      ) -> dict[str, float]:
   """Averages a window of step metrics and adds throughput and MFU."""
-  sums = {k: sum(float(m[k]) for m in window)
+  sums = {k: sum(float(m[k]) for m in window)  # the token loss's, NSP's too
           for k in window[0] if k.endswith("_sum")}
   out = objectives.summarize(sums)
   out["grad_norm"] = float(np.mean([m["grad_norm"] for m in window]))

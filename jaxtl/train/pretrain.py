@@ -40,14 +40,17 @@ def model_config_from(config: Any, vocab_size: int) -> TransformerConfig:
 
 def load_source(config: Any) -> pretrained.Pretrained | None:
   """The model ``config.init_from`` names (None: a random start), after
-  checking the objective fits its family (or config.model's)."""
+  checking the objective fits it (or config.model)."""
   if not config.init_from:
     objectives.check_objective(config.objective.name, config.model.family)
+    objectives.check_model(config.objective.name, config.model)
     return None
   # A tokenizer path still overrides, as in fine-tuning (same ids, other files).
   source = pretrained.load(config.init_from, config.data.tokenizer.path)
   objectives.check_objective(config.objective.name, source.config.family,
                              f"the model of init_from={config.init_from}")
+  objectives.check_model(config.objective.name, source.config,
+                         f"(the model of init_from={config.init_from})")
   return source
 
 
@@ -173,6 +176,9 @@ def make_stage(index: int, steps: int, stage_config: Any, data: pipeline.DataSet
   objective = objectives.get(stage_config.objective.name)
   try:
     objectives.check_objective(objective.name, model_cfg.family)
+    objectives.check_model(objective.name, model_cfg,
+                           f"(the model of init_from={stage_config.init_from})"
+                           if stage_config.init_from else "config.model")
     check_same_model(objective, run_objective)
     batches, prepared = data.stage_batches(stage_config,
                                            stream=(index,) if index else ())

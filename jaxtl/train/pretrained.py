@@ -110,7 +110,10 @@ def load(init_from: str, tokenizer_path: str = "") -> Pretrained:
     return tuned_backbone(cfg, tok, params)
   if electra.is_electra(params):  # ELECTRA's: the discriminator transfers
     return electra_discriminator(cfg, tok, params)
-  return Pretrained(cfg, tok, params, {})
+  # NSP / SOP trained BERT's pooler: a pooled task head starts from it, as
+  # from an imported BERT's.
+  pooler = params.get(paths.SENTENCE_HEAD, {}).get(paths.POOLER)
+  return Pretrained(cfg, tok, params, {} if pooler is None else {paths.POOLER: pooler})
 
 
 def electra_discriminator(cfg: TransformerConfig, tok: Tokenizer, params: dict[str, Any]
