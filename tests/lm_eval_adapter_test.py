@@ -54,7 +54,7 @@ def model(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("tok")
   lines = [t for t, _ in REVIEWS] + [f"{q} {a}" for q, a in QA] * 3 + [
       "Review: Sentiment: negative positive Q: A: the of and a to in is"] * 5
-  tok = train_sentencepiece(lines * 20, tmp / "sp", 60, num_sentinels=0)
+  tok = train_sentencepiece(lines * 4, tmp / "sp", 60, num_sentinels=0)
   cfg = TransformerConfig(family="decoder", vocab_size=tok.vocab_size, d_model=32,
                           num_heads=4, head_dim=8, mlp_dim=64, num_layers=2, max_len=24,
                           dropout_rate=0.0)
@@ -128,3 +128,25 @@ def test_generation_stops_at_the_stop_strings(model):
           for q, _ in QA]
   out = lm.generate_until(reqs)
   assert len(out) == 2 and all("e" not in o for o in out)
+
+
+def test_an_encoder_decoder_answers_all_three_requests(model):
+  cfg = TransformerConfig(family="encoder_decoder", vocab_size=model.config.vocab_size,
+                          d_model=32, num_heads=4, head_dim=8, mlp_dim=64, num_layers=2,
+                          max_len=24, position="relative", norm="rmsnorm", use_bias=False,
+                          scale_attention=False, dropout_rate=0.0, relative_buckets=8,
+                          relative_max_distance=16)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = build_model(cfg).init(jax.random.key(0), tokens, tokens)["params"]
+  lm = lm_eval_adapter.JaxtlLM(loaded=Pretrained(cfg, model.tokenizer, params, {}),
+                               batch_size=2)
+  req = lambda *args: type("Req", (), {"args": args})()
+  (logp, _), = lm.loglikelihood([req("Review: a dull film\nSentiment:", " negative")])
+  ctx = lm.tok_encode("Review: a dull film\nSentiment:")
+  assert ctx[-1] == model.tokenizer.eos_id  # T5 reads an EOS-terminated input
+  cont = lm.tok_encode(" negative", add_special_tokens=False)
+  np.testing.assert_allclose(logp, scoring.loglikelihoods(cfg, params, [(ctx, cont)])[0][0],
+                             rtol=1e-5)
+  assert np.isfinite(lm.loglikelihood_rolling([req("a fine film " * 10)])[0])
+  out = lm.generate_until([req("Q: what is two and two\nA:", {"max_gen_toks": 4})])
+  assert isinstance(out[0], str)
