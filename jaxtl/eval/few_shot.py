@@ -97,20 +97,32 @@ def _mean_std(values: np.ndarray | None) -> str:
   return f"{values.mean():.1f} ± {values.std(ddof=1):.1f}"
 
 
+def _top_share(rows: list[dict[str, Any]]) -> str:
+  """Mean share (%) of the most predicted class, raw / calibrated."""
+  def share(preds: list[int] | None) -> float:
+    return 100 * np.bincount(preds).max() / len(preds) if preds else float("nan")
+  raw = np.mean([share(r["predictions"]) for r in rows])
+  if rows[0]["calibrated_predictions"] is None:
+    return f"{raw:.0f}%"
+  return f"{raw:.0f}% / {np.mean([share(r['calibrated_predictions']) for r in rows]):.0f}%"
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
   """Accuracy (%) per task and k, raw and calibrated, mean ± std over seeds."""
   raw, cal = _by_cell(rows, "accuracy"), _by_cell(rows, "calibrated_accuracy")
   seeds = len({r["seed"] for r in rows if r["shots"]})
-  lines = [f"Accuracy (%); k > 0: mean ± std over {seeds} seed(s) of demonstrations.",
-           "", "| task (split, n) | k | accuracy | calibrated | prompt tokens | cut to fit |"
-           " majority class | chance |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+  lines = [f"Accuracy (%); k > 0: mean ± std over {seeds} seed(s) of demonstrations. "
+           "Top class: the share of inputs given the most often predicted class "
+           "(raw / calibrated), 100% for a model that always says the same.",
+           "", "| task (split, n) | k | accuracy | calibrated | top class | prompt tokens |"
+           " cut to fit | majority class | chance |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
   for (task, k), values in raw.items():
     first = next(r for r in rows if r["task"] == task and r["shots"] == k)
     same = [r for r in rows if r["task"] == task and r["shots"] == k]
     lines.append(
         f"| {task} ({first['split']}, {first['examples']}) | {k} | {_mean_std(values)} | "
-        f"{_mean_std(cal.get((task, k)))} | "
+        f"{_mean_std(cal.get((task, k)))} | {_top_share(same)} | "
         f"{np.mean([r['prompt_tokens'] for r in same]):.0f} | "
         f"{100 * np.mean([r['truncated'] for r in same]):.0f}% | "
         f"{100 * first['majority']:.1f} | {100 * first['chance']:.1f} |")
