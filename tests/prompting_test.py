@@ -152,3 +152,23 @@ def test_few_shot_table_and_figure_on_real_tasks(tmp_path):
   table = (tmp_path / few_shot.MARKDOWN).read_text()
   assert "| trec (test, 6) | 2 |" in table and "±" in table
   assert (tmp_path / few_shot.FIGURE).stat().st_size > 10_000
+
+
+def test_command_line_writes_the_table(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from jaxtl import convert  # pylint: disable=g-import-not-at-top
+  vocab = datadir.require_data("tokenizers", "gpt2_vocab.json")
+  datadir.require_data("glue", "SST-2", "dev.tsv")
+  cfg = CFG.replace(vocab_size=50257, tie_embeddings=True, activation="gelu_new",
+                    norm_eps=1e-5)
+  params = build_model(cfg).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
+  convert.export_hf(tmp_path / "gpt2", cfg, params)
+  out = subprocess.run(
+      [sys.executable, "-m", "jaxtl.cli", "prompt", f"--checkpoint={tmp_path / 'gpt2'}",
+       f"--tokenizer={vocab}", "--task=sst2", "--shots=1", "--seeds=0",
+       "--max_eval_examples=4", f"--out={tmp_path / 'out'}"],
+      capture_output=True, text=True, timeout=300, check=True)
+  assert "| sst2 (dev, 4) | 1 |" in out.stdout
+  assert {p.name for p in (tmp_path / "out").iterdir()} == {
+      few_shot.MARKDOWN, few_shot.FIGURE, few_shot.RESULTS}
