@@ -1,12 +1,13 @@
 """EleutherAI's evaluation harness (``pip install 'jaxtl[eval]'``) on any
 jaxtl causal or encoder-decoder model.
 
-  lm_eval --model jaxtl --model_args checkpoint=workdirs/clm,max_length=64 \
-    --tasks lambada_openai --include_path my_tasks/ --batch_size 32
+  jaxtl lm_eval --model_args=checkpoint=workdirs/clm,max_length=64 \
+    --tasks=my_task --include_path=my_tasks/ --batch_size=32
 
-(``lm_eval`` knows the name once this module is imported: run it as
-``python -m jaxtl.eval.lm_eval_adapter`` with the same flags, or import the
-module before calling ``lm_eval.simple_evaluate``.) ``checkpoint`` is a jaxtl
+``jaxtl lm_eval`` (or ``python -m jaxtl.eval.lm_eval_adapter --model=jaxtl``)
+is lm-eval's own command line with the model ``jaxtl`` registered; from
+Python, import this module before ``lm_eval.simple_evaluate(model="jaxtl",
+...)``, or pass it a :class:`JaxtlLM`. ``checkpoint`` is a jaxtl
 workdir or a Hugging Face GPT-2 / T5 folder, loaded as
 :func:`jaxtl.train.pretrained.load` does.
 
