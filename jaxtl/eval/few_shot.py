@@ -71,8 +71,9 @@ def run(loaded: Any, tasks: Sequence[str], shots: Sequence[int], seeds: Sequence
         r = prompting.evaluate(loaded.config, loaded.params, loaded.tokenizer, prompt,
                                train, test, shots=k, seed=seed, calibrated=calibrated,
                                batch_size=batch_size, max_len=max_len)
-        logging.info("%s k=%d seed=%d: accuracy %.3f, calibrated %s (%.0f s)", task, k,
-                     seed, r.accuracy, r.calibrated_accuracy, time.time() - start)
+        cal = "" if r.calibrated_accuracy is None else f", calibrated {r.calibrated_accuracy:.3f}"
+        logging.info("%s k=%d seed=%d: accuracy %.3f%s (%.0f s)", task, k, seed,
+                     r.accuracy, cal, time.time() - start)
         rows.append({"task": task, "split": split, "shots": k, "seed": seed,
                      "examples": len(test), "majority": float(counts.max() / len(test)),
                      "chance": 1 / len(test.label_names), "template": prompt.template,
