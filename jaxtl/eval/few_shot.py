@@ -151,7 +151,8 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     first = next(r for r in rows if r["task"] == task)
     ax.axhline(100 * first["majority"], color="grey", ls="--", label="majority class")
     ax.axhline(100 * first["chance"], color="grey", ls=":", label="chance")
-    ax.set(title=f"{task} ({first['split']}, {first['examples']})",
+    # The whole scale: a zoomed axis would make noise of a point look like a trend.
+    ax.set(title=f"{task} ({first['split']}, {first['examples']})", ylim=(0, 100),
            xlabel="demonstrations k", ylabel="accuracy (%)")
     ax.grid(alpha=0.3)
   axes[0][-1].legend(fontsize=8)
