@@ -164,6 +164,7 @@ class Result:
     accuracy: Rank classification.
     calibrated_accuracy: After calibration (None if not asked for).
     predictions, calibrated_predictions: Class ids per test input.
+    scores: Each test input's label log-likelihoods (before calibration).
     demonstrations: The training indices shown.
     truncated: Share of scored rows whose prompt was cut on the left to fit.
     prompt_tokens: Mean context length in tokens (before any cut).
@@ -172,6 +173,7 @@ class Result:
   calibrated_accuracy: float | None
   predictions: list[int]
   calibrated_predictions: list[int] | None
+  scores: list[list[float]]
   demonstrations: list[int]
   truncated: float
   prompt_tokens: float
@@ -198,12 +200,12 @@ def evaluate(config: TransformerConfig, params: Any, tok: Tokenizer, prompt: Pro
   scores_NY = logp.reshape(-1, y)
   test_NY, free_CY = scores_NY[:len(inputs)], scores_NY[len(inputs):]
   gold = np.asarray(test.labels)
-  preds = scores_NY[:len(inputs)].argmax(-1)
+  preds = test_NY.argmax(-1)
   cal = calibrate(test_NY, free_CY).argmax(-1) if calibrated else None
   lengths = np.array([len(c) + len(w) for c, w in pairs])
   return Result(
       accuracy=float((preds == gold).mean()),
       calibrated_accuracy=None if cal is None else float((cal == gold).mean()),
       predictions=preds.tolist(), calibrated_predictions=None if cal is None else cal.tolist(),
-      demonstrations=shown, truncated=float((lengths > max_len + 1).mean()),
+      scores=np.round(test_NY, 4).tolist(), demonstrations=shown, truncated=float((lengths > max_len + 1).mean()),
       prompt_tokens=float(np.mean([len(c) for c, _ in pairs])))
