@@ -4,6 +4,8 @@
   jaxtl finetune  --config=finetune:task=trec --config.init_from=... --workdir=...
   jaxtl study     --config=transfer_study --workdir=workdirs/study
   jaxtl predict   --workdir=workdirs/trec_full --input=texts.txt --output=out.jsonl
+  jaxtl prompt    --checkpoint=workdirs/clm --task=trec,sst2 --shots=0,1,4,8 --out=DIR
+  jaxtl lm_eval   --model_args=checkpoint=workdirs/clm --tasks=... (lm-eval's flags)
   jaxtl pretokenize --config=pretrain_mixed --out=DIR  (jaxtl.tools.pretokenize)
   jaxtl generate | convert | benchmark | analysis  (their own flags)
 
@@ -27,6 +29,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "generate": ("jaxtl.generate", ()),
     "convert": ("jaxtl.convert", ()),
     "predict": ("jaxtl.predict", ()),
+    "prompt": ("jaxtl.eval.few_shot", ()),
+    "lm_eval": ("jaxtl.eval.lm_eval_adapter", ("--model=jaxtl",)),
     "benchmark": ("jaxtl.tools.benchmark", ()),
     "analysis": ("jaxtl.tools.analysis", ()),
     "pretokenize": ("jaxtl.tools.pretokenize", ()),

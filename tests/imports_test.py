@@ -10,7 +10,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxtl"
 LAYERS = [
     ("jaxtl.models", "jaxtl.data", "jaxtl.objectives", "jaxtl.convert",
      "jaxtl.train", "jaxtl.hugepages", "jaxtl.console"),
-    ("jaxtl.generate", "jaxtl.tasks", "jaxtl.predict"),
+    ("jaxtl.generate", "jaxtl.tasks", "jaxtl.predict", "jaxtl.eval"),
     ("jaxtl.tools", "jaxtl.configs"),
     ("jaxtl.main", "jaxtl.cli"),
 ]
