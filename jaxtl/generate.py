@@ -275,16 +275,24 @@ def generate(config: TransformerConfig, params: Any, tokens_BP: np.ndarray,
   if config.family == "decoder" and tokens_BP.shape[1] + gen.max_new_tokens > config.max_len:
     raise ValueError(f"prompt ({tokens_BP.shape[1]}) + max_new_tokens "
                      f"({gen.max_new_tokens}) exceeds the model's max_len {config.max_len}")
-  cfg = config.replace(dropout_rate=0.0, attention_dropout_rate=0.0)
   tokens = jnp.asarray(tokens_BP, jnp.int32)
   mask = jnp.ones_like(tokens) if mask_BP is None else jnp.asarray(mask_BP, jnp.int32)
+  return np.asarray(generate_ids(config, gen, params, tokens, mask, rng))
+
+
+def generate_ids(config: TransformerConfig, gen: GenerationConfig, params: Any,
+                 tokens_BP: Array, mask_BP: Array, rng: Array | None = None) -> Array:
+  """:func:`generate` without its checks and host arrays: traceable, so a
+  jitted evaluation step (generative fine-tuning) can decode inside it."""
+  cfg = config.replace(dropout_rate=0.0, attention_dropout_rate=0.0)
+  tokens, mask = tokens_BP.astype(jnp.int32), mask_BP.astype(jnp.int32)
   rng = jax.random.key(0) if rng is None else rng
   if gen.num_beams > 1:
-    return np.asarray(_beam_search(cfg, gen, params, tokens, mask))
+    return _beam_search(cfg, gen, params, tokens, mask)
   n = gen.num_return_sequences
   tokens, mask = jnp.repeat(tokens, n, axis=0), jnp.repeat(mask, n, axis=0)
   run = _generate_decoder if cfg.family == "decoder" else _generate_encoder_decoder
-  return np.asarray(run(cfg, gen, params, tokens, mask, rng))
+  return run(cfg, gen, params, tokens, mask, rng)
 
 
 def _prompt_arrays(tok: Any, prompts: list[str], family: str

@@ -199,6 +199,9 @@ def task_config(**overrides: Any) -> ConfigDict:
       # text_to_text (T5 backbones, classification tasks): the text written
       # for each class; empty: the label names.
       label_words=(),
+      # generation (T5 / GPT-2 write the output text, jaxtl.tasks.generation):
+      # output tokens trained on and written (with EOS), and T5's beam width.
+      max_target_len=32, num_beams=1,
       # task=files (jaxtl.tasks.file_task): the user's own labeled files.
       train="", dev="", test="",  # dev/test "": held out of train by a fraction
       test_fraction=0.0,  # with dev_fraction, drawn with config.seed
@@ -207,7 +210,7 @@ def task_config(**overrides: Any) -> ConfigDict:
       format="",
       hf=dict(name="", subset="", cache_dir=""),  # jaxtl.data.hf_datasets.HFSpec
       text_fields=("text",),  # one field, two for pairs; tagging: the words list
-      label_field="label",  # class, score, or (tagging) the list of tags
+      label_field="label",  # class, score, (tagging) tags, (generation) target text(s)
       labels=()), overrides)  # class order; empty: train's labels, sorted
 
 

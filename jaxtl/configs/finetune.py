@@ -17,6 +17,11 @@ your own CSV, TSV, JSON lines or Parquet (``jaxtl.tasks.file_task``):
 backbone (``configs/pretrain_span.py``), ``--config.task.kind=text_to_text``
 turns a classification task into T5's text-to-text form: the decoder learns
 to write the label (``task.label_words``) and predicts the likeliest one.
+``--config.task.kind=generation`` (T5 or GPT-2 backbones) trains the LM to
+write free text (``task.label_field``: the target, or a list of references)
+and scores what it decodes (ROUGE, BLEU, exact match, F1; README, "Generative
+fine-tuning"); ``task=squad`` with it is SQuAD as "question: ... context: ..."
+-> answer, scored by exact match and F1.
 Schemes: full, features (frozen backbone + linear probe),
 scalar_mix (probe on an ELMo mix of all layers), adapters, lora; ULMFiT
 switches: ``--config.adapt.layer_decay=0.8`` (discriminative learning rates)
@@ -64,6 +69,8 @@ def get_config(arg: str | None = None):
   metrics = "" if args.task == "files" else args.task
   c.task.update(name=args.task, kind=kind, metrics=metrics, max_len=max_len,
                 label_words=LABEL_WORDS.get(args.task, ()))
+  if args.task == "squad":  # kind=generation writes them into its input text
+    c.task.text_fields = ("question", "context")
   c.adapt.scheme = args.scheme
   c.optim.lr = 2e-4 if args.scheme == "full" else 1e-3
   c.train.epochs = epochs

@@ -25,7 +25,7 @@ Array = jax.Array
 
 POOLINGS = ("first", "last", "mean", "concat", "pooler")
 TASK_KINDS = ("classification", "regression", "token_classification", "span_qa",
-              "text_to_text")
+              "text_to_text", "generation")
 
 
 def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
@@ -147,7 +147,8 @@ class TaskModel(nn.Module):
   token_classification (one label per token), span_qa (start/end logits),
   text_to_text (T5: the decoder writes the label's name; the output is the
   log-likelihood of each of ``label_tokens``, so the prediction is the
-  likeliest label, i.e. rank classification, and no new parameters exist).
+  likeliest label, i.e. rank classification, and no new parameters exist),
+  generation (T5 or GPT-2 writes free text with its LM; no head).
   For encoder-decoder backbones the encoder's states feed the other heads
   (T5 classification through the encoder). ``scalar_mix`` replaces the last
   hidden state with an ELMo mix of all layers. ``pooling="pooler"`` is
@@ -174,6 +175,9 @@ class TaskModel(nn.Module):
       segment_ids_BT = jnp.ones_like(tokens_BT)
     backbone = build_model(self.config, name=paths.BACKBONE)
     flags = dict(deterministic=deterministic, return_hidden=self.scalar_mix)
+    if self.kind == "generation":
+      return self._next_token_logits(backbone, tokens_BT, segment_ids_BT, positions_BT,
+                                     token_types_BT, deterministic)
     if self.kind == "text_to_text" and self.config.family != "encoder_decoder":
       raise ValueError("text_to_text needs an encoder-decoder (T5) backbone; "
                        f"this one is {self.config.family!r}")
@@ -195,6 +199,28 @@ class TaskModel(nn.Module):
                           self.dropout_rate, name=paths.HEAD)(
                               hidden_BTD, segment_ids_BT,
                               deterministic=deterministic)
+
+
+  def _next_token_logits(self, backbone: nn.Module, tokens_BT: Array,
+                         segment_ids_BT: Array, positions_BT: Array | None,
+                         token_types_BT: Array | None, deterministic: bool) -> Array:
+    """generation: the LM is the whole model (no head). Its training and
+    decoding apply the backbone directly (:mod:`jaxtl.tasks.generation`);
+    this call builds every parameter and gives the first output token's
+    logits [B, V] (T5: after the start token; GPT-2: after the input)."""
+    if self.config.family == "encoder":
+      raise ValueError("generation needs a decoder (GPT-2) or encoder-decoder (T5) "
+                       "backbone; this one is an encoder")
+    if self.config.family == "encoder_decoder":
+      enc_BTD = backbone.encode(tokens_BT, segment_ids_BT, positions_BT,
+                                deterministic=deterministic)[0]
+      start_B1 = jnp.full((tokens_BT.shape[0], 1), self.pad_id, jnp.int32)
+      return backbone.decode(enc_BTD, segment_ids_BT, start_B1,
+                             deterministic=deterministic)[0][:, 0]
+    logits_BTV = backbone(tokens_BT, segment_ids_BT, positions_BT, token_types_BT,
+                          deterministic=deterministic)["logits"]
+    last_B = jnp.maximum((segment_ids_BT > 0).sum(-1) - 1, 0)
+    return jnp.take_along_axis(logits_BTV, last_B[:, None, None], axis=1)[:, 0]
 
 
 class ClassifierHead(nn.Module):

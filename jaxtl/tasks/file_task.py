@@ -28,7 +28,9 @@ from jaxtl.data import row_files
 from jaxtl.tasks.examples import BadRows, Examples
 
 TASK_NAME = "files"  # config.task.name of a task read from the user's files
-KINDS = ("classification", "regression", "token_classification", "text_to_text")
+KINDS = ("classification", "regression", "token_classification", "text_to_text",
+         "generation")
+UNLABELLED = ("regression", "generation")  # targets are scores or texts: no label set
 _INTEGER = re.compile(r"-?\d+")
 
 
@@ -39,9 +41,12 @@ class FileTask:
   Attributes:
     text_fields: The text field, or two for sentence pairs; for tagging, the
       one field holding the list of words.
-    label_field: The class label, score, or (tagging) list of tags.
+    label_field: The class label, score, (tagging) list of tags, or
+      (generation) target text, or a list of reference texts whose first is
+      the training target.
     kind: classification | regression | token_classification |
-      text_to_text (classification labels, written by a T5 decoder).
+      text_to_text (classification labels, written by a T5 decoder) |
+      generation (free output text, written by a T5 or GPT-2).
     format: A ``row_files.READERS`` key; "" takes it from each file's name.
     labels: The label values in class-id order; empty: every label in
       train, sorted. Given, a label outside them is a bad row.
@@ -152,6 +157,15 @@ def _score(task: FileTask, value: Any) -> float | str:
   return score
 
 
+def _references(value: Any) -> tuple[str, ...] | str:
+  """A generation target: a text, or a non-empty list of texts (several
+  references; the first is trained on); or why it is not one."""
+  texts = value if isinstance(value, list) else [value]
+  if texts and all(isinstance(t, str) and t.strip() for t in texts):
+    return tuple(t.strip() for t in texts)
+  return f"target {value!r} is not a non-empty text or list of texts"
+
+
 def _class_ids(raw: Any, ids: dict[str, int]) -> int | list[int] | str:
   """Class (or per-word tag) ids of a raw label, or why it has none."""
   values = raw if isinstance(raw, list) else [raw]
@@ -200,20 +214,22 @@ def read_split(task: FileTask, path: str, labels: Sequence[str] | None = None, *
       bad.bad(where, got)
     else:
       parsed.append((where, *got))
-  regression = task.kind == "regression"
-  if not regression and labels is None:
+  unlabelled = task.kind in UNLABELLED
+  if not unlabelled and labels is None:
     labels = _label_set(task, parsed)
   ids = {key: i for i, key in enumerate(labels or ())}
+  target_of = {"regression": lambda raw: _score(task, raw),
+               "generation": _references}.get(task.kind, lambda raw: _class_ids(raw, ids))
   kept, targets = [], []
   for where, inputs, raw in parsed:
-    target = _score(task, raw) if regression else _class_ids(raw, ids)
+    target = target_of(raw)
     if isinstance(target, str):
       bad.bad(where, target)
     else:
       kept.append((where, inputs))
       targets.append(target)
   return _examples(task, path, kept, targets,
-                   None if regression else tuple(task.label_names or labels), bad)
+                   None if unlabelled else tuple(task.label_names or labels), bad)
 
 
 HF = "hf"  # FileTask.format of a Hugging Face dataset
@@ -248,7 +264,7 @@ def _examples(task: FileTask, path: str, kept: list[tuple[str, list[Any]]],
 
 def train_labels(task: FileTask, train: Examples) -> tuple[str, ...] | None:
   """The label keys dev and test are read against (train's class order)."""
-  if task.kind == "regression":
+  if task.kind in UNLABELLED:
     return None
   return tuple(label_key(v) or str(v) for v in task.labels) or train.label_names
 
@@ -265,7 +281,7 @@ def from_config(task: Any) -> FileTask:
       raise ValueError("task.format=hf needs --config.task.hf.name (a Hub dataset "
                        "such as glue, with task.hf.subset=qnli, or a save_to_disk "
                        "folder)")
-    if not labels and task.kind != "regression":
+    if not labels and task.kind not in UNLABELLED:
       from jaxtl.data import hf_datasets  # pylint: disable=g-import-not-at-top
       labels = hf_datasets.label_names(dict(hf), task.train or "train",
                                        task.label_field) or ()

@@ -56,9 +56,11 @@ SCHEMES: dict[str, tuple[str, ...]] = {
 
 def make_task_loss_fn(model: TaskModel) -> Callable:
   """``loss_fn(params, batch, rng, normalizer=None) -> (loss, sums)`` for a head."""
+  kind = kinds.get(model.kind)
+  if kind.make_loss is not None:  # generation: the LM's own loss
+    return kind.make_loss(model)
   side = input_side(model.config.family)
-
-  loss_sums = kinds.get(model.kind).loss_sums
+  loss_sums = kind.loss_sums
 
   def loss_fn(params, batch, rng, normalizer=None):
     out = model.apply(
@@ -170,7 +172,8 @@ def trim_padding(batch: Mapping[str, np.ndarray], side: str, multiple: int
   used = np.flatnonzero((lengths > 0).any(0))
   keep = min(t, -(-(int(used[-1]) + 1 if used.size else 1) // multiple) * multiple) \
       if multiple else t
-  return {k: v[:, :keep] if v.ndim >= 2 and v.shape[1] == t and not k.startswith("decoder_")
+  other = "encoder_" if side == "decoder" else "decoder_"
+  return {k: v[:, :keep] if v.ndim >= 2 and v.shape[1] == t and not k.startswith(other)
           else v for k, v in batch.items()}
 
 
@@ -205,6 +208,18 @@ def score(task: Any, preds: np.ndarray, feats: task_features.Features,
           examples: Any) -> dict[str, float]:
   """The task's metrics of ``preds`` (see :mod:`jaxtl.tasks.kinds`)."""
   return kinds.get(task.kind).score(task, preds, feats, examples)
+
+
+def model_outputs(model: TaskModel, task: Any, tok: Tokenizer) -> Callable:
+  """``(params, batch) -> output``: the model's apply on its input side, or
+  what the task kind computes instead (generation: the decoded ids)."""
+  kind = kinds.get(model.kind)
+  if kind.forward is not None:
+    return kind.forward(model, task, tok)
+  side = input_side(model.config.family)
+  return lambda p, b: model.apply(
+      {"params": p}, b[f"{side}_input_tokens"], b[f"{side}_segment_ids"],
+      b[f"{side}_positions"], b.get(f"{side}_token_type_ids"))
 
 
 def _predictions(outputs: Callable, task: Any, params: Any, batch: Any) -> Array:
@@ -317,10 +332,8 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   load_pretrained, report = pretrained.params_loader(abstract, init_params,
                                                      config.init_from, dropped)
 
-  outputs = lambda p, b: model.apply(
-      {"params": p}, b[f"{side}_input_tokens"], b[f"{side}_segment_ids"],
-      b[f"{side}_positions"], b.get(f"{side}_token_type_ids"))
-  eval_fn = jax.jit(functools.partial(_predictions, outputs, task))
+  eval_fn = jax.jit(functools.partial(_predictions, model_outputs(model, task, tok),
+                                      task))
 
   def scores(params, split):
     preds = predict(eval_fn, params, feats[split].arrays, bs, mesh, side, multiple,
@@ -329,7 +342,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
 
   work = train.Workload(
       model=model, loss_fn=make_task_loss_fn(model),
-      weight_fn=lambda b: jnp.sum(b["label_weights"]), init_inputs=init_inputs,
+      weight_fn=lambda b: jnp.sum(b[kind.weights]), init_inputs=init_inputs,
       batches=pipeline.BatchIterator(feats["train"].arrays, lambda row, rng: row,
                                      batch_size=bs, seed=config.seed),
       # No dev split: nothing to select on, the last epoch is the model.

@@ -19,6 +19,7 @@ from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models.heads import best_spans, context_only
 from jaxtl.objectives import token_cross_entropy
 from jaxtl.tasks import features as task_features
+from jaxtl.tasks import generation
 from jaxtl.tasks import metrics as task_metrics
 from jaxtl.tasks import span_features
 
@@ -41,15 +42,25 @@ class TaskKind:
     present: ``(task spec, outputs, features, examples) -> one dict per
       example`` in the user's terms (label names, tags per word, answer text).
     too_long: what happens to inputs longer than ``task.max_len``.
+    make_loss: ``TaskModel -> loss_fn``, for a kind whose loss is not a
+      function of the head's output (generation: the LM's teacher-forced
+      loss); None: ``loss_sums`` of the model's output.
+    forward: ``(TaskModel, task, tokenizer) -> (params, batch) -> output``,
+      replacing the model's own apply where outputs are computed
+      (generation: the decoded ids); None: the model's apply.
+    weights: the batch feature whose sum normalises the loss.
   """
   name: str
   encode: Callable[[Any, Tokenizer, Any, str], task_features.Features]
-  loss_sums: Callable[[Array, Batch], dict[str, Array]]
+  loss_sums: Callable[[Array, Batch], dict[str, Array]] | None
   predict: Callable[[Array, Batch, Any], Array]
   score: Callable[[Any, np.ndarray, task_features.Features, Any], dict[str, float]]
   infer: Callable[[Array, Batch, Any], Array]
   present: Callable[[Any, np.ndarray, task_features.Features, Any], list[dict[str, Any]]]
   too_long: str = "truncated"
+  make_loss: Callable[[Any], Callable] | None = None
+  forward: Callable[[Any, Any, Tokenizer], Callable] | None = None
+  weights: str = "label_weights"
 
 
 def _encode_sequences(examples, tok, task, family):
@@ -186,6 +197,10 @@ REGISTRY: dict[str, TaskKind] = {k.name: k for k in (
              _best_spans, _answers, too_long="split into windows"),
     TaskKind("text_to_text", _encode_sequences, _gold_text_likelihood, _argmax,
              _metrics, _probabilities, _labels),
+    TaskKind(generation.KIND, generation.encode, None, _as_is, generation.score,
+             _as_is, generation.present,
+             make_loss=generation.make_loss, forward=generation.forward,
+             weights="decoder_loss_weights"),
 )}
 
 

@@ -26,7 +26,7 @@ from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.models.config import input_side
 from jaxtl.models.heads import TaskModel
-from jaxtl.tasks import finetune, kinds
+from jaxtl.tasks import finetune, generation, kinds
 from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.examples import Examples
 from jaxtl.tasks.squad import SquadExample
@@ -59,14 +59,11 @@ class FineTuned:
   def _run(self) -> tuple[Callable, Any, Any]:
     """(jitted inference, device params, mesh); compiled once per padded shape."""
     mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-    side = input_side(self.config.family)
     infer = kinds.get(self.spec.kind).infer
+    outputs = finetune.model_outputs(self.model, self.spec, self.tokenizer)
 
     def run(params, batch):
-      out = self.model.apply({"params": params}, batch[f"{side}_input_tokens"],
-                             batch[f"{side}_segment_ids"], batch[f"{side}_positions"],
-                             batch.get(f"{side}_token_type_ids"))
-      return infer(out, batch, self.spec)
+      return infer(outputs(params, batch), batch, self.spec)
 
     return jax.jit(run), jax.device_put(self.params, jax.devices()[0]), mesh
 
@@ -77,7 +74,7 @@ class FineTuned:
     Classification: ``{"label", "probabilities"}`` (text_to_text adds the
     ``text`` the decoder writes); regression: ``{"value"}``; tagging:
     ``{"tags"}``, one per word (None for words past ``max_len``); span_qa:
-    ``{"answer"}``. Inputs: texts, ``(text, text_pair)`` pairs for pair
+    ``{"answer"}``; generation: ``{"generated"}``, the text it writes. Inputs: texts, ``(text, text_pair)`` pairs for pair
     tasks, word lists (or whitespace-split texts) for tagging,
     ``(question, context)`` for span_qa, or mappings keyed by
     ``spec.text_fields``.
@@ -140,6 +137,8 @@ def as_examples(spec: task_spec.TaskSpec, inputs: Sequence[Input]) -> Any:
   if spec.kind == "span_qa":
     return [SquadExample(id=str(i), title="", context=c, question=q, answers=())
             for i, (q, c) in enumerate(rows)]
+  if spec.kind == generation.KIND:
+    return generation.unlabelled(spec, rows)
   if spec.kind == "token_classification":
     words = [r[0] for r in rows]
     return Examples(texts=[" ".join(w) for w in words],

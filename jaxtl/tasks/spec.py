@@ -40,7 +40,7 @@ class TaskSpec:
   Attributes:
     name: The task (``trec``, ``sst2``, ...).
     kind: classification | regression | token_classification | span_qa |
-      text_to_text.
+      text_to_text | generation.
     label_names: Class (or tag) names by class id; None for regression and
       span_qa.
     pooling: How the head pools the sequence: first, last, mean, concat or
@@ -57,6 +57,8 @@ class TaskSpec:
     doc_stride: span_qa: tokens between context windows.
     max_answer_tokens: span_qa: the longest answer predicted.
     length_multiple: Batches are cut to their longest row rounded up to this.
+    max_target_len: generation: output tokens (with EOS) trained on and written.
+    num_beams: generation: beam search width (T5; 1: greedy).
   """
   name: str
   kind: str
@@ -73,6 +75,8 @@ class TaskSpec:
   doc_stride: int = 128
   max_answer_tokens: int = 30
   length_multiple: int = 16
+  max_target_len: int = 32
+  num_beams: int = 1
 
   @property
   def is_pair(self) -> bool:
@@ -104,15 +108,21 @@ def from_config(config: Any, family: str, label_names: tuple[str, ...] | None,
   if task.kind not in TASK_KINDS:
     raise ValueError(f"unknown task kind {task.kind!r} (config.task.kind); "
                      f"known: {', '.join(TASK_KINDS)}")
-  if task.kind == "text_to_text" and scheme in ("features", "scalar_mix"):
+  if task.kind in ("text_to_text", "generation") and scheme in ("features", "scalar_mix"):
     raise ValueError(f"config.adapt.scheme={scheme!r} trains only a "
-                     "classifier head, and text_to_text has none (the LM writes "
-                     "the label): use full, adapters or lora")
+                     f"classifier head, and {task.kind} has none (the LM writes "
+                     "the text): use full, adapters or lora")
+  if task.kind == "generation" and task.num_beams > 1 and family != "encoder_decoder":
+    raise ValueError(f"config.task.num_beams={task.num_beams}: beam search is for "
+                     "encoder-decoder (T5) models; a decoder-only one decodes greedily")
   if task.pooling and task.pooling not in POOLINGS:
     raise ValueError(f"config.task.pooling={task.pooling!r}; known: "
                      f"{', '.join(POOLINGS)} (or empty: the backbone's default)")
   words = label_words(task, label_names) if task.kind == "text_to_text" else None
-  fields = _FIELDS.get(task.kind) or _FIELDS["pair" if pair else "single"]
+  if task.kind == "generation":  # the user's names: they prefix the input text
+    fields = tuple(task.text_fields)
+  else:
+    fields = _FIELDS.get(task.kind) or _FIELDS["pair" if pair else "single"]
   return TaskSpec(
       name=task.name, kind=task.kind,
       label_names=tuple(label_names) if label_names else None,
@@ -121,7 +131,8 @@ def from_config(config: Any, family: str, label_names: tuple[str, ...] | None,
       text_fields=fields, head_dropout=task.head_dropout, scheme=scheme,
       metrics=task.metrics, doc_stride=task.doc_stride,
       max_answer_tokens=task.max_answer_tokens,
-      length_multiple=config.train.length_multiple)
+      length_multiple=config.train.length_multiple,
+      max_target_len=task.max_target_len, num_beams=task.num_beams)
 
 
 def task_model(cfg: TransformerConfig, spec: TaskSpec, tok: Tokenizer) -> TaskModel:
