@@ -46,6 +46,9 @@ class Family:
       (GPT-2's bias-free ``score``); it must keep the class's outputs equal.
     head_shapes: ``config -> {path: shape}`` of head parameters beyond the
       pooler and classifier (ELECTRA's ``head/discriminator_head``).
+    exported_unasked: Whether an export may pick this family by itself
+      (RoBERTa: no; a jaxtl encoder is BERT-like unless RoBERTa is asked for,
+      since RoBERTa's checkpoints pair with its own byte-level tokenizer).
   """
   model_type: str
   family: str
@@ -58,6 +61,7 @@ class Family:
   architectures: dict[str, tuple[str, ...]]
   prefixes: dict[str, str] = dataclasses.field(default_factory=dict)
   tied: dict[str, str] = dataclasses.field(default_factory=dict)
+  exported_unasked: bool = True
   ignored: tuple[str, ...] = ()
   tasks: dict[str, str] = dataclasses.field(default_factory=dict)
   sequence_pooling: tuple[str, str] = ("", "")

@@ -230,7 +230,8 @@ def export_family(config: TransformerConfig, model_type: str | None = None,
   """The Hugging Face family ``config`` exports as.
 
   ``model_type``'s when given; else the family of the class asked for; else,
-  among its jaxtl family's (in :data:`FAMILIES` order) those whose class
+  among its jaxtl family's (in :data:`FAMILIES` order, leaving out those
+  exported only when asked for: RoBERTa) those whose class
   computes what ``config`` does, the one whose rules place the most complete
   groups of ``flat`` (the parameters to write), the first on a tie. An
   error names what differs from each when none computes the same.
@@ -246,6 +247,7 @@ def export_family(config: TransformerConfig, model_type: str | None = None,
   asked = [f for f in candidates if architecture in f.architectures]
   if asked:
     return asked[0]
+  candidates = [f for f in candidates if f.exported_unasked]
   problems = {f.model_type: _differences(f, config) for f in candidates}
   fitting = [f for f in candidates if not problems[f.model_type]]
   if not fitting:

@@ -65,7 +65,8 @@ def rules(cfg: TransformerConfig) -> list[R.Rule]:
 
 
 FAMILY = Family(
-    model_type="roberta", family="encoder", config_from_hf=config_from_hf,
+    model_type="roberta", family="encoder", exported_unasked=False,
+    config_from_hf=config_from_hf,
     config_to_hf=config_to_hf, rules=rules, base_prefix="roberta.",
     base_architecture="RobertaModel", base_groups=("base", "pooler"),
     # The sequence classifier first: with a pooler and an output layer, a
