@@ -427,9 +427,9 @@ def test_an_encoder_decoder_exports_as_t5_or_bart_by_its_architecture():
   from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top
   preset = lambda name, **kw: TransformerConfig.from_mapping(
       {**models.get_model_config(name), "vocab_size": 128, **kw})
-  assert hf.family_of(preset("t5_tiny")).model_type == "t5"
-  assert hf.family_of(preset("bart_base")).model_type == "bart"
+  assert hf.export_family(preset("t5_tiny")).model_type == "t5"
+  assert hf.export_family(preset("bart_base")).model_type == "bart"
   assert hf.hf_config(preset("bart_tiny"))["max_position_embeddings"] == 512
   with pytest.raises(ValueError, match=r"no Hugging Face t5 equivalent: .*position="
                                        r".*nor bart equivalent: pre_norm=True"):
-    hf.family_of(preset("bart_tiny", pre_norm=True))
+    hf.export_family(preset("bart_tiny", pre_norm=True))

@@ -218,7 +218,10 @@ def _unscan(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def _differences(family: Family, cfg: TransformerConfig) -> list[str]:
   """The architecture fields ``family``'s HF class cannot give ``cfg``."""
-  back = family.config_from_hf(family.config_to_hf(cfg))
+  try:
+    back = family.config_from_hf(family.config_to_hf(cfg))
+  except ValueError as e:  # HF's config cannot even hold it (T5 heads in BART's)
+    return [str(e)]
   return [f"{f}={getattr(cfg, f)!r} (a {family.model_type} model has "
           f"{getattr(back, f)!r})" for f in _ARCH_FIELDS
           if getattr(cfg, f) != getattr(back, f)]
