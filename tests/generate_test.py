@@ -17,6 +17,10 @@ T5 = TransformerConfig(family="encoder_decoder", vocab_size=61, d_model=32, num_
                        position="relative", norm="rmsnorm", use_bias=False,
                        scale_attention=False, dropout_rate=0.0, relative_buckets=8,
                        relative_max_distance=16)
+# BART's layers: learned positions per stack, post-LN, an embedding norm.
+BART = T5.replace(position="learned", norm="layernorm", norm_eps=1e-5, use_bias=True,
+                  scale_attention=True, pre_norm=False, embed_norm=True,
+                  lm_head_bias=True)
 
 
 def _params(cfg, seed=0):
@@ -51,8 +55,8 @@ def _naive_greedy(cfg, params, tokens, n, eos=None, pad=0):
 
 
 @pytest.mark.parametrize("cfg", [DECODER, T5, DECODER.replace(scan_layers=True),
-                                 T5.replace(scan_layers=True)],
-                         ids=["decoder", "t5", "decoder_scan", "t5_scan"])
+                                 T5.replace(scan_layers=True), BART],
+                         ids=["decoder", "t5", "decoder_scan", "t5_scan", "bart"])
 def test_cached_greedy_equals_recomputing_the_prefix(cfg):
   params = _params(cfg)
   tokens = np.random.RandomState(0).randint(2, 61, (3, 5))

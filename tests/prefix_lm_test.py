@@ -59,8 +59,9 @@ def test_prefix_attends_both_ways_and_the_continuation_stays_causal():
   rows = jnp.concatenate([tokens, tokens.at[0, 3].set(40), tokens.at[0, 6].set(40),
                           tokens, tokens.at[0, 3].set(40)])
   prefixes = jnp.stack([prefix] * 3 + [jnp.zeros_like(prefix)] * 2)
-  base, changed, later, causal, causal_changed = np.asarray(model.apply(
-      {"params": params}, rows, prefix_BT=prefixes, lm_head=False)["last_hidden"])
+  apply = jax.jit(lambda r, p: model.apply({"params": params}, r, prefix_BT=p,
+                                           lm_head=False)["last_hidden"])
+  base, changed, later, causal, causal_changed = np.asarray(apply(rows, prefixes))
   # A later prefix token changes earlier prefix outputs ...
   assert np.abs(changed[0] - base[0]).max() > 1e-4
   # ... but not in a plain causal LM.
