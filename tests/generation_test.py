@@ -16,7 +16,7 @@ from jaxtl import predict as predict_lib
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.models import TransformerConfig, build_model, paths
 from jaxtl.models.heads import TaskModel
-from jaxtl.tasks import finetune, generation, generation_metrics, kinds
+from jaxtl.tasks import file_task, finetune, generation, generation_metrics, kinds
 from jaxtl.tasks.examples import Examples
 from jaxtl.train import sharding
 
@@ -223,3 +223,16 @@ def test_generation_refuses_what_cannot_write_text(tok):
   with pytest.raises(ValueError, match="beam search"):
     generate_lib.generate(cfg, None, np.ones((1, 2), np.int32),
                           gen=generate_lib.GenerationConfig(num_beams=2))
+
+
+def test_file_targets_are_texts_or_reference_lists_and_bad_ones_name_their_line(tmp_path):
+  path = tmp_path / "train.jsonl"
+  rows = [{"doc": "a b", "summary": "a"}, {"doc": "c d", "summary": ["c", "d c"]},
+          {"doc": "e f", "summary": 3}, {"doc": "g h", "summary": [" "]}]
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  spec = file_task.FileTask(("doc",), "summary", kind="generation")
+  with pytest.raises(ValueError, match=f"{path}:3: target 3 is not a non-empty text"):
+    file_task.read_split(spec, str(path))
+  ex = file_task.read_split(spec, str(path), on_error="skip")
+  assert ex.labels == [("a",), ("c", "d c")] and ex.label_names is None
+  assert ex.skipped == 2 and file_task.train_labels(spec, ex) is None
