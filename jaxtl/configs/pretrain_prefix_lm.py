@@ -27,12 +27,7 @@ def get_config(arg: str | None = None):
   c = common.pretrain_config(args.model)
   c.objective.name = ("prefix_lm_encdec" if c.model.family == "encoder_decoder"
                       else "prefix_lm")
-  wiki = lambda name: "{data_dir}/wikitext2/" + name
-  c.data.source.update(kind="text")
-  c.data.source.files = dict(train=[wiki("test.txt")],
-                             validation=[wiki("valid.txt")])
-  c.data.tokenizer.update(vocab_size=4000, model_type="unigram")
-  c.data.seq_len = 128
+  common.use_wikitext2(c)
   c.data.batch_size = 16
   c.optim.update(lr=1e-3, warmup_steps=40)
   c.train.update(steps=300, log_every=50, eval_every=150, eval_batches=16,

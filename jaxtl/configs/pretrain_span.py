@@ -27,12 +27,7 @@ def get_config(arg: str | None = None):
   args = common.parse_arg(arg, model="t5_tiny")
   c = common.pretrain_config(args.model)
   c.objective.name = "span"
-  wiki = lambda name: "{data_dir}/wikitext2/" + name
-  c.data.source.update(kind="text")
-  c.data.source.files = dict(train=[wiki("test.txt")],
-                             validation=[wiki("valid.txt")])
-  c.data.tokenizer.update(vocab_size=4000, model_type="unigram")
-  c.data.seq_len = 128
+  common.use_wikitext2(c)
   c.data.batch_size = 32
   c.optim.update(lr=2e-3, warmup_steps=100)
   c.train.update(steps=800, log_every=50, eval_every=200, eval_batches=0,
