@@ -62,8 +62,11 @@ def test_every_recipe_and_preset_builds(recipe, preset):
 
 @pytest.mark.parametrize("objective", sorted(objectives.REGISTRY))
 def test_every_objective_has_a_recipe_whose_model_it_fits(objective):
-  recipe = {"clm": "pretrain_clm", "span": "pretrain_span"}.get(objective, "pretrain_mlm")
-  arg = f"objective={objective}" if recipe == "pretrain_mlm" else None
+  recipe, arg = {"clm": ("pretrain_clm", None), "span": ("pretrain_span", None),
+                 "electra": ("pretrain_electra", None), "bart": ("pretrain_bart", None),
+                 "prefix_lm": ("pretrain_prefix_lm", None),
+                 "prefix_lm_encdec": ("pretrain_prefix_lm", "model=t5_tiny"),
+                 }.get(objective, ("pretrain_mlm", f"objective={objective}"))
   config = importlib.import_module(f"jaxtl.configs.{recipe}").get_config(arg)
   assert config.objective.name == objective
   model_cfg = train.model_config_from(config, vocab_size=1000)

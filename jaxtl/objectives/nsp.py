@@ -59,6 +59,6 @@ def _prepare(task: str):
 
 
 NSP = Objective("mlm_nsp", "encoder", _prepare("nsp"),
-                "masked LM + next-sentence prediction (BERT)", MODEL_NEEDS)
+                "masked LM + next-sentence prediction (BERT)", model_needs=MODEL_NEEDS)
 SOP = Objective("mlm_sop", "encoder", _prepare("sop"),
-                "masked LM + sentence-order prediction (ALBERT)", MODEL_NEEDS)
+                "masked LM + sentence-order prediction (ALBERT)", model_needs=MODEL_NEEDS)
