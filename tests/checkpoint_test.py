@@ -219,13 +219,13 @@ def test_too_little_free_space_for_one_checkpoint_fails_before_training(tmp_path
 def test_a_killed_electra_run_resumes_exactly_and_transfers_its_discriminator(tmp_path):
   """ELECTRA's generator samples on the device from the step's RNG: a
   resumed run must draw the same replacements, so its losses match."""
-  steps = 40
+  steps = 24
   config_file = runs.tiny_clm_config(tmp_path, f"""
       c.data.update(seq_len=16, batch_size=8)
       c.model.update(num_layers=1, d_model=32, num_heads=2, head_dim=16,
                      mlp_dim=64, dropout_rate=0.1)
       c.optim.warmup_steps = 5
-      c.train.update(steps={steps}, log_every=1, eval_every=20, eval_batches=2,
+      c.train.update(steps={steps}, log_every=1, eval_every=12, eval_batches=2,
                      checkpoint_every=5, keep_checkpoints=2)
   """, lines=1000, recipe="pretrain_electra")
   ref_dir, dir_ = str(tmp_path / "ref"), str(tmp_path / "killed")

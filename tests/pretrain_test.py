@@ -129,7 +129,7 @@ def _tiny_denoising_config(tmp, recipe, arg):
                       num_decoder_layers=1)
   config.optim.warmup_steps = 2
   config.train.update(steps=4, log_every=1, eval_every=4, eval_batches=1,
-                      checkpoint_every=1, keep_checkpoints=4)
+                      checkpoint_every=2, keep_checkpoints=4)
   return config
 
 
@@ -163,7 +163,7 @@ def _sentence_pair_config(objective):
   config.model.update(sentence_classes=2)
   config.optim.update(warmup_steps=2)
   config.train.update(steps=4, log_every=1, eval_every=4, eval_batches=1,
-                      checkpoint_every=1, keep_checkpoints=4)
+                      checkpoint_every=2, keep_checkpoints=4)
   return config
 
 
