@@ -152,9 +152,20 @@ def _tmpfs(path, size):
       ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
       capture_output=True).returncode:
     pytest.skip("cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN)")
+  def remount(options):
+    # A remount to read-only fails ("busy") while a save holds files open
+    # for writing there; the run's next moment between saves lets it in.
+    deadline = time.monotonic() + 30
+    while True:
+      done = subprocess.run(["mount", "-o", f"remount,{options}", str(path)],
+                            capture_output=True, text=True)
+      if not done.returncode:
+        return
+      assert "busy" in done.stderr and time.monotonic() < deadline, done.stderr
+      time.sleep(0.02)
+
   try:
-    yield lambda options: subprocess.run(["mount", "-o", f"remount,{options}", str(path)],
-                                         check=True)
+    yield remount
   finally:
     subprocess.run(["umount", "-l", str(path)], check=False)
 
