@@ -8,7 +8,7 @@ import pytest
 from flax import traverse_util
 
 from jaxtl.models import TransformerConfig, build_model
-from jaxtl.models import layers
+from jaxtl.models import layers, masks
 
 TINY = dict(vocab_size=97, d_model=32, num_heads=4, head_dim=8, mlp_dim=64,
             num_layers=2, max_len=32, dropout_rate=0.0)
@@ -209,8 +209,8 @@ def test_dropout_mask_is_the_same_however_it_is_sharded():
 
 def test_relative_position_buckets():
   rel = jnp.arange(-200, 201)
-  bi = layers.relative_position_buckets(rel, True, 32, 128)
-  uni = layers.relative_position_buckets(rel, False, 32, 128)
+  bi = masks.relative_position_buckets(rel, True, 32, 128)
+  uni = masks.relative_position_buckets(rel, False, 32, 128)
   assert int(bi[200]) == 0 and int(uni[200]) == 0  # distance 0
   assert bi.max() < 32 and uni.max() < 32 and bi.min() >= 0
   assert np.all(np.asarray(uni[201:]) == 0)  # future keys share bucket 0

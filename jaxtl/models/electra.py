@@ -21,6 +21,8 @@ Hugging Face's ``ElectraForMaskedLM`` with ``embedding_size`` E does.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 import flax.linen as nn
@@ -57,10 +59,7 @@ class DiscriminatorHead(nn.Module):
   @nn.compact
   def __call__(self, x_BTD: Array) -> Array:
     cfg = self.config
-    dense = lambda n, axes, name, dtype: nn.Dense(
-        n, dtype=dtype, param_dtype=cfg.jnp_param_dtype,
-        kernel_init=layers.normal_init(cfg.init_std, axes),
-        bias_init=layers.zeros_init(axes[1:]), name=name)
+    dense = functools.partial(layers.dense, cfg)
     h_BTD = dense(cfg.d_model, ("embed", "mlp"), paths.TRANSFORM, cfg.jnp_dtype)(x_BTD)
     h_BTD = layers.activation_fn(cfg.activation)(h_BTD)
     return dense(1, ("mlp", "labels"), paths.LOGITS, jnp.float32)(h_BTD)[..., 0]

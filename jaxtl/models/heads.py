@@ -241,15 +241,11 @@ class ClassifierHead(nn.Module):
     if self.kind in ("classification", "regression"):
       x = pool(x, segment_ids_BT, "first" if self.pooling == "pooler" else self.pooling)
       if self.pooling == "pooler":
-        x = jnp.tanh(nn.Dense(cfg.d_model, dtype=cfg.jnp_dtype,
-                              param_dtype=cfg.jnp_param_dtype,
-                              kernel_init=layers.normal_init(cfg.init_std, ("embed", "mlp")),
-                              bias_init=layers.zeros_init(("mlp",)),
-                              name=paths.POOLER)(x))
+        x = jnp.tanh(layers.dense(cfg, cfg.d_model, ("embed", "mlp"), paths.POOLER,
+                                  cfg.jnp_dtype)(x))
     x = layers.Dropout(self.dropout_rate)(x, deterministic=deterministic)
-    logits = nn.Dense(outputs, dtype=jnp.float32, param_dtype=cfg.jnp_param_dtype,
-                      kernel_init=layers.normal_init(cfg.init_std, ("embed", "labels")),
-                      bias_init=layers.zeros_init(("labels",)), name=paths.HEAD_OUT)(x)
+    logits = layers.dense(cfg, outputs, ("embed", "labels"), paths.HEAD_OUT,
+                          jnp.float32)(x)
     if self.kind == "regression":
       return logits[..., 0]
     return logits  # [B, C], [B, T, C], or [B, T, 2] (start, end) for span_qa

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxtl.models import layers, paths
+from jaxtl.models import layers, masks, paths
 from jaxtl.models.config import TransformerConfig
 
 Array = jax.Array
@@ -148,7 +148,7 @@ class Stack(nn.Module):
       if positions_BT is None:
         positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]),
                                         tokens_BT.shape)
-      mask_B1TT = layers.attention_mask(segment_ids_BT, segment_ids_BT,
+      mask_B1TT = masks.attention_mask(segment_ids_BT, segment_ids_BT,
                                         self.causal, positions_BT, positions_BT,
                                         prefix_BT)
       kv_positions_BS = positions_BT
@@ -158,12 +158,12 @@ class Stack(nn.Module):
     embedded_BTD = x_BTD
     bias_BHTT = None
     if cfg.position == "relative":
-      bias_BHTT = layers.RelativePositionBias(
+      bias_BHTT = masks.RelativePositionBias(
           cfg, bidirectional=not self.causal, name=paths.RELATIVE_BIAS)(
               positions_BT if not decode else q_slots_BT, kv_positions_BS)
     enc_mask_B1TS = None
     if self.cross_attention:
-      enc_mask_B1TS = layers.attention_mask(segment_ids_BT, enc_segment_ids_BS)
+      enc_mask_B1TS = masks.attention_mask(segment_ids_BT, enc_segment_ids_BS)
 
     block = TransformerBlock
     if cfg.remat != "none":
@@ -221,10 +221,7 @@ class SentenceHead(nn.Module):
   @nn.compact
   def __call__(self, hidden_BTD: Array) -> Array:
     cfg = self.config
-    dense = lambda n, axes, name, dtype: nn.Dense(
-        n, dtype=dtype, param_dtype=cfg.jnp_param_dtype,
-        kernel_init=layers.normal_init(cfg.init_std, axes),
-        bias_init=layers.zeros_init(axes[1:]), name=name)
+    dense = functools.partial(layers.dense, cfg)
     pooled_BD = jnp.tanh(dense(cfg.d_model, ("embed", "mlp"), paths.POOLER,
                                cfg.jnp_dtype)(hidden_BTD[:, 0]))
     return dense(cfg.sentence_classes, ("mlp", "labels"), paths.HEAD_OUT,
