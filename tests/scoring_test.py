@@ -8,17 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from generate_test import DECODER, T5  # the same tiny models the generator's tests use
 from jaxtl.eval import scoring
-from jaxtl.models import TransformerConfig, build_model
-
-DECODER = TransformerConfig(family="decoder", vocab_size=61, d_model=32, num_heads=4,
-                            head_dim=8, mlp_dim=64, num_layers=2, max_len=64,
-                            dropout_rate=0.0)
-T5 = TransformerConfig(family="encoder_decoder", vocab_size=61, d_model=32, num_heads=4,
-                       head_dim=8, mlp_dim=64, num_layers=2, max_len=64,
-                       position="relative", norm="rmsnorm", use_bias=False,
-                       scale_attention=False, dropout_rate=0.0, relative_buckets=8,
-                       relative_max_distance=16)
+from jaxtl.models import build_model
 
 
 def _params(cfg):
