@@ -348,9 +348,9 @@ def _define_flags() -> None:
 
 
 if __name__ == "__main__":
-  from jaxtl import console, hugepages  # pylint: disable=g-import-not-at-top
+  from jaxtl import console, startup  # pylint: disable=g-import-not-at-top
   console.quiet_libraries(sys.argv)
-  hugepages.restart_with_huge_pages()
+  startup.tune_process()
   from absl import app  # pylint: disable=g-import-not-at-top
   _define_flags()
   app.run(main)

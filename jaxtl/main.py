@@ -22,7 +22,7 @@ from typing import Any
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxtl import cli, console, hugepages
+from jaxtl import cli, console, startup
 from jaxtl.data import network
 
 FLAGS = flags.FLAGS
@@ -139,6 +139,6 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
   console.quiet_libraries(sys.argv)
-  hugepages.restart_with_huge_pages()
+  startup.tune_process()
   sys.argv = cli.with_recipe_paths(sys.argv)
   app.run(main, flags_parser=parse_flags)

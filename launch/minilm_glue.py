@@ -16,7 +16,7 @@ import os
 
 from absl import app, flags
 
-from jaxtl import hugepages
+from jaxtl import startup
 
 flags.DEFINE_string("workdir", "/tmp/minilm_glue", "Output folder.")
 flags.DEFINE_list("tasks", ["sst2", "cola", "mrpc", "rte", "stsb"], "GLUE tasks.")
@@ -56,5 +56,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  hugepages.restart_with_huge_pages()
+  startup.tune_process()
   app.run(main)

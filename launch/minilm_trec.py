@@ -27,7 +27,7 @@ from typing import Any
 
 from absl import app, flags
 
-from jaxtl import hugepages
+from jaxtl import startup
 
 flags.DEFINE_string("workdir", "/tmp/minilm_trec", "Output folder.")
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (data order, dropout, head).")
@@ -154,5 +154,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  hugepages.restart_with_huge_pages()
+  startup.tune_process()
   app.run(main)

@@ -187,9 +187,9 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-  from jaxtl import console, hugepages  # pylint: disable=g-import-not-at-top
+  from jaxtl import console, startup  # pylint: disable=g-import-not-at-top
   console.quiet_libraries(sys.argv)
-  hugepages.restart_with_huge_pages()
+  startup.tune_process()
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string("init_from", None, "A jaxtl pretraining workdir or a Hugging Face folder.")
   flags.DEFINE_string("task", "trec", "probe: trec, sst2, cola, mrpc, rte, imdb or pos.")

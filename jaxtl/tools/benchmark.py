@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import jax
 
-from jaxtl import hugepages, objectives, train
+from jaxtl import hugepages, objectives, startup, train, xla_cpu
 from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.tools.presets import (PRESETS, Measurement, Preset, init_inputs, jaxtl_step,
                                  make_batch, max_predictions, model_config,
@@ -177,7 +177,8 @@ def environment() -> str:
   import flax  # pylint: disable=g-import-not-at-top
   device = jax.devices()[0]
   kind = device.device_kind if device.platform != "cpu" else (
-      f"CPU ({os.cpu_count()} cores, {perf.cpu_model()}; {hugepages.describe()})")
+      f"CPU ({os.cpu_count()} cores, {perf.cpu_model()}; {hugepages.describe()}; "
+      f"{xla_cpu.describe()})")
   versions = [f"jax {jax.__version__}", f"flax {flax.__version__}"]
   try:
     import torch  # pylint: disable=g-import-not-at-top
@@ -328,7 +329,7 @@ def _define_flags() -> None:
 if __name__ == "__main__":
   from jaxtl import console  # pylint: disable=g-import-not-at-top
   console.quiet_libraries(sys.argv)
-  hugepages.restart_with_huge_pages()
+  startup.tune_process()
   from absl import app  # pylint: disable=g-import-not-at-top
   # Growing, not preallocating, device memory leaves PyTorch room on the GPU.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

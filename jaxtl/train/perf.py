@@ -16,6 +16,7 @@ from typing import Any
 import jax
 from flax import traverse_util
 
+from jaxtl import xla_cpu
 from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
 
@@ -37,7 +38,7 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
 CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
 
 
-def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+def cpu_model(cpuinfo: str = xla_cpu.CPUINFO) -> str:
   """The CPU as results should name it: model name, vendor and the matmul
   ISA extensions present, e.g. ``AMD EPYC (AuthenticAMD; avx2 avx512f)``.
 
@@ -45,18 +46,12 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
   Intel CPUs, so every CPU figure carries this.
   """
   import platform  # pylint: disable=g-import-not-at-top
-  fields: dict[str, str] = {}
-  try:
-    with open(cpuinfo) as f:
-      for line in f:
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-  except OSError:
+  cpu = xla_cpu.read_cpu(cpuinfo)
+  if cpu is None:
     return platform.processor() or platform.machine()
-  flags = set(fields.get("flags", "").split())
-  present = " ".join(x for x in CPU_FEATURES if x in flags) or "none of " + "/".join(CPU_FEATURES)
-  name = fields.get("model name", platform.machine())
-  return f"{name} ({fields.get('vendor_id', 'unknown vendor')}; {present})"
+  present = (" ".join(x for x in CPU_FEATURES if x in cpu.flags)
+             or "none of " + "/".join(CPU_FEATURES))
+  return f"{cpu.name or platform.machine()} ({cpu.vendor or 'unknown vendor'}; {present})"
 
 
 def peak_flops_per_device(device: jax.Device | None = None,

@@ -1,0 +1,101 @@
+"""XLA:CPU flags chosen by the CPU a process starts on.
+
+The same XLA:CPU build is fastest with different matmul back ends on
+different CPUs. On the AMD EPYC this project measures on, XLA's default
+YNNPACK matmuls are 1.7-2x as fast as PyTorch's; on an Intel Xeon with AMX
+(Sapphire Rapids) they took 1.50 s of a 2.23 s MiniLM step, and turning
+YNNPACK's fusions off for oneDNN's matmuls (which use AMX) took the step
+from 1.93-2.00 s to about 1.67 s (issue 19). So an entry point picks the
+flags for the CPU it finds (:func:`apply`, called by
+:func:`jaxtl.startup.tune_process` before JAX starts its CPU client, which
+reads ``XLA_FLAGS`` once). The README's Performance section has the
+measurements behind each rule.
+
+A user's own ``XLA_FLAGS`` naming any of these flags wins, and
+``JAXTL_CPU_FLAGS=0`` turns the choice off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping, MutableMapping
+
+CPUINFO = "/proc/cpuinfo"
+
+
+@dataclasses.dataclass(frozen=True)
+class Cpu:
+  """What /proc/cpuinfo says about the first core."""
+  name: str
+  vendor: str
+  flags: frozenset[str]
+
+
+def read_cpu(cpuinfo: str = CPUINFO) -> Cpu | None:
+  """The first core's model name, vendor and ISA flags; None where
+  /proc/cpuinfo cannot be read (not Linux)."""
+  fields: dict[str, str] = {}
+  try:
+    with open(cpuinfo) as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+  except OSError:
+    return None
+  return Cpu(fields.get("model name", ""), fields.get("vendor_id", ""),
+             frozenset(fields.get("flags", "").split()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """Flags for the CPUs a rule matches, and the measurement that chose them."""
+  vendor: str
+  needs: frozenset[str]  # ISA flags the CPU must have
+  flags: tuple[str, ...]
+  why: str
+
+  def matches(self, cpu: Cpu) -> bool:
+    return cpu.vendor == self.vendor and self.needs <= cpu.flags
+
+
+RULES = (
+    Rule("GenuineIntel", frozenset({"amx_tile"}),
+         ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_ynn_fusion_type="),
+         "oneDNN's AMX matmuls instead of YNNPACK's: MiniLM step 1.93-2.00 s -> "
+         "about 1.67 s on a 2-core Sapphire Rapids"),
+)
+
+
+def _flag_name(flag: str) -> str:
+  return flag.split("=", 1)[0]
+
+
+def flags_for(cpu: Cpu | None, environ: Mapping[str, str]) -> tuple[str, ...]:
+  """The flags to add to ``XLA_FLAGS`` for ``cpu``: none when opted out
+  (``JAXTL_CPU_FLAGS=0``), when no rule matches, or for any flag the user's
+  ``XLA_FLAGS`` already names."""
+  if cpu is None or environ.get("JAXTL_CPU_FLAGS") == "0":
+    return ()
+  user = {_flag_name(f) for f in environ.get("XLA_FLAGS", "").split()}
+  return tuple(flag for rule in RULES if rule.matches(cpu)
+               for flag in rule.flags if _flag_name(flag) not in user)
+
+
+def apply(environ: MutableMapping[str, str] = os.environ,
+          cpuinfo: str = CPUINFO) -> tuple[str, ...]:
+  """Adds this CPU's flags to ``environ["XLA_FLAGS"]``; returns them.
+
+  Must run before JAX creates its CPU client (first use of a device), and
+  is inherited by a restarted or child process.
+  """
+  added = flags_for(read_cpu(cpuinfo), environ)
+  if added:
+    environ["XLA_FLAGS"] = " ".join(filter(None, [environ.get("XLA_FLAGS", ""), *added]))
+  return added
+
+
+def describe(environ: Mapping[str, str] = os.environ) -> str:
+  """This process's XLA:CPU flags, for benchmark headings."""
+  chosen = [f for f in environ.get("XLA_FLAGS", "").split() if f.startswith("--xla_cpu")]
+  return "XLA:CPU flags: " + (" ".join(chosen) if chosen else "default")

@@ -1,0 +1,51 @@
+"""XLA:CPU flags chosen by CPU: which CPUs get them, and that the user's win."""
+
+import os
+import subprocess
+import sys
+
+from jaxtl import xla_cpu
+
+INTEL_AMX = xla_cpu.Cpu("Intel(R) Xeon(R) Platinum 8481C", "GenuineIntel",
+                        frozenset({"avx2", "avx512f", "amx_tile"}))
+INTEL_OLD = xla_cpu.Cpu("Intel(R) Xeon(R) CPU @ 2.20GHz", "GenuineIntel",
+                        frozenset({"avx2", "avx512f"}))
+AMD = xla_cpu.Cpu("AMD EPYC 9B14", "AuthenticAMD", frozenset({"avx2", "avx512f"}))
+ONEDNN = ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_ynn_fusion_type=")
+
+
+def test_only_intel_with_amx_gets_onednn():
+  assert xla_cpu.flags_for(INTEL_AMX, {}) == ONEDNN
+  # Measured only there: no rule for other CPUs (nor without /proc/cpuinfo).
+  for cpu in (INTEL_OLD, AMD, None):
+    assert xla_cpu.flags_for(cpu, {}) == ()
+
+
+def test_the_users_flags_and_opt_out_win():
+  assert xla_cpu.flags_for(INTEL_AMX, {"JAXTL_CPU_FLAGS": "0"}) == ()
+  mine = {"XLA_FLAGS": "--xla_cpu_use_onednn=false --xla_force_host_platform_device_count=8"}
+  assert xla_cpu.flags_for(INTEL_AMX, mine) == ONEDNN[1:]
+  environ = dict(mine)
+  added = xla_cpu.apply(environ, cpuinfo=os.devnull)  # no fields: no rule matches
+  assert added == () and environ == mine
+
+
+def test_apply_appends_to_xla_flags(tmp_path):
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\n"
+                     "model name\t: Intel(R) Xeon(R) Platinum 8481C\n"
+                     "flags\t\t: fpu avx2 avx512f amx_tile amx_bf16\n\n"
+                     "processor\t: 1\nvendor_id\t: GenuineIntel\n")
+  environ = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  assert xla_cpu.apply(environ, str(cpuinfo)) == ONEDNN
+  assert environ["XLA_FLAGS"].split() == ["--xla_force_host_platform_device_count=8", *ONEDNN]
+  assert xla_cpu.describe(environ) == "XLA:CPU flags: " + " ".join(ONEDNN)
+  assert xla_cpu.describe({}) == "XLA:CPU flags: default"
+
+
+def test_the_chosen_flags_are_flags_this_xla_knows():
+  # XLA aborts on an unknown flag at start-up; a renamed flag must fail here.
+  env = {**os.environ, "XLA_FLAGS": " ".join(ONEDNN), "JAX_PLATFORMS": "cpu"}
+  code = "import jax, jax.numpy as jnp; print(float(jax.jit(lambda a: a @ a)(jnp.ones((4, 4))).sum()))"
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+  assert out.returncode == 0 and out.stdout.split()[-1] == "64.0", out.stderr[-2000:]
