@@ -52,7 +52,8 @@ AUTO = {"BertForSequenceClassification": "AutoModelForSequenceClassification",
         "RobertaForTokenClassification": "AutoModelForTokenClassification",
         "DistilBertForTokenClassification": "AutoModelForTokenClassification",
         "DistilBertForQuestionAnswering": "AutoModelForQuestionAnswering",
-        "T5ForConditionalGeneration": "AutoModelForSeq2SeqLM"}
+        "T5ForConditionalGeneration": "AutoModelForSeq2SeqLM",
+        "GPT2LMHeadModel": "AutoModelForCausalLM"}
 
 
 def _spec(kind, pooling="", labels=None, scalar_mix=False):
@@ -177,6 +178,27 @@ def test_t5_text_to_text_is_its_lm(tmp_path):
   np.testing.assert_allclose(ours, theirs, atol=TOL)
 
 
+@pytest.mark.parametrize("family,arch", [("t5", "T5ForConditionalGeneration"),
+                                         ("gpt2", "GPT2LMHeadModel")])
+def test_a_generation_model_is_exported_as_its_lm(family, arch, tmp_path):
+  """The next-token distribution of the first output token is HF's: after
+  the start token (T5, whose decoder starts from pad) or after the input."""
+  model, params = _task_model(family, "generation", pad_id=PAD)
+  assert convert.export_task_hf(tmp_path, CONFIGS[family], params, _spec("generation"),
+                                tokenizer=TOKENIZER) == arch
+  hf_model = _load(tmp_path, arch)
+  ids, mask = _batch()
+  ours = np.asarray(model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask)))
+  with torch.no_grad():
+    if family == "t5":
+      theirs = hf_model(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                        decoder_input_ids=torch.full((2, 1), PAD)).logits[:, 0]
+    else:
+      logits = hf_model(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
+      theirs = logits[torch.arange(2), torch.tensor(mask.sum(-1) - 1)]
+  np.testing.assert_allclose(ours, theirs.numpy(), atol=TOL)
+
+
 @pytest.mark.parametrize("family,spec,match", [
     ("bert", _spec("classification", "first"),
      r"pools dense \+ tanh over \[CLS\].*pooling='first'.*task.pooling='pooler'"),
@@ -184,7 +206,7 @@ def test_t5_text_to_text_is_its_lm(tmp_path):
     ("gpt2", _spec("regression", "mean"), "last token that is not pad_token_id"),
     ("gpt2", _spec("classification", ""), "pooling='mean'"),  # the decoder default
     ("gpt2", _spec("classification", "concat"), "pooling='concat'.*task.pooling='last'"),
-    ("t5", _spec("classification", "mean"), r"exportable kinds: \['text_to_text', 'token_classification'\]"),
+    ("t5", _spec("classification", "mean"), r"exportable kinds: \['generation', 'text_to_text', 'token_classification'\]"),
     ("bert", _spec("classification", "pooler", scalar_mix=True), "scalar mix"),
     ("distilbert", _spec("classification", "pooler"),
      r"exportable kinds: \['span_qa', 'token_classification'\]"),

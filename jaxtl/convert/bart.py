@@ -111,7 +111,8 @@ FAMILY = Family(
     base_architecture="BartModel", base_groups=("base", "decoder"),
     architectures={"BartForConditionalGeneration": ("base", "decoder", "lm"),
                    "BartModel": ("base", "decoder")},
-    tasks={"text_to_text": "BartForConditionalGeneration"},
+    tasks={"text_to_text": "BartForConditionalGeneration",
+           "generation": "BartForConditionalGeneration"},
     # The stacks' views of the shared table, and a tied head.
     tied={"encoder.embed_tokens.weight": "shared.weight",
           "decoder.embed_tokens.weight": "shared.weight",

@@ -122,7 +122,8 @@ FAMILY = Family(
     tied={"lm_head.weight": "wte.weight"},
     # The causal-mask buffers older checkpoints saved.
     ignored=(r"^h\.\d+\.attn\.(bias|masked_bias)$",),
-    tasks={"classification": "GPT2ForSequenceClassification",
+    tasks={"generation": "GPT2LMHeadModel",  # the LM is the whole model
+           "classification": "GPT2ForSequenceClassification",
            "regression": "GPT2ForSequenceClassification",
            "token_classification": "GPT2ForTokenClassification",
            "span_qa": "GPT2ForQuestionAnswering"},

@@ -115,9 +115,10 @@ FAMILY = Family(
     # T5ForTokenClassification keeps its encoder (a T5EncoderModel) under
     # ``transformer.``; T5ForConditionalGeneration has no prefix.
     prefixes={"T5ForTokenClassification": "transformer."},
-    # Fine-tuned as text_to_text, T5 is still its LM (it writes the label); a
+    # Fine-tuned as text_to_text or generation, T5 is still its LM; a
     # tagger is the encoder with a linear classifier per token, as jaxtl's.
     tasks={"text_to_text": "T5ForConditionalGeneration",
+           "generation": "T5ForConditionalGeneration",
            "token_classification": "T5ForTokenClassification"},
     # The stacks' own views of the shared table; a tied head is the table too
     # (an untied one has its own rule, which takes precedence).
