@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxtl import sampling
 from jaxtl.models import electra as electra_model
 from jaxtl.models.config import TransformerConfig
 from jaxtl.objectives import losses, mlm
@@ -83,8 +84,7 @@ def make_loss_fn(model: nn.Module, max_predictions: int | None,
     sums = losses.token_cross_entropy(logits_BKV, t_BK, w_BK)
 
     # Its samples replace the masked tokens.
-    sampled_BK = jax.random.categorical(
-        keys[1], jax.lax.stop_gradient(logits_BKV.astype(jnp.float32)))
+    sampled_BK = sampling.sample(keys[1], jax.lax.stop_gradient(logits_BKV))
     fill_BK = jnp.where(w_BK > 0, sampled_BK.astype(inputs_BT.dtype),
                         _gather(inputs_BT, at_BK))
     rows_B1 = jnp.arange(inputs_BT.shape[0])[:, None]
