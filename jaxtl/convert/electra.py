@@ -7,8 +7,9 @@ logit per token) becomes ``head/discriminator_head`` (what
 (``ElectraForMaskedLM``: dense to the embedding size + GELU + LayerNorm,
 then the tied word embeddings plus a bias) is a BERT-style LM head.
 Checkpoints whose ``embedding_size`` differs from ``hidden_size`` (ELECTRA
-small's 128 vs 256: an ``embeddings_project`` layer) are refused with an
-error: jaxtl's encoder has no such projection.
+small's 128 vs 256) embed at that width and project up
+(``embeddings_project``): jaxtl's ``embed_dim`` and the embedder's
+``embed_project``; the generator's head then maps back to it.
 """
 
 from __future__ import annotations
@@ -26,23 +27,24 @@ GENERATOR_CLASS = "ElectraForMaskedLM"
 
 def config_from_hf(hf: dict[str, Any]) -> TransformerConfig:
   d, e = get(hf, "hidden_size"), hf.get("embedding_size", get(hf, "hidden_size"))
-  if e != d:
-    raise ValueError(f"embedding_size={e} differs from hidden_size={d}: ELECTRA's "
-                     "embeddings_project layer has no jaxtl equivalent")
   if GENERATOR_CLASS in (hf.get("architectures") or []) and hf.get("hidden_act",
                                                                    "gelu") != "gelu":
     raise ValueError(f"{GENERATOR_CLASS}'s head always uses GELU, and jaxtl's "
                      f"uses hidden_act={hf['hidden_act']!r} for both")
-  return bert.config_from_hf(hf)
+  return bert.config_from_hf(hf).replace(embed_dim=0 if e == d else e)
 
 
 def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
-  return {**bert.config_to_hf(cfg), "model_type": "electra", "embedding_size": cfg.d_model}
+  return {**bert.config_to_hf(cfg), "model_type": "electra",
+          "embedding_size": cfg.embed_width}
 
 
 def rules(cfg: TransformerConfig) -> list[R.Rule]:
   base = [r for r in bert.rules(cfg) if r.group == "base"]
   head = P.join(P.HEAD, P.DISCRIMINATOR_HEAD)
+  if cfg.embed_width != cfg.d_model:
+    base += R.dense_rules("embeddings_project", P.join(P.STACK, P.EMBEDDER, P.EMBED_PROJECT),
+                          bias=True)
   return [
       *base,
       *R.dense_rules("discriminator_predictions.dense", P.join(head, P.TRANSFORM),
