@@ -47,7 +47,7 @@ T5S = [
         feed_forward_proj="gated-gelu", tie_word_embeddings=False,
         decoder_start_token_id=0)),
 ]
-ELECTRAS = [  # embedding_size < hidden_size (ELECTRA-small's): embeddings_project
+ELECTRAS = [  # embedding_size != hidden_size (ELECTRA-small's; base generator's)
     ("ElectraForPreTraining", dict(
         vocab_size=211, embedding_size=20, hidden_size=48, num_hidden_layers=3,
         num_attention_heads=3, intermediate_size=72, hidden_act="relu",
@@ -56,7 +56,7 @@ ELECTRAS = [  # embedding_size < hidden_size (ELECTRA-small's): embeddings_proje
         vocab_size=103, embedding_size=24, hidden_size=40, num_hidden_layers=2,
         num_attention_heads=5, intermediate_size=56, max_position_embeddings=16)),
     ("ElectraModel", dict(
-        vocab_size=50, embedding_size=16, hidden_size=32, num_hidden_layers=1,
+        vocab_size=50, embedding_size=44, hidden_size=32, num_hidden_layers=1,
         num_attention_heads=2, intermediate_size=40, max_position_embeddings=16)),
 ]
 BARTS = [

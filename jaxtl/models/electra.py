@@ -101,7 +101,7 @@ class ElectraPretrainer(nn.Module):
   :mod:`jaxtl.objectives.electra` for the loss).
 
   ``config`` is the discriminator's: it is what a workdir records and what
-  transfers. ``generator_config`` shares its vocabulary and positions.
+  transfers. ``generator_config`` (:func:`generator_config`) reads its token table.
   """
   config: TransformerConfig
   generator_config: TransformerConfig
