@@ -50,9 +50,8 @@ _LABEL_GROUPS = {"classifier", "score", "classification_head"}
 _ARCH_FIELDS = ("family", "vocab_size", "d_model", "embed_width", "num_heads", "head_dim",
                 "mlp_dim", "num_layers", "decoder_layers", "max_len", "position",
                 "relative_buckets", "relative_max_distance", "type_vocab_size",
-                "activation", "gated_mlp",
-                "norm", "norm_eps", "pre_norm", "embed_norm", "use_bias",
-                "scale_attention", "tie_embeddings", "scale_tied_logits",
+                "activation", "gated_mlp", "norm", "norm_eps", "pre_norm", "embed_norm",
+                "use_bias", "scale_attention", "tie_embeddings", "scale_tied_logits",
                 "lm_head_transform", "lm_head_bias")
 
 

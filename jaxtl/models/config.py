@@ -105,11 +105,13 @@ class TransformerConfig:
       if getattr(self, name) <= 0:
         raise ValueError(f"TransformerConfig.{name} must be positive, got {getattr(self, name)}")
     if self.embed_dim < 0:
-      raise ValueError(f"TransformerConfig.embed_dim must be >= 0 (0: d_model), got {self.embed_dim}")
+      raise ValueError("TransformerConfig.embed_dim must be >= 0 (0: d_model), "
+                       f"got {self.embed_dim}")
     if self.embed_width != self.d_model and self.tie_embeddings and not self.lm_head_transform:
-      raise ValueError(f"TransformerConfig.embed_dim={self.embed_dim} with d_model={self.d_model}: "
-                       "a tied LM head reads the [vocab, embed_dim] table, so it needs "
-                       "lm_head_transform=True (d_model -> embed_dim) or tie_embeddings=False")
+      raise ValueError(f"TransformerConfig.embed_dim={self.embed_dim} with "
+                       f"d_model={self.d_model}: a tied LM head reads the [vocab, "
+                       "embed_dim] table, so it needs lm_head_transform=True "
+                       "(d_model -> embed_dim) or tie_embeddings=False")
 
   @property
   def jnp_dtype(self) -> Any:
