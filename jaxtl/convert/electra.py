@@ -5,7 +5,8 @@ discriminator's head (``ElectraForPreTraining``: dense + activation + one
 logit per token) becomes ``head/discriminator_head`` (what
 :class:`jaxtl.models.electra.DiscriminatorHead` reads); the generator's
 (``ElectraForMaskedLM``: dense to the embedding size + GELU + LayerNorm,
-then the tied word embeddings plus a bias) is a BERT-style LM head.
+then the tied word embeddings plus a bias) is a BERT-style LM head; the
+token classifier and ``qa_outputs`` are BERT's (the task head's ``out``).
 Checkpoints whose ``embedding_size`` differs from ``hidden_size`` (ELECTRA
 small's 128 vs 256) embed at that width and project up
 (``embeddings_project``): jaxtl's ``embed_dim`` and the embedder's
@@ -39,8 +40,13 @@ def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
           "embedding_size": cfg.embed_width}
 
 
+# BERT's groups that ELECTRA shares name for name: the encoder, the token
+# classifier (dropout + ``classifier``) and span QA's ``qa_outputs``.
+_FROM_BERT = ("base", "classifier", "qa")
+
+
 def rules(cfg: TransformerConfig) -> list[R.Rule]:
-  base = [r for r in bert.rules(cfg) if r.group == "base"]
+  base = [r for r in bert.rules(cfg) if r.group in _FROM_BERT]
   head = P.join(P.HEAD, P.DISCRIMINATOR_HEAD)
   if cfg.embed_width != cfg.d_model:
     base += R.dense_rules("embeddings_project", P.join(P.STACK, P.EMBEDDER, P.EMBED_PROJECT),
@@ -71,8 +77,14 @@ FAMILY = Family(
     base_architecture="ElectraModel", base_groups=("base",),
     architectures={"ElectraModel": ("base",),
                    "ElectraForPreTraining": ("base", "discriminator"),
-                   GENERATOR_CLASS: ("base", "mlm")},
+                   GENERATOR_CLASS: ("base", "mlm"),
+                   "ElectraForTokenClassification": ("base", "classifier"),
+                   "ElectraForQuestionAnswering": ("base", "qa")},
     tied={"generator_lm_head.weight": "embeddings.word_embeddings.weight"},
     ignored=(r"^embeddings\.position_ids$",),
+    # Its sequence classifier (dense + GELU + out_proj on [CLS]) is none of
+    # jaxtl's poolings.
+    tasks={"token_classification": "ElectraForTokenClassification",
+           "span_qa": "ElectraForQuestionAnswering"},
     head_shapes=discriminator_head_shapes,
 )
