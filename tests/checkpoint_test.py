@@ -5,13 +5,14 @@ import os
 import shutil
 import signal
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxtl import convert
-from jaxtl.models import paths
+from jaxtl.models import heads, paths
 from jaxtl.train import checkpoint, pretrained, storage
 from jaxtl import train
 
@@ -218,12 +219,13 @@ def test_too_little_free_space_for_one_checkpoint_fails_before_training(tmp_path
 
 def test_a_killed_electra_run_resumes_exactly_and_transfers_its_discriminator(tmp_path):
   """ELECTRA's generator samples on the device from the step's RNG: a
-  resumed run must draw the same replacements, so its losses match."""
+  resumed run must draw the same replacements, so its losses match. The
+  token table is narrower than the model (ELECTRA-small's embed_dim)."""
   steps = 24
   config_file = runs.tiny_clm_config(tmp_path, f"""
       c.data.update(seq_len=16, batch_size=8)
       c.model.update(num_layers=1, d_model=32, num_heads=2, head_dim=16,
-                     mlp_dim=64, dropout_rate=0.1)
+                     mlp_dim=64, dropout_rate=0.1, embed_dim=16)
       c.optim.warmup_steps = 5
       c.train.update(steps={steps}, log_every=1, eval_every=12, eval_batches=2,
                      checkpoint_every=5, keep_checkpoints=2)
@@ -246,3 +248,11 @@ def test_a_killed_electra_run_resumes_exactly_and_transfers_its_discriminator(tm
   assert any(n.startswith(paths.GENERATOR + "/") for n in source.dropped)
   assert convert.export_hf(tmp_path / "hf", source.config, source.params,
                            head=source.head) == "ElectraForPreTraining"
+  # What fine-tuning loads into its TaskModel: the whole backbone, shapes checked.
+  task = heads.TaskModel(source.config, num_labels=3)
+  abstract = nn.unbox(jax.eval_shape(task.init, jax.random.key(0),
+                                     jnp.ones((1, 8), jnp.int32)))["params"]
+  report = checkpoint.transfer_report(abstract, {paths.BACKBONE: source.params})
+  assert paths.join(paths.BACKBONE, paths.STACK, paths.EMBEDDER, paths.EMBED_PROJECT,
+                    paths.KERNEL) in report["loaded"]
+  assert all(not n.startswith(paths.BACKBONE + "/") for n in report["new"])

@@ -47,14 +47,17 @@ T5S = [
         feed_forward_proj="gated-gelu", tie_word_embeddings=False,
         decoder_start_token_id=0)),
 ]
-ELECTRAS = [  # embedding_size = hidden_size: jaxtl has no embeddings_project
+ELECTRAS = [  # embedding_size != hidden_size (ELECTRA-small's; base generator's)
     ("ElectraForPreTraining", dict(
-        vocab_size=211, embedding_size=48, hidden_size=48, num_hidden_layers=3,
+        vocab_size=211, embedding_size=20, hidden_size=48, num_hidden_layers=3,
         num_attention_heads=3, intermediate_size=72, hidden_act="relu",
         max_position_embeddings=20)),
     ("ElectraForMaskedLM", dict(
-        vocab_size=103, embedding_size=40, hidden_size=40, num_hidden_layers=2,
+        vocab_size=103, embedding_size=24, hidden_size=40, num_hidden_layers=2,
         num_attention_heads=5, intermediate_size=56, max_position_embeddings=16)),
+    ("ElectraModel", dict(
+        vocab_size=50, embedding_size=44, hidden_size=32, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=40, max_position_embeddings=16)),
 ]
 BARTS = [
     ("BartForConditionalGeneration", dict(  # 5 heads of 16, 2 + 3 layers
@@ -376,15 +379,17 @@ def test_electra_discriminator_logits_match_transformers(tmp_path):
 
 def test_a_jaxtl_electra_pretrainer_exports_both_halves(tmp_path):
   """A pretrainer's discriminator as ElectraForPreTraining and its generator
-  (as wide as the table) as ElectraForMaskedLM compute what jaxtl does."""
+  as ElectraForMaskedLM compute what jaxtl does; as in ELECTRA-small, the
+  token table (20) is narrower than both (36 and 12): each projects it."""
   import jax  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   from jaxtl.models import TransformerConfig, electra  # pylint: disable=g-import-not-at-top
   cfg = TransformerConfig(family="encoder", vocab_size=97, d_model=36, num_heads=3,
                           head_dim=12, mlp_dim=52, num_layers=2, max_len=16,
                           type_vocab_size=2, pre_norm=False, embed_norm=True,
-                          lm_head_transform=True, lm_head_bias=True, init_std=0.2)
-  gen_cfg = electra.generator_config(cfg, 1.0, num_layers=1).replace(mlp_dim=20)
+                          lm_head_transform=True, lm_head_bias=True, init_std=0.2,
+                          embed_dim=20)
+  gen_cfg = electra.generator_config(cfg, 1 / 3, num_layers=1).replace(mlp_dim=20)
   model = electra.ElectraPretrainer(cfg, gen_cfg)
   ids, mask = _batch(cfg.vocab_size)
   params = nn.unbox(jax.jit(model.init)(jax.random.key(3), jnp.asarray(ids)))["params"]
@@ -409,19 +414,9 @@ def test_a_jaxtl_electra_pretrainer_exports_both_halves(tmp_path):
   at = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
   ours = apply(jnp.asarray(ids), at, jnp.asarray(mask), method="generator_logits")
   assert _max_diff(ours, theirs, mask.astype(bool)) <= TOL
-  with pytest.raises(ValueError, match="narrower than the token table"):
-    small = electra.ElectraPretrainer(cfg, electra.generator_config(cfg, 0.5))
-    electra.generator_as_encoder(small.generator_config, nn.unbox(jax.eval_shape(
-        small.init, jax.random.key(0), jnp.asarray(ids)))["params"])
+  assert (hf_gen.config.hidden_size, hf_gen.config.embedding_size) == (12, 20)
 
 
-def test_electra_small_embeddings_project_is_refused(tmp_path):
-  model = _hf_model("electra", "ElectraModel", dict(
-      vocab_size=50, embedding_size=16, hidden_size=32, num_hidden_layers=1,
-      num_attention_heads=2, intermediate_size=40, max_position_embeddings=16))
-  model.save_pretrained(tmp_path)
-  with pytest.raises(ValueError, match="embedding_size=16 differs from hidden_size=32"):
-    convert.import_hf(tmp_path)
 def test_an_encoder_decoder_exports_as_t5_or_bart_by_its_architecture():
   from jaxtl.configs import models  # pylint: disable=g-import-not-at-top
   from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top

@@ -53,7 +53,10 @@ def test_generator_is_smaller_and_shares_the_token_table(setup):
   assert (g.d_model, g.num_heads, g.mlp_dim, g.num_layers) == (8, 1, 16, 1)
   flat = traverse_util.flatten_dict(params, sep="/")
   assert [k for k in flat if k.endswith("/" + paths.EMBEDDING)] == [paths.TOKEN_TABLE]
-  assert flat[f"{paths.GENERATOR}/{paths.EMBED_PROJECT}/kernel"].shape == (32, 8)
+  # The generator embeds at the table's width and projects down to its own.
+  embedder = paths.join(paths.GENERATOR, paths.STACK, paths.EMBEDDER)
+  assert flat[paths.join(embedder, paths.EMBED_PROJECT, paths.KERNEL)].shape == (32, 8)
+  assert flat[paths.join(embedder, paths.POSITION_EMBEDDING)].shape == (16, 32)
   with pytest.raises(ValueError, match="generator_scale"):
     electra.generator_config(tiny(), 0.0)
 
@@ -66,6 +69,29 @@ def test_the_discriminator_is_an_encoders_tree(setup):
   del encoder[paths.LM_HEAD]
   assert jax.tree.map(jnp.shape, disc) == jax.tree.map(jnp.shape, encoder)
   assert sorted(rest) == sorted(electra.PRETRAINING_ONLY)
+
+
+def test_a_table_narrower_than_the_discriminator():
+  """ELECTRA-Small's shape: a [V, 16] table under a width-32 discriminator
+  and a width-8 generator, each projecting from it; the discriminator is
+  still an encoder's tree (embed_dim=16). (tests/pretrain_test.py trains it.)"""
+  cfg = tiny(embed_dim=16)
+  model = objectives.get("electra").build_model(cfg, OBJECTIVE)
+  params = nn.unbox(jax.eval_shape(model.init, jax.random.key(0),
+                                   jnp.ones((1, 12), jnp.int32)))["params"]
+  flat = traverse_util.flatten_dict(params, sep="/")
+  project = lambda *stack: paths.join(*stack, paths.STACK, paths.EMBEDDER,
+                                      paths.EMBED_PROJECT, paths.KERNEL)
+  assert flat[paths.TOKEN_TABLE].shape == (64, 16)
+  assert flat[project()].shape == (16, 32)
+  assert flat[project(paths.GENERATOR)].shape == (16, 8)
+  assert flat[paths.join(paths.GENERATOR, paths.LM_HEAD, paths.TRANSFORM,
+                         paths.KERNEL)].shape == (8, 16)
+  disc, _ = electra.discriminator(params)
+  encoder = nn.unbox(jax.eval_shape(build_model(cfg).init, jax.random.key(1),
+                                    jnp.ones((1, 12), jnp.int32)))["params"]
+  del encoder[paths.LM_HEAD]
+  assert jax.tree.map(jnp.shape, disc) == jax.tree.map(jnp.shape, encoder)
 
 
 def test_replacements_are_sampled_at_masked_positions_only(setup):

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from jaxtl import convert  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jaxtl.convert import bert, distilbert, gpt2, roberta, t5  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jaxtl.convert import bert, distilbert, electra, gpt2, roberta, t5  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jaxtl.models.heads import TaskModel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TOL = 1e-4
@@ -34,6 +34,9 @@ CONFIGS = {
     "roberta": roberta.config_from_hf(dict(
         vocab_size=VOCAB, hidden_size=24, num_attention_heads=3, intermediate_size=40,
         num_hidden_layers=2, max_position_embeddings=18, type_vocab_size=1)),
+    "electra": electra.config_from_hf(dict(  # ELECTRA-small's narrower table
+        vocab_size=VOCAB, embedding_size=14, hidden_size=24, num_attention_heads=3,
+        intermediate_size=40, num_hidden_layers=2, max_position_embeddings=16)),
     "distilbert": distilbert.config_from_hf(dict(
         vocab_size=VOCAB, dim=24, n_heads=3, hidden_dim=40, n_layers=2,
         max_position_embeddings=16)),
@@ -51,6 +54,7 @@ AUTO = {"BertForSequenceClassification": "AutoModelForSequenceClassification",
         "RobertaForSequenceClassification": "AutoModelForSequenceClassification",
         "RobertaForTokenClassification": "AutoModelForTokenClassification",
         "DistilBertForTokenClassification": "AutoModelForTokenClassification",
+        "ElectraForTokenClassification": "AutoModelForTokenClassification",
         "DistilBertForQuestionAnswering": "AutoModelForQuestionAnswering",
         "T5ForConditionalGeneration": "AutoModelForSeq2SeqLM",
         "GPT2LMHeadModel": "AutoModelForCausalLM"}
@@ -108,6 +112,7 @@ def _load(folder, arch):
     ("roberta", "token_classification", "", "RobertaForTokenClassification"),
     ("distilbert", "token_classification", "", "DistilBertForTokenClassification"),
     ("distilbert", "span_qa", "", "DistilBertForQuestionAnswering"),
+    ("electra", "token_classification", "", "ElectraForTokenClassification"),
 ])
 def test_task_heads_match_transformers(family, kind, pooling, arch, tmp_path):
   labels = LABELS if kind in ("classification", "token_classification") else None
@@ -210,6 +215,8 @@ def test_a_generation_model_is_exported_as_its_lm(family, arch, tmp_path):
     ("bert", _spec("classification", "pooler", scalar_mix=True), "scalar mix"),
     ("distilbert", _spec("classification", "pooler"),
      r"exportable kinds: \['span_qa', 'token_classification'\]"),
+    ("electra", _spec("classification", "pooler"),  # a narrower table: not BERT's
+     r"no Hugging Face electra class.*exportable kinds: \['span_qa', 'token_class"),
 ])
 def test_what_hf_cannot_compute_is_refused(family, spec, match, tmp_path):
   with pytest.raises(ValueError, match=match):

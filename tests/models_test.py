@@ -224,3 +224,8 @@ def test_bad_config_values_name_the_field():
     TransformerConfig(norm="batchnorm")
   with pytest.raises(ValueError, match="unknown model config keys.*hidden"):
     TransformerConfig.from_mapping({"hidden": 3})
+  with pytest.raises(ValueError, match="embed_dim must be >= 0"):
+    TransformerConfig(embed_dim=-1)
+  # A tied head cannot read a [V, 16] table from width 32 without a transform.
+  with pytest.raises(ValueError, match="embed_dim=16 .*lm_head_transform=True"):
+    TransformerConfig(d_model=32, embed_dim=16)

@@ -22,7 +22,8 @@ BASE = dict(vocab_size=64, d_model=16, num_heads=2, head_dim=8, mlp_dim=32,
             num_layers=2, max_len=16)
 FAMILIES = {  # every optional parameter of each family switched on
     "encoder": dict(family="encoder", type_vocab_size=2, sentence_classes=2, pre_norm=False,
-                    embed_norm=True, lm_head_transform=True, lm_head_bias=True),
+                    embed_norm=True, lm_head_transform=True, lm_head_bias=True,
+                    embed_dim=8),
     "decoder": dict(family="decoder"),
     "encoder_decoder": dict(family="encoder_decoder", position="relative",
                             norm="rmsnorm", use_bias=False, gated_mlp=True,

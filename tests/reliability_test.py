@@ -1,6 +1,7 @@
 """Faults a run must survive or report clearly (issue "never lose a run"):
 a second process on a workdir, a holder killed with -9."""
 
+import json
 import os
 import signal
 import subprocess
@@ -54,6 +55,11 @@ def test_a_workdir_refuses_a_run_of_another_model(tmp_path):
   (tmp_path / "checkpoints" / "10").mkdir(parents=True)
   # Dropout, dtype, remat may change on resume; the architecture may not.
   pretrained.save_model_config(cfg.replace(dropout_rate=0.0, remat="full"), str(tmp_path))
+  # A workdir written before a field existed (embed_dim) had its default.
+  recorded = json.loads((tmp_path / "model_config.json").read_text())
+  del recorded["embed_dim"]
+  (tmp_path / "model_config.json").write_text(json.dumps(recorded))
+  pretrained.save_model_config(cfg, str(tmp_path))
   with pytest.raises(workdir.WorkdirConflict,
                      match=r"another model \(d_model: 32 there, 64 here; head_dim"):
     pretrained.save_model_config(cfg.replace(d_model=64, head_dim=32), str(tmp_path))

@@ -101,9 +101,11 @@ def test_meshes_match_single_device(family):
 
 def test_electra_meshes_match_single_device():
   """The generator's sampling (a categorical over vocabulary-sharded logits),
-  the scatter of its samples and the two losses shard like the rest."""
+  the scatter of its samples, the two losses and a token table narrower than
+  both models (embed_dim, projected up by each) shard like the rest."""
   data = batches("encoder", 1) * 3
-  cfg = tiny("encoder", pre_norm=False, embed_norm=True, type_vocab_size=2)
+  cfg = tiny("encoder", pre_norm=False, embed_norm=True, type_vocab_size=2, embed_dim=24,
+             lm_head_transform=True)
   ref, ref_state, metrics = run_steps(cfg, (1, 1, 1), data, objective="electra")
   assert metrics[0]["replaced_sum"] > 0 and ref[-1] < ref[0]
   losses, state, _ = run_steps(cfg, (2, 2, 2), data, objective="electra")

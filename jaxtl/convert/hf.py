@@ -46,11 +46,12 @@ _SAFETENSORS, _TORCH = "model.safetensors", "pytorch_model.bin"
 # Rule groups of a classifier whose outputs are labels (id2label in config.json).
 _LABEL_GROUPS = {"classifier", "score", "classification_head"}
 # Architecture fields a config must keep through HF's config to be exportable.
-_ARCH_FIELDS = ("family", "vocab_size", "d_model", "num_heads", "head_dim", "mlp_dim",
-                "num_layers", "decoder_layers", "max_len", "position", "relative_buckets",
-                "relative_max_distance", "type_vocab_size", "activation", "gated_mlp",
-                "norm", "norm_eps", "pre_norm", "embed_norm", "use_bias",
-                "scale_attention", "tie_embeddings", "scale_tied_logits",
+# (embed_width, not embed_dim: embed_dim=d_model is the same model as 0.)
+_ARCH_FIELDS = ("family", "vocab_size", "d_model", "embed_width", "num_heads", "head_dim",
+                "mlp_dim", "num_layers", "decoder_layers", "max_len", "position",
+                "relative_buckets", "relative_max_distance", "type_vocab_size",
+                "activation", "gated_mlp", "norm", "norm_eps", "pre_norm", "embed_norm",
+                "use_bias", "scale_attention", "tie_embeddings", "scale_tied_logits",
                 "lm_head_transform", "lm_head_bias")
 
 

@@ -40,6 +40,11 @@ class TransformerConfig:
   family: str = "encoder"
   vocab_size: int = 32000
   d_model: int = 512
+  # >0 and != d_model: tokens, positions and token types are embedded (and
+  # normed) at this width E and projected up to d_model (ELECTRA's
+  # embedding_size, ALBERT's factorised table); the tied LM head's
+  # transform maps back to E. 0: d_model.
+  embed_dim: int = 0
   num_heads: int = 8
   head_dim: int = 64
   mlp_dim: int = 2048
@@ -99,6 +104,14 @@ class TransformerConfig:
                  "num_layers", "max_len"):
       if getattr(self, name) <= 0:
         raise ValueError(f"TransformerConfig.{name} must be positive, got {getattr(self, name)}")
+    if self.embed_dim < 0:
+      raise ValueError("TransformerConfig.embed_dim must be >= 0 (0: d_model), "
+                       f"got {self.embed_dim}")
+    if self.embed_width != self.d_model and self.tie_embeddings and not self.lm_head_transform:
+      raise ValueError(f"TransformerConfig.embed_dim={self.embed_dim} with "
+                       f"d_model={self.d_model}: a tied LM head reads the [vocab, "
+                       "embed_dim] table, so it needs lm_head_transform=True "
+                       "(d_model -> embed_dim) or tie_embeddings=False")
 
   @property
   def jnp_dtype(self) -> Any:
@@ -107,6 +120,11 @@ class TransformerConfig:
   @property
   def jnp_param_dtype(self) -> Any:
     return jnp.dtype(self.param_dtype)
+
+  @property
+  def embed_width(self) -> int:
+    """The token table's width E: ``embed_dim``, or d_model when 0."""
+    return self.embed_dim or self.d_model
 
   @property
   def decoder_layers(self) -> int:

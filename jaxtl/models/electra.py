@@ -7,16 +7,17 @@ like a BERT one: what is left over, ``generator/`` and
 ``discriminator_head/``, is pretraining-only and dropped on transfer
 (:func:`discriminator`). The tree::
 
-  token_embed/embedding               [V, E], E = the discriminator's d_model
+  token_embed/embedding               [V, E], E = the discriminator's embed_width
   stack/...                           the discriminator (an encoder stack)
   discriminator_head/{transform,logits}/{kernel,bias}   replaced or not
   generator/
-    embed_project/{kernel,bias}       [E, G], when the generator is narrower
-    stack/...                         the generator's encoder stack (width G)
+    stack/...                         the generator's encoder stack (width G);
+                                      its embedder projects E -> G when G != E
     lm_head/{transform,transform_norm}/..., bias   G -> E, tied to the table
 
-The generator's head maps back to E and reads the shared table, as
-Hugging Face's ``ElectraForMaskedLM`` with ``embedding_size`` E does.
+The generator is an encoder whose ``embed_dim`` is the table's width, so
+alone (:func:`generator_as_encoder`) it is what Hugging Face's
+``ElectraForMaskedLM`` with ``embedding_size`` E computes.
 """
 
 from __future__ import annotations
@@ -42,14 +43,19 @@ PRETRAINING_ONLY = (paths.GENERATOR, paths.DISCRIMINATOR_HEAD)
 def generator_config(discriminator: TransformerConfig, scale: float,
                      num_layers: int = 0) -> TransformerConfig:
   """The generator: the discriminator's width, heads and MLP times ``scale``
-  (the paper finds 1/4 to 1/2 best), ``num_layers`` deep (0: as deep)."""
+  (the paper finds 1/4 to 1/2 best), ``num_layers`` deep (0: as deep),
+  reading the discriminator's token table (``embed_dim``) and predicting
+  into it through a BERT-style head, as a standalone MLM encoder would."""
   if not 0 < scale <= 1:
     raise ValueError(f"config.objective.generator_scale must be in (0, 1], got {scale}")
   size = lambda n: max(1, round(n * scale))
+  width, table = size(discriminator.d_model), discriminator.embed_width
   return discriminator.replace(
-      d_model=size(discriminator.d_model), num_heads=size(discriminator.num_heads),
+      d_model=width, num_heads=size(discriminator.num_heads),
       mlp_dim=size(discriminator.mlp_dim),
-      num_layers=num_layers or discriminator.num_layers)
+      num_layers=num_layers or discriminator.num_layers,
+      embed_dim=0 if table == width else table, lm_head_transform=True,
+      lm_head_bias=True, tie_embeddings=True, scale_tied_logits=False)
 
 
 class DiscriminatorHead(nn.Module):
@@ -65,38 +71,19 @@ class DiscriminatorHead(nn.Module):
     return dense(1, ("mlp", "labels"), paths.LOGITS, jnp.float32)(h_BTD)[..., 0]
 
 
-class ProjectedEmbed(nn.Module):
-  """The shared [V, E] table, projected to a narrower generator's width."""
-  config: TransformerConfig  # the generator's
-  token_embed: nn.Module
-
-  @nn.compact
-  def __call__(self, tokens_BT: Array) -> Array:
-    cfg = self.config
-    kernel_EG = self.param(paths.KERNEL, layers.normal_init(cfg.init_std, ("embed", "mlp")),
-                           (self.token_embed.features, cfg.d_model), cfg.jnp_param_dtype)
-    bias_G = self.param(paths.BIAS, layers.zeros_init(("mlp",)), (cfg.d_model,),
-                        cfg.jnp_param_dtype)
-    x_BTE = self.token_embed(tokens_BT)
-    return (jnp.einsum("bte,eg->btg", x_BTE, jnp.asarray(kernel_EG, cfg.jnp_dtype))
-            + jnp.asarray(bias_G, cfg.jnp_dtype))
-
-
 class Generator(nn.Module):
   """A BERT-style MLM encoder reading (and predicting into) a shared table."""
-  config: TransformerConfig
+  config: TransformerConfig  # generator_config's: embed_width = the table's
   token_embed: nn.Module
 
   def setup(self):
-    cfg, table = self.config, self.token_embed
-    embed_dim = table.features
-    if cfg.d_model != embed_dim:
-      self.embed_project = ProjectedEmbed(cfg, table)  # paths.EMBED_PROJECT
-      table = self.embed_project
-    self.stack = Stack(cfg, cfg.num_layers, causal=False, token_embed=table)
-    self.lm_head = layers.LMHead(
-        cfg.replace(d_model=embed_dim, lm_head_transform=True, lm_head_bias=True,
-                    tie_embeddings=True, scale_tied_logits=False), self.token_embed)
+    cfg = self.config
+    if cfg.embed_width != self.token_embed.features:
+      raise ValueError(f"the generator's embed_width {cfg.embed_width} differs from the "
+                       f"shared token table's width {self.token_embed.features} "
+                       "(use models.electra.generator_config)")
+    self.stack = Stack(cfg, cfg.num_layers, causal=False, token_embed=self.token_embed)
+    self.lm_head = layers.LMHead(cfg, self.token_embed)
 
   def __call__(self, tokens_BT: Array, segment_ids_BT: Array | None,
                positions_BT: Array | None, token_types_BT: Array | None, *,
@@ -114,7 +101,7 @@ class ElectraPretrainer(nn.Module):
   :mod:`jaxtl.objectives.electra` for the loss).
 
   ``config`` is the discriminator's: it is what a workdir records and what
-  transfers. ``generator_config`` shares its vocabulary and positions.
+  transfers. ``generator_config`` (:func:`generator_config`) reads its token table.
   """
   config: TransformerConfig
   generator_config: TransformerConfig
@@ -177,14 +164,9 @@ def is_electra(params: dict[str, Any]) -> bool:
 def generator_as_encoder(generator_config: TransformerConfig, params: dict[str, Any]
                          ) -> tuple[TransformerConfig, dict[str, Any]]:
   """The generator alone as an encoder with a BERT-style LM head: what
-  ``build_model`` runs and Hugging Face's ``ElectraForMaskedLM`` holds.
-  Only a generator as wide as the token table has no projection."""
+  ``build_model`` runs and Hugging Face's ``ElectraForMaskedLM`` holds
+  (with ``embedding_size`` the table's width when the generator is narrower)."""
   generator = params[paths.GENERATOR]
-  if paths.EMBED_PROJECT in generator:
-    raise ValueError("this generator is narrower than the token table (it has "
-                     f"{paths.EMBED_PROJECT}); as a standalone encoder it would need "
-                     "an embedding projection, which jaxtl's encoder lacks")
-  cfg = generator_config.replace(lm_head_transform=True, lm_head_bias=True,
-                                 tie_embeddings=True, scale_tied_logits=False)
-  return cfg, {paths.TOKEN_EMBED: params[paths.TOKEN_EMBED],
-               paths.STACK: generator[paths.STACK], paths.LM_HEAD: generator[paths.LM_HEAD]}
+  return generator_config, {paths.TOKEN_EMBED: params[paths.TOKEN_EMBED],
+                            paths.STACK: generator[paths.STACK],
+                            paths.LM_HEAD: generator[paths.LM_HEAD]}

@@ -3,7 +3,8 @@ relative positions: :mod:`jaxtl.models.masks`).
 
 Shape letters used in names (nanodo style):
   B batch, T query length, S key/value length, D model width, H heads,
-  K head width, F MLP width, V vocabulary, N relative-position buckets.
+  K head width, F MLP width, V vocabulary, N relative-position buckets,
+  E token-table width (``embed_width``: D unless ``embed_dim`` is set).
 
 Every parameter carries logical axis names (t5x vocabulary: ``vocab, embed,
 mlp, heads, kv``) so that one rules table in :mod:`jaxtl.train.sharding` decides how
@@ -358,7 +359,10 @@ class Embedder(nn.Module):
   """Token (+ learned absolute position) (+ token type) embeddings.
 
   The token table is owned by the caller so that T5 can share one table
-  between encoder, decoder and LM head.
+  between encoder, decoder and LM head. With ``embed_dim`` (E) the whole
+  block, its norm included, runs at E and one dense layer then projects
+  to d_model, as ELECTRA's ``embeddings_project`` does; a narrower ELECTRA
+  generator reads the shared [V, E] table the same way.
   """
   config: TransformerConfig
   token_embed: nn.Module
@@ -367,35 +371,38 @@ class Embedder(nn.Module):
   @nn.compact
   def __call__(self, tokens_BT: Array, positions_BT: Array,
                token_types_BT: Array | None = None) -> Array:
-    cfg = self.config
-    x_BTD = self.token_embed(tokens_BT)
+    cfg, e = self.config, self.config.embed_width
+    x_BTE = self.token_embed(tokens_BT)
     if cfg.position == "learned":
-      table_PD = self.param(paths.POSITION_EMBEDDING,
+      table_PE = self.param(paths.POSITION_EMBEDDING,
                             normal_init(cfg.init_std, ("positions", "embed")),
-                            (cfg.max_len, cfg.d_model), cfg.jnp_param_dtype)
+                            (cfg.max_len, e), cfg.jnp_param_dtype)
       # Gathered in the parameters' dtype, then cast: the gradient is then a
       # float32 scatter-add (native atomics on GPUs), not a bf16 one.
-      x_BTD += jnp.asarray(table_PD)[positions_BT].astype(cfg.jnp_dtype)
+      x_BTE += jnp.asarray(table_PE)[positions_BT].astype(cfg.jnp_dtype)
     if cfg.type_vocab_size:
       if token_types_BT is None:
         token_types_BT = jnp.zeros_like(tokens_BT)
-      table_YD = self.param(paths.TOKEN_TYPE_EMBEDDING,
+      table_YE = self.param(paths.TOKEN_TYPE_EMBEDDING,
                             normal_init(cfg.init_std, ("type_vocab", "embed")),
-                            (cfg.type_vocab_size, cfg.d_model),
-                            cfg.jnp_param_dtype)
+                            (cfg.type_vocab_size, e), cfg.jnp_param_dtype)
       # A one-hot product, not a gather: the gather's gradient scatters every
       # token into the same two or so rows, and those colliding atomic adds
       # took 60% of BERT-base's step on an H100 (README "Performance").
       types_BTY = jax.nn.one_hot(token_types_BT, cfg.type_vocab_size, dtype=cfg.jnp_dtype)
-      x_BTD += jnp.einsum("bty,yd->btd", types_BTY, jnp.asarray(table_YD, cfg.jnp_dtype))
+      x_BTE += jnp.einsum("bty,ye->bte", types_BTY, jnp.asarray(table_YE, cfg.jnp_dtype))
     if cfg.embed_norm:
-      x_BTD = make_norm(cfg, paths.EMBED_NORM)(x_BTD)
-    x_BTD = Dropout(cfg.dropout_rate)(x_BTD, deterministic=self.deterministic)
+      x_BTE = make_norm(cfg, paths.EMBED_NORM)(x_BTE)
+    x_BTD = Dropout(cfg.dropout_rate)(x_BTE, deterministic=self.deterministic)
+    if e != cfg.d_model:
+      x_BTD = dense(cfg, cfg.d_model, ("mlp", "embed"), paths.EMBED_PROJECT,
+                    cfg.jnp_dtype)(x_BTD)
     return constrain(x_BTD, ACT_BLD)
 
 
 def token_embedding(cfg: TransformerConfig, name: str = paths.TOKEN_EMBED) -> nn.Embed:
-  return nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.jnp_dtype,
+  """The [V, E] token table (E: ``cfg.embed_width``)."""
+  return nn.Embed(cfg.vocab_size, cfg.embed_width, dtype=cfg.jnp_dtype,
                   param_dtype=cfg.jnp_param_dtype,
                   embedding_init=normal_init(cfg.init_std, ("vocab", "embed")),
                   name=name)
@@ -405,7 +412,9 @@ class LMHead(nn.Module):
   """Projects hidden states to vocabulary logits.
 
   Tied heads reuse the token table (T5 v1.0 first scales by d_model**-0.5);
-  BERT adds a dense + activation + norm transform and an output bias.
+  BERT adds a dense + activation + norm transform and an output bias. The
+  transform maps to the table's width E (``embed_width``), so a table
+  narrower than the model is read back as ELECTRA's generator head does.
   """
   config: TransformerConfig
   token_embed: nn.Module | None = None
@@ -414,10 +423,8 @@ class LMHead(nn.Module):
   def __call__(self, x_BTD: Array) -> Array:
     cfg = self.config
     if cfg.lm_head_transform:
-      x_BTD = nn.Dense(cfg.d_model, dtype=cfg.jnp_dtype,
-                       param_dtype=cfg.jnp_param_dtype,
-                       kernel_init=normal_init(cfg.init_std, ("embed", "mlp")),
-                       bias_init=zeros_init(("mlp",)), name=paths.TRANSFORM)(x_BTD)
+      x_BTD = dense(cfg, cfg.embed_width, ("embed", "mlp"), paths.TRANSFORM,
+                    cfg.jnp_dtype)(x_BTD)  # [B, T, E]
       x_BTD = make_norm(cfg, paths.TRANSFORM_NORM)(activation_fn(cfg.activation)(x_BTD))
     if cfg.tie_embeddings:
       if cfg.scale_tied_logits:

@@ -7,11 +7,12 @@ cache reordering) builds its paths and regexes from here, so renaming a
 module is one edit and ``tests/paths_test.py`` checks the contract against
 real trees. The tree of ``build_model(config).init(...)["params"]``::
 
-  token_embed/embedding                       [V, D], shared by every stack
+  token_embed/embedding                       [V, E], shared by every stack
   stack/                                      T5: encoder/ and decoder/
-    embedder/position_embedding               [P, D] learned positions
-    embedder/token_type_embedding             [Y, D] (BERT)
+    embedder/position_embedding               [P, E] learned positions
+    embedder/token_type_embedding             [Y, E] (BERT)
     embedder/norm/{scale,bias}                (BERT)
+    embedder/embed_project/{kernel,bias}      [E, D] when embed_dim sets E != D
     relative_bias/rel_embedding               [N, H] (T5)
     layer_{i}/                                layers/ when scanned: [L, ...]
       self_attention/{query,key,value,out}_{kernel,bias,lora_a,lora_b}
@@ -64,10 +65,12 @@ ADAPTER_DOWN, ADAPTER_UP = "down", "up"
 # Inside the LM head (its output bias is a BIAS leaf).
 TRANSFORM, TRANSFORM_NORM, LOGITS = "transform", "transform_norm", "logits"
 
+# The embedder's projection from a narrower token table (embed_dim) to d_model.
+EMBED_PROJECT = "embed_project"
 # ELECTRA's pretrainer (jaxtl.models.electra): beside the discriminator's
-# token_embed/ and stack/, a generator (its own stack/, lm_head/ and, when
-# narrower than the table, embed_project/) and the replaced-token head.
-GENERATOR, DISCRIMINATOR_HEAD, EMBED_PROJECT = "generator", "discriminator_head", "embed_project"
+# token_embed/ and stack/, a generator (its own stack/ and lm_head/) and the
+# replaced-token head.
+GENERATOR, DISCRIMINATOR_HEAD = "generator", "discriminator_head"
 # The sentence-pair head of NSP / SOP pretraining (inside a backbone, beside
 # lm_head): sentence_head/{pooler,out}/{kernel,bias}.
 SENTENCE_HEAD = "sentence_head"
@@ -176,6 +179,7 @@ _NORM = f"(?:{SCALE}|{BIAS})"
 PARAM_KINDS = {
     "embedding": (f"{TOKEN_EMBED}/{EMBEDDING}|{_STACK}/{EMBEDDER}/"
                   f"(?:{POSITION_EMBEDDING}|{TOKEN_TYPE_EMBEDDING})"),
+    "embed_project": f"{_STACK}/{EMBEDDER}/{EMBED_PROJECT}/{_DENSE}",
     "relative_bias": f"{_STACK}/{RELATIVE_BIAS}/{REL_EMBEDDING}",
     "norm": (f"(?:{_STACK}/(?:{EMBEDDER}/{EMBED_NORM}|{FINAL_NORM}"
              f"|{_LAYER}/{norm(_SUBLAYER)})|{LM_HEAD}/{TRANSFORM_NORM})/{_NORM}"),

@@ -82,7 +82,7 @@ def _head_params(cfg: TransformerConfig, params: Any) -> int:
   transform = sum(int(v.size) for k, v in flat.items()
                   if k[-1].endswith(paths.KERNEL) and paths.LM_HEAD in k
                   and paths.LOGITS not in k)
-  return cfg.vocab_size * cfg.d_model + transform
+  return cfg.vocab_size * cfg.embed_width + transform
 
 
 def flops_per_example(cfg: TransformerConfig, params: Any,
