@@ -65,17 +65,18 @@ def chunk_row(docs, length):
 def test_documents_of_chunked_and_packed_rows():
   docs = [document(0, 3), document(1, 2), document(2, 9)]
   found = sp.row_documents(chunk_row(docs, 10), EOS)
-  assert [d.tolist() for d in found] == [[100, 101, 102], [200, 201], [300, 301, 302]]
+  assert {k: d.tolist() for k, d in found.items()} == {
+      0: [100, 101, 102], 1: [200, 201], 2: [300, 301, 302]}
   packed = packing.pack_sequences([{"tokens": np.append(d, EOS)} for d in docs[:2]],
                                   {"tokens": 10})
   row = {"tokens": packed["tokens"][0], "segment_ids": packed["tokens_segment_ids"][0]}
-  assert [d.tolist() for d in sp.row_documents(row, EOS)] == [[100, 101, 102],
-                                                                [200, 201]]
+  assert [d.tolist() for d in sp.row_documents(row, EOS).values()] == [
+      [100, 101, 102], [200, 201]]
 
 
 @pytest.mark.parametrize("task", sp.TASKS)
 def test_half_the_pairs_are_in_order_and_labels_say_which(task):
-  docs = [document(0, 30), document(1, 7), document(2, 12)]
+  docs = dict(enumerate([document(0, 30), document(1, 7), document(2, 12)]))
   rng = np.random.default_rng(0)
   labels = []
   for _ in range(4000):
@@ -95,7 +96,7 @@ def test_nsp_with_one_document_takes_a_segment_that_does_not_touch_a():
   doc = document(0, 60)
   rng = np.random.default_rng(1)
   for _ in range(500):
-    a, b, label = sp.sentence_pair([doc], 20, "nsp", rng)
+    a, b, label = sp.sentence_pair({0: doc}, 20, "nsp", rng)
     if label == sp.NOT_IN_ORDER:
       assert not set(a.tolist()) & set(b.tolist())
       assert b[0] != a[-1] + 1  # not A's continuation
