@@ -202,8 +202,9 @@ def _corpus_pairs(tmp_path, lengths, partners=True, batches=40, **kw):
   prep = prepared("nsp")
   path = str(tmp_path / "rows")
   if not row_store.RowStore.exists(path):
-    row_store.build(path, (document(k, n) for k, n in enumerate(lengths)),
-                    row_store.Layout("chunk", prep.row_length, EOS, PAD), 10_000, "corpus")
+    layout = row_store.Layout("chunk", prep.row_length, EOS, PAD)
+    row_store.build(path, (document(k, n) for k, n in enumerate(lengths)), layout,
+                    10_000, "corpus")
   it = pipeline.BatchIterator(row_store.RowStore(path), prep.make_example, batch_size=8,
                               seed=0, partners=partners and prep.partner, **kw)
   pairs = []
@@ -233,10 +234,9 @@ def test_nsp_takes_the_random_next_from_another_document_of_the_corpus(tmp_path)
   # Partners are drawn per example: two processes make the same pairs.
   halves = [_corpus_pairs(tmp_path, lengths, batches=5, process_index=p,
                           process_count=2) for p in range(2)]
-  for k in range(5):
-    for (a, b, la), (c, d, lc) in zip(pairs[8 * k:8 * k + 8],
-                                      halves[0][4 * k:4 * k + 4] + halves[1][4 * k:4 * k + 4]):
-      assert la == lc and np.array_equal(a, c) and np.array_equal(b, d)
+  split = [p for k in range(5) for half in halves for p in half[4 * k:4 * k + 4]]
+  for (a, b, la), (c, d, lc) in zip(pairs[:40], split, strict=True):
+    assert la == lc and np.array_equal(a, c) and np.array_equal(b, d)
 
 
 def test_nsp_on_a_corpus_of_one_document_takes_b_from_it_away_from_a(tmp_path):

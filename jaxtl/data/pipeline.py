@@ -188,7 +188,7 @@ class _Batch:
   """Local batch ``k`` of a :class:`BatchIterator`: a pure function of
   ``k``, so Grain can make batches in any order, in any process."""
   rows: Any  # row_store.RowStore | row_store.ArrayRows
-  make_example: Callable[[Row, np.random.Generator], Example]
+  make_example: Callable[..., Example]  # (row, rng[, partner]) -> example
   batch_size: int
   local: int
   offset: int
