@@ -65,17 +65,18 @@ def chunk_row(docs, length):
 def test_documents_of_chunked_and_packed_rows():
   docs = [document(0, 3), document(1, 2), document(2, 9)]
   found = sp.row_documents(chunk_row(docs, 10), EOS)
-  assert [d.tolist() for d in found] == [[100, 101, 102], [200, 201], [300, 301, 302]]
+  assert {k: d.tolist() for k, d in found.items()} == {
+      0: [100, 101, 102], 1: [200, 201], 2: [300, 301, 302]}
   packed = packing.pack_sequences([{"tokens": np.append(d, EOS)} for d in docs[:2]],
                                   {"tokens": 10})
   row = {"tokens": packed["tokens"][0], "segment_ids": packed["tokens_segment_ids"][0]}
-  assert [d.tolist() for d in sp.row_documents(row, EOS)] == [[100, 101, 102],
-                                                                [200, 201]]
+  assert [d.tolist() for d in sp.row_documents(row, EOS).values()] == [
+      [100, 101, 102], [200, 201]]
 
 
 @pytest.mark.parametrize("task", sp.TASKS)
 def test_half_the_pairs_are_in_order_and_labels_say_which(task):
-  docs = [document(0, 30), document(1, 7), document(2, 12)]
+  docs = dict(enumerate([document(0, 30), document(1, 7), document(2, 12)]))
   rng = np.random.default_rng(0)
   labels = []
   for _ in range(4000):
@@ -95,7 +96,7 @@ def test_nsp_with_one_document_takes_a_segment_that_does_not_touch_a():
   doc = document(0, 60)
   rng = np.random.default_rng(1)
   for _ in range(500):
-    a, b, label = sp.sentence_pair([doc], 20, "nsp", rng)
+    a, b, label = sp.sentence_pair({0: doc}, 20, "nsp", rng)
     if label == sp.NOT_IN_ORDER:
       assert not set(a.tolist()) & set(b.tolist())
       assert b[0] != a[-1] + 1  # not A's continuation
@@ -192,3 +193,56 @@ def test_a_model_without_the_sentence_head_fails_naming_the_key():
                                       init=lambda f: lambda *a: jax.eval_shape(f, *a))
   with pytest.raises(ValueError, match="sentence_classes=2"):
     jax.eval_shape(objectives.make_loss_fn(model), params, b, None)
+
+
+def _corpus_pairs(tmp_path, lengths, partners=True, batches=40, **kw):
+  """``(A, B, label)`` of the NSP examples the pipeline makes from a corpus
+  whose document k has ``lengths[k]`` tokens (rows on disk, as in a run)."""
+  from jaxtl.data import pipeline, row_store  # pylint: disable=g-import-not-at-top
+  prep = prepared("nsp")
+  path = str(tmp_path / "rows")
+  if not row_store.RowStore.exists(path):
+    layout = row_store.Layout("chunk", prep.row_length, EOS, PAD)
+    row_store.build(path, (document(k, n) for k, n in enumerate(lengths)), layout,
+                    10_000, "corpus")
+  it = pipeline.BatchIterator(row_store.RowStore(path), prep.make_example, batch_size=8,
+                              seed=0, partners=partners and prep.partner, **kw)
+  pairs = []
+  for _ in range(batches):
+    batch = next(it)
+    for tokens, label in zip(batch["encoder_target_tokens"], batch["sentence_labels"]):
+      seps = np.flatnonzero(tokens == SEP)
+      pairs.append((tokens[1:seps[0]], tokens[seps[0] + 1:seps[1]], int(label)))
+  return pairs
+
+
+def test_nsp_takes_the_random_next_from_another_document_of_the_corpus(tmp_path):
+  # 40 documents, most longer than a row (42 tokens): a row often holds one.
+  lengths = np.random.default_rng(0).integers(20, 99, 40)
+  pairs = _corpus_pairs(tmp_path, lengths)
+  labels = np.array([label for _, _, label in pairs])
+  assert abs(labels.mean() - 0.5) < 0.1  # 320 pairs: sd 0.028
+  negatives = [(a, b) for a, b, label in pairs if label == sp.NOT_IN_ORDER]
+  for a, b in negatives:
+    assert contiguous(a) and contiguous(b) and len(doc_of(a)) == len(doc_of(b)) == 1
+  same = np.mean([doc_of(a) == doc_of(b) for a, b in negatives])
+  assert same < 0.03, same
+  # The window alone (no partner row) often has only A's document.
+  alone = [doc_of(a) == doc_of(b) for a, b, label in _corpus_pairs(
+      tmp_path, lengths, partners=False) if label == sp.NOT_IN_ORDER]
+  assert np.mean(alone) > 0.2
+  # Partners are drawn per example: two processes make the same pairs.
+  halves = [_corpus_pairs(tmp_path, lengths, batches=5, process_index=p,
+                          process_count=2) for p in range(2)]
+  split = [p for k in range(5) for half in halves for p in half[4 * k:4 * k + 4]]
+  for (a, b, la), (c, d, lc) in zip(pairs[:40], split, strict=True):
+    assert la == lc and np.array_equal(a, c) and np.array_equal(b, d)
+
+
+def test_nsp_on_a_corpus_of_one_document_takes_b_from_it_away_from_a(tmp_path):
+  pairs = _corpus_pairs(tmp_path, [800], batches=20)  # ids 100..899
+  assert abs(np.mean([label for _, _, label in pairs]) - 0.5) < 0.12  # 160 pairs
+  for a, b, label in pairs:
+    assert contiguous(a) and contiguous(b)
+    if label == sp.NOT_IN_ORDER:
+      assert not set(a.tolist()) & set(b.tolist()) and b[0] != a[-1] + 1

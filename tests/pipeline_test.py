@@ -1,5 +1,7 @@
 """Host pipeline: determinism, resumable position, process sharding, objectives."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -209,3 +211,32 @@ def test_grain_workers_make_the_same_batches_and_resume_exactly(tmp_path):
   for a, b in zip(alone, first + rest):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
+
+
+@pytest.mark.parametrize("packing", ["chunk", "pack"])
+def test_rows_number_the_documents_they_start_in(packing, tmp_path):
+  """One number per document, whichever rows it spans (NSP tells a random
+  row's documents from its own by them); a store built without the index
+  makes the same one when asked."""
+  from jaxtl.data import row_store  # pylint: disable=g-import-not-at-top
+  from jaxtl.objectives import sentence_pairs  # pylint: disable=g-import-not-at-top
+  lengths = [3, 15, 2, 9, 30, 4, 7]  # doc k holds 100 * (k + 1) + i
+  docs = [np.arange(100 * (k + 1), 100 * (k + 1) + n, dtype=np.int32)
+          for k, n in enumerate(lengths)]
+  path = str(tmp_path / "rows")
+  row_store.build(path, iter(docs), row_store.Layout(packing, 12, 1, 0),
+                  vocab_size=4000, name="test rows")
+  store = row_store.RowStore(path)
+  firsts = np.array(store.first_documents())
+  owner = {}  # document number -> the documents its tokens come from
+  for i, row in enumerate(store.take(range(len(store)))):
+    numbered = sentence_pairs.row_documents({**row, "document": firsts[i]}, 1)
+    for number, tokens in numbered.items():
+      source = set((tokens // 100 - 1).tolist())
+      assert len(source) == 1 and owner.setdefault(number, source) == source
+  assert len({min(s) for s in owner.values()}) == len(owner) > 1
+  os.remove(path + row_store.DOCS_SUFFIX)
+  np.testing.assert_array_equal(row_store.RowStore(path).first_documents(), firsts)
+  (tmp_path / "no_eos").mkdir()
+  with pytest.raises(ValueError, match="without EOS"):
+    _store(tmp_path / "no_eos").first_documents()

@@ -188,7 +188,7 @@ class _Batch:
   """Local batch ``k`` of a :class:`BatchIterator`: a pure function of
   ``k``, so Grain can make batches in any order, in any process."""
   rows: Any  # row_store.RowStore | row_store.ArrayRows
-  make_example: Callable[[Row, np.random.Generator], Example]
+  make_example: Callable[..., Example]  # (row, rng[, partner]) -> example
   batch_size: int
   local: int
   offset: int
@@ -196,6 +196,7 @@ class _Batch:
   seed: int
   shuffle: bool
   stream: tuple[int, ...]
+  partners: bool = False
 
   def rng(self, *key: int) -> np.random.Generator:
     """``default_rng((seed, *key))``, or its spawn for the stream."""
@@ -211,9 +212,27 @@ class _Batch:
     epoch, index = divmod(k, self.batches_per_epoch)
     start = index * self.batch_size + self.offset
     ids = self.order(epoch)[start:start + self.local]
-    examples = [self.make_example(row, self.rng(epoch, int(i)))
-                for i, row in zip(ids, self.rows.take(ids))]
+    rngs = [self.rng(epoch, int(i)) for i in ids]
+    rows = self.rows.take(ids)
+    if self.partners:
+      rows, partners = self._with_partners(ids, rows, rngs)
+      examples = [self.make_example(row, rng, partner)
+                  for row, rng, partner in zip(rows, rngs, partners)]
+    else:
+      examples = [self.make_example(row, rng) for row, rng in zip(rows, rngs)]
     return {key: np.stack([ex[key] for ex in examples]) for key in examples[0]}
+
+  def _with_partners(self, ids: np.ndarray, rows: list[Row],
+                     rngs: list[np.random.Generator]) -> tuple[list[Row], list[Row]]:
+    """The rows and a random partner row for each (drawn by the example's
+    own generator: still a pure function of the batch number), all numbered
+    by document (``row["document"]``) so that the objective can tell a
+    partner's documents from its row's."""
+    others = [int(rng.integers(len(self.rows))) for rng in rngs]
+    firsts = self.rows.first_documents()
+    number = lambda i, row: {**row, "document": np.int64(firsts[i])}
+    return ([number(i, row) for i, row in zip(ids, rows)],
+            [number(j, row) for j, row in zip(others, self.rows.take(others))])
 
 
 class BatchIterator:
@@ -234,6 +253,10 @@ class BatchIterator:
   of the next batch the consumer gets, ``(epoch, index)``, whatever Grain
   has made ahead, so a run resumes exactly with any number of workers or
   processes.
+
+  With ``partners`` (an objective whose ``Prepared.partner`` is set) each
+  example also gets a random row of the split, drawn with its generator,
+  and both rows carry the number of the document they start in.
   """
 
   def __init__(self, rows: Rows | row_store.RowStore | row_store.ArrayRows,
@@ -241,7 +264,7 @@ class BatchIterator:
                batch_size: int, seed: int, shuffle: bool = True,
                repeat: bool = True, process_index: int = 0,
                process_count: int = 1, stream: tuple[int, ...] = (),
-               workers: int = 0):
+               workers: int = 0, partners: bool = False):
     if batch_size % process_count:
       raise ValueError(f"global batch size {batch_size} is not divisible by "
                        f"the {process_count} processes")
@@ -259,8 +282,11 @@ class BatchIterator:
     self.offset = process_index * self.local
     self.batches_per_epoch = self.num_rows // batch_size
     self.epoch, self.index = 0, 0
+    if partners:  # the document index, made here rather than in each worker
+      rows.first_documents()
     self._batches = _Batch(rows, make_example, batch_size, self.local, self.offset,
-                           self.batches_per_epoch, seed, shuffle, self.stream)
+                           self.batches_per_epoch, seed, shuffle, self.stream,
+                           partners)
     self._it = None
 
   def get_state(self) -> dict[str, int]:
@@ -383,6 +409,7 @@ class DataSetup:
                       keep_tokenizer(tokenizer, workdir if process_index == 0 else None))
     prepared = self.objective.prepare(self.tokenizer, config.objective, data)
     self.make_example, self.lengths = self._framed(prepared), prepared.lengths
+    self.partners = prepared.partner
     self.max_predictions = prepared.max_predictions
     if workdir and data.cache:
       self._cache_dir = os.path.join(workdir, "data_cache")
@@ -422,7 +449,7 @@ class DataSetup:
     batches = BatchIterator(rows, self._framed(prepared), batch_size=data.batch_size,
                             seed=self.seed, process_index=self.process_index,
                             process_count=self.process_count, stream=stream,
-                            workers=data.get("workers", 0))
+                            workers=data.get("workers", 0), partners=prepared.partner)
     return batches, prepared
 
   def _load_tokenizer(self, data: Any, workdir: str | None) -> Tokenizer:
@@ -444,7 +471,8 @@ class DataSetup:
     return BatchIterator(self._rows[self.train_split], self.make_example,
                          batch_size=self.batch_size, seed=self.seed,
                          process_index=self.process_index,
-                         process_count=self.process_count, workers=self.workers)
+                         process_count=self.process_count, workers=self.workers,
+                         partners=self.partners)
 
   def eval_iterator(self, num_batches: int | None = None) -> Iterator[Example]:
     """The same eval batches (and masks) every time it is called."""
@@ -452,7 +480,7 @@ class DataSetup:
                        batch_size=self.batch_size, seed=self.seed + 1,
                        shuffle=False, repeat=False,
                        process_index=self.process_index,
-                       process_count=self.process_count)
+                       process_count=self.process_count, partners=self.partners)
     for i, batch in enumerate(it):
       if num_batches and i >= num_batches:
         return

@@ -12,10 +12,13 @@ memory: host memory stays flat as the corpus grows.
 
   DIR/rows_SPLIT_KEY.array_record   one record per row: int32 tokens, then
                                     (packed rows) int32 segment ids
+  DIR/rows_SPLIT_KEY.docs.npy       int64 [rows]: the number of the document
+                                    each row's first token belongs to (rows
+                                    that mark where documents end)
   DIR/rows_SPLIT_KEY.json           rows, row length, layout, documents,
                                     truncated documents, unigram entropy
 
-The JSON file is written last (and both atomically), so a store without it
+The JSON file is written last (and all atomically), so a store without it
 is an interrupted build and is built again.
 """
 
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 Row = dict[str, np.ndarray]  # "tokens", "segment_ids", "positions": [L]
 _DTYPE = np.dtype("<i4")
 ENCODE_BLOCK = 10_000  # texts per tokenizer call
+DOCS_SUFFIX = ".docs.npy"
 
 
 def _array_record():
@@ -78,6 +82,34 @@ def unigram_entropy(counts: np.ndarray) -> float:
   counts = counts.astype(np.float64)
   p = counts[counts > 0] / counts.sum()
   return float(-(p * np.log(p)).sum())
+
+
+def documents_ended(tokens: np.ndarray, segments: np.ndarray | None,
+                    eos_id: int | None) -> np.ndarray | None:
+  """How many documents each row of a block [n, L] ends, or None when its
+  rows do not say (``chunk`` without EOS).
+
+  A ``chunk`` document goes on into the next row until its EOS, so a row
+  ends as many as it holds EOS; a ``pack`` row ends all of its segments
+  (1..k). Numbering a row's documents from the sum over the rows before it
+  gives every document one number, whichever rows it spans.
+  """
+  if segments is not None:
+    return segments.max(axis=1).astype(np.int64)
+  if eos_id is None:
+    return None
+  return (tokens == eos_id).sum(axis=1).astype(np.int64)
+
+
+def first_documents(ended: np.ndarray) -> np.ndarray:
+  """The number of the document each row starts in, from what each ends."""
+  return np.concatenate([[0], np.cumsum(ended)[:-1]]).astype(np.int64)
+
+
+def _save_array(path: str, array: np.ndarray) -> None:
+  tmp = f"{path}.{os.getpid()}.tmp.npy"
+  np.save(tmp, array)
+  os.replace(tmp, path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,11 +161,12 @@ def build(path: str, docs: Iterable[np.ndarray], layout: Layout, vocab_size: int
   writer = ar.ArrayRecordWriter(tmp + ".array_record", "group_size:1")
   counts = np.zeros(vocab_size, np.int64)
   stats = {"documents": 0, "truncated": 0}
-  rows = 0
+  rows, ended = 0, []
   try:
     for tokens, segments in layout.rows(docs, stats):
       real = tokens if segments is None else tokens[segments > 0]
       counts += np.bincount(real.ravel(), minlength=vocab_size)[:vocab_size]
+      ended.append(documents_ended(tokens, segments, layout.eos_id))
       for i in range(len(tokens)):
         record = tokens[i].astype(_DTYPE).tobytes()
         if segments is not None:
@@ -154,6 +187,8 @@ def build(path: str, docs: Iterable[np.ndarray], layout: Layout, vocab_size: int
   meta = {"rows": rows, "layout": dataclasses.asdict(layout), **stats,
           "tokens": int(counts.sum()), "unigram_entropy": unigram_entropy(counts)}
   os.replace(tmp + ".array_record", path + ".array_record")
+  if ended[0] is not None:
+    _save_array(path + DOCS_SUFFIX, first_documents(np.concatenate(ended)))
   with open(tmp + ".json", "w") as f:
     json.dump(meta, f, indent=1)
   os.replace(tmp + ".json", path + ".json")
@@ -173,6 +208,7 @@ class RowStore:
     self.path = path
     self.layout = Layout(**self.meta["layout"])
     self._reader = None
+    self._documents = None
 
   @staticmethod
   def exists(path: str) -> bool:
@@ -182,7 +218,7 @@ class RowStore:
     return self.meta["rows"]
 
   def __getstate__(self) -> dict[str, Any]:
-    return {**self.__dict__, "_reader": None}
+    return {**self.__dict__, "_reader": None, "_documents": None}
 
   def _open(self):
     if self._reader is None:
@@ -208,6 +244,37 @@ class RowStore:
 
   def __getitem__(self, i: int) -> Row:
     return self.take([i])[0]
+
+  def first_documents(self) -> np.ndarray:
+    """[rows] the number of the document each row's first token belongs to
+    (:func:`documents_ended`), read from disk as needed: with it, two rows
+    tell whether they hold pieces of the same document.
+
+    A store built before this index existed is read once to make it.
+
+    Raises:
+      ValueError: for ``chunk`` rows without EOS (no document boundaries).
+    """
+    if self._documents is None:
+      if self.layout.packing == "chunk" and self.layout.eos_id is None:
+        raise ValueError(f"rows {self.path}: chunk rows without EOS do not mark "
+                         "where documents end (the objective needs eos=True)")
+      file = self.path + DOCS_SUFFIX
+      if not os.path.isfile(file):  # a store built before the index existed
+        _save_array(file, first_documents(self._documents_ended()))
+      self._documents = np.load(file, mmap_mode="r")
+    return self._documents
+
+  def _documents_ended(self, block: int = 4096) -> np.ndarray:
+    """:func:`documents_ended` of every row, read ``block`` rows at a time."""
+    ended = []
+    for start in range(0, len(self), block):
+      rows = self.take(range(start, min(start + block, len(self))))
+      segments = (np.stack([r["segment_ids"] for r in rows])
+                  if self.layout.packing == "pack" else None)
+      ended.append(documents_ended(np.stack([r["tokens"] for r in rows]), segments,
+                                   self.layout.eos_id))
+    return np.concatenate(ended)
 
   def tokens_array(self) -> np.ndarray:
     """Every row's tokens, [rows, row_length] (for small stores and tests)."""

@@ -39,6 +39,9 @@ class Prepared:
     framed: whether chunked rows get [CLS] ... [SEP] around them.
     max_predictions: a bound on loss positions per row (the loss computes
       logits only there), or None for every position.
+    partner: whether ``make_example`` takes a second row, ``(row, rng,
+      partner)``: a random row of the split, both rows numbered by document
+      (``row["document"]``), for NSP's negatives from the whole corpus.
   """
   make_example: Callable[[Row, np.random.Generator], Example]
   lengths: dict[str, int]
@@ -46,6 +49,7 @@ class Prepared:
   eos: bool
   framed: bool = False
   max_predictions: int | None = None
+  partner: bool = False
 
 
 def plain_model(config: TransformerConfig, objective: Any) -> nn.Module:  # pylint: disable=unused-argument

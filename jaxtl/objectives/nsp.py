@@ -23,10 +23,13 @@ MODEL_NEEDS = {"type_vocab_size": 2, "sentence_classes": 2}
 
 def pair_example(row: Row, rng: np.random.Generator, task: str, length: int,
                  tokenizer: Tokenizer, objective: Any, special_ids: np.ndarray,
-                 ids: tuple[int, int]) -> Example:
-  """A masked sentence pair of ``length`` tokens and its label."""
+                 ids: tuple[int, int], partner: Row | None = None) -> Example:
+  """A masked sentence pair of ``length`` tokens and its label (NSP's random
+  B from ``partner``, another row, when given)."""
   docs = sentence_pairs.row_documents(row, tokenizer.eos_id)
-  a, b, label = sentence_pairs.sentence_pair(docs, length - 3, task, rng)
+  others = (None if partner is None else
+            sentence_pairs.row_documents(partner, tokenizer.eos_id))
+  a, b, label = sentence_pairs.sentence_pair(docs, length - 3, task, rng, others)
   framed = sentence_pairs.frame_pair(a, b, length, cls_id=ids[0], sep_id=ids[1],
                                      pad_id=tokenizer.pad_id)
   example = mlm_example(framed, rng, tokenizer, objective, special_ids)
@@ -49,12 +52,13 @@ def _prepare(task: str):
            tokenizer.sep_id if tokenizer.sep_id is not None else tokenizer.eos_id)
     specials = tokenizer.special_ids
     return Prepared(
-        make_example=lambda row, rng: pair_example(row, rng, task, length, tokenizer,
-                                                   objective, specials, ids),
+        make_example=lambda row, rng, partner=None: pair_example(
+            row, rng, task, length, tokenizer, objective, specials, ids, partner),
         lengths={"encoder": length},
         # A window of several pairs, documents ended by EOS (module doc).
         row_length=sentence_pairs.PAIR_WINDOW * (length - 3), eos=True,
-        max_predictions=int(np.ceil(objective.mask_rate * length)))
+        max_predictions=int(np.ceil(objective.mask_rate * length)),
+        partner=task == "nsp")  # NSP's random next from the whole corpus
   return prepare
 
 

@@ -12,15 +12,17 @@ An example is ``[CLS] A [SEP] B [SEP]`` with token types 0 on ``[CLS] A
 Label 0 means "in order" for both, as Hugging Face's ``BertForPreTraining``
 (``next_sentence_label``) and ALBERT's SOP count them.
 
-The objective sees one row at a time (``make_example(row, rng)``, a pure
-function, so masks and pairs are dynamic and resumable), so its rows are
-cut twice as long as the pair (:data:`PAIR_WINDOW`) with EOS after every
-document: A and B are chosen inside that window, and the "random" B of NSP
-comes from another document in it. A window holding a single document
-(one longer than the window) has no other document; B is then a segment of
-the same document that does not touch A: a harder negative than BERT's,
-which draws from the whole corpus (a corpus-wide partner would need the
-pipeline to hand the objective a second row).
+The objective sees a row at a time (``make_example(row, rng, partner)``, a
+pure function, so masks and pairs are dynamic and resumable), so its rows
+are cut twice as long as the pair (:data:`PAIR_WINDOW`) with EOS after every
+document, and A and B are chosen inside that window. NSP's "random next" B
+comes, as in BERT, from another document of the whole corpus: the pipeline
+hands the example a second, random row of the split (``partner``), and
+documents are told apart by number (:func:`row_documents`), so a document
+that spans both rows is never taken for another. Only when the partner row
+holds nothing but A's document does B come from another document of A's
+window, and when that has none either (a corpus of one document), from
+A's own document away from A.
 """
 
 from __future__ import annotations
@@ -32,20 +34,28 @@ from jaxtl.objectives.base import Row
 TASKS = ("nsp", "sop")
 IN_ORDER, NOT_IN_ORDER = 0, 1  # the sentence labels
 PAIR_WINDOW = 2  # rows hold this many pairs' worth of tokens
+Documents = dict[int, np.ndarray]  # a document's number -> its tokens in a row
 
 
-def row_documents(row: Row, eos_id: int) -> list[np.ndarray]:
-  """The documents (or their parts) in a row, EOS and padding removed.
+def row_documents(row: Row, eos_id: int) -> Documents:
+  """The documents (or their parts) in a row, EOS and padding removed, by
+  number.
 
   A document ends at an EOS (``chunk`` rows: one stream of documents) or
   where the segment id changes (``pack`` rows: one segment per document).
+  They are numbered on from ``row["document"]``, the number of the one the
+  row starts in (:meth:`jaxtl.data.row_store.RowStore.first_documents`; 0
+  when the row has none), so the parts of one document in two rows have
+  the same number.
   """
   tokens, seg = np.asarray(row["tokens"]), np.asarray(row["segment_ids"])
   ends = (tokens == eos_id) | np.append(seg[1:] != seg[:-1], True)
-  doc_ids = np.concatenate([[0], np.cumsum(ends[:-1])])
+  doc_ids = int(row.get("document", 0)) + np.concatenate([[0], np.cumsum(ends[:-1])])
   keep = (seg > 0) & (tokens != eos_id)
   ids, kept = doc_ids[keep], tokens[keep]
-  return [d for d in np.split(kept, np.flatnonzero(np.diff(ids)) + 1) if d.size]
+  cuts = np.flatnonzero(np.diff(ids)) + 1
+  return {int(i[0]): d for i, d in zip(np.split(ids, cuts), np.split(kept, cuts))
+          if d.size}
 
 
 def _pick(rng: np.random.Generator, sizes: np.ndarray) -> int:
@@ -60,6 +70,18 @@ def _piece(rng: np.random.Generator, tokens: np.ndarray, length: int) -> np.ndar
   return tokens[start:start + length]
 
 
+def _other_document(rng: np.random.Generator, pools: list[Documents], own: int,
+                    length: int) -> np.ndarray | None:
+  """A piece of a document other than ``own``, from the first pool that has
+  one (documents chosen in proportion to length), or None."""
+  for pool in pools:
+    others = [tokens for number, tokens in pool.items() if number != own]
+    if others:
+      sizes = np.array([d.size for d in others], np.float64)
+      return _piece(rng, others[_pick(rng, sizes)], length)
+  return None
+
+
 def _not_touching(rng: np.random.Generator, doc: np.ndarray, start: int, stop: int,
                   length: int) -> np.ndarray | None:
   """A piece of ``doc`` outside ``[start, stop]`` (A and the token after it),
@@ -71,23 +93,26 @@ def _not_touching(rng: np.random.Generator, doc: np.ndarray, start: int, stop: i
   return _piece(rng, regions[_pick(rng, sizes)], length)
 
 
-def sentence_pair(docs: list[np.ndarray], budget: int, task: str,
-                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
+def sentence_pair(docs: Documents, budget: int, task: str, rng: np.random.Generator,
+                  partner: Documents | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, int]:
   """``(A, B, label)`` with ``len(A) + len(B) <= budget`` from a row's documents.
 
   A and its true continuation are a random piece of one document (chosen in
   proportion to length, so every token is as likely to be used), cut at a
-  random point; then ``task`` decides B and the label (module doc).
+  random point; then ``task`` decides B and the label (module doc). NSP's
+  random B comes from ``partner`` (the documents of another row) when it
+  holds a document other than A's.
   """
   if task not in TASKS:
     raise ValueError(f"sentence task {task!r}; expected one of {TASKS}")
-  sizes = np.array([d.size for d in docs], np.float64)
-  if not (sizes >= 2).any():  # no document of two tokens: use the row as one
-    docs = [np.concatenate(docs)] if docs else [np.zeros(2, np.int32)]
-    sizes = np.array([docs[0].size], np.float64)
-  usable = np.where(sizes >= 2, sizes, 0.0)
-  d = _pick(rng, usable)
-  doc = docs[d]
+  if not any(d.size >= 2 for d in docs.values()):  # use the row as one
+    docs = ({min(docs): np.concatenate(list(docs.values()))} if docs
+            else {0: np.zeros(2, np.int32)})
+  numbers = list(docs)
+  usable = np.array([d.size if d.size >= 2 else 0 for d in docs.values()], np.float64)
+  own = numbers[_pick(rng, usable)]
+  doc = docs[own]
   take = min(doc.size, budget)
   start = int(rng.integers(0, doc.size - take + 1))
   cut = int(rng.integers(1, take)) if take >= 2 else 1
@@ -97,11 +122,9 @@ def sentence_pair(docs: list[np.ndarray], budget: int, task: str,
     return a, b, IN_ORDER
   if task == "sop":
     return b, a, NOT_IN_ORDER
-  others = sizes.copy()
-  others[d] = 0.0
-  if others.sum():
-    return a, _piece(rng, docs[_pick(rng, others)], take - cut), NOT_IN_ORDER
-  other = _not_touching(rng, doc, start, start + cut, take - cut)
+  other = _other_document(rng, [partner or {}, docs], own, take - cut)
+  if other is None:  # a corpus of one document
+    other = _not_touching(rng, doc, start, start + cut, take - cut)
   # A document of two or three tokens has no such piece: B before A, then.
   return (a, other, NOT_IN_ORDER) if other is not None else (b, a, NOT_IN_ORDER)
 
