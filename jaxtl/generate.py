@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxtl import sampling
 from jaxtl.models import TransformerConfig, build_model, paths
 
 Array = jax.Array
@@ -89,7 +90,7 @@ def process_logits(logits_BV: Array, seen_BV: Array, gen: GenerationConfig) -> A
 
 def _choose(logits_BV: Array, rng: Array, gen: GenerationConfig) -> Array:
   if gen.temperature > 0:
-    return jax.random.categorical(rng, logits_BV).astype(jnp.int32)
+    return sampling.sample(rng, logits_BV)  # one uniform per row, not one per entry
   return jnp.argmax(logits_BV, -1).astype(jnp.int32)
 
 
