@@ -44,8 +44,9 @@ def save_model_config(cfg: TransformerConfig, workdir: str) -> None:
   path = os.path.join(workdir, MODEL_CONFIG_FILE)
   new = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples as lists, as saved
   if os.path.exists(path) and workdir_lib.holds_checkpoints(workdir):
-    with open(path) as f:
-      old = json.load(f)
+    with open(path) as f:  # fields added since it was written hold their defaults
+      old = {**json.loads(json.dumps(dataclasses.asdict(TransformerConfig()))),
+             **json.load(f)}
     diff = [f"{k}: {old.get(k)!r} there, {new.get(k)!r} here"
             for k in sorted(old.keys() | new.keys())
             if k not in RUNTIME_FIELDS and old.get(k) != new.get(k)]
