@@ -197,9 +197,13 @@ def test_files_generation_trains_scores_and_predicts_text(tmp_path, monkeypatch)
       r["target"] = [" ".join(r["target"]), r["source"]]
   train = tmp_path / "train.jsonl"
   train.write_text("".join(json.dumps(r) + "\n" for r in rows))
-  workdir = tmp_path / "t5"
+  workdir = tmp_path / "bart"
+  # An encoder-decoder (T5's code path but for its positions, which the tests
+  # above cover) starting to decode from </s> as Hugging Face's BART does:
+  # training, decoding and the reloaded workdir (model_config.json) agree.
   config = file_task_test._config(
-      "--config=configs/finetune.py:task=files,model=t5_tiny", f"--config.tokenizer_path={vocab}",
+      "--config=configs/finetune.py:task=files,model=bart_tiny",
+      "--config.model.decoder_start=eos", f"--config.tokenizer_path={vocab}",
       f"--config.task.train={train}", "--config.task.kind=generation",
       "--config.task.text_fields=('source',)", "--config.task.label_field=target",
       "--config.task.max_len=16", "--config.task.max_target_len=4",
@@ -214,6 +218,7 @@ def test_files_generation_trains_scores_and_predicts_text(tmp_path, monkeypatch)
   assert json.loads((workdir / "results.json").read_text())["best_dev"] is not None
   assert all(0.0 <= v <= 100.0 for v in results["test"].values())
   assert results["new"] == []  # the LM writes the text: no head
+  assert json.loads((workdir / "model_config.json").read_text())["decoder_start"] == "eos"
   inputs = tmp_path / "in.jsonl"
   inputs.write_text(json.dumps({"source": "red cat one two"}) + "\n")
   out = tmp_path / "out.jsonl"
