@@ -158,11 +158,12 @@ def _generate_decoder(cfg: TransformerConfig, gen: GenerationConfig, params: Any
 
 def _decoder_start(cfg: TransformerConfig, gen: GenerationConfig, params: Any,
                    tokens_BS: Array, mask_BS: Array) -> tuple[Any, Array, Any]:
-  """(step, first logits, cache) of T5 decoding after the start token."""
+  """(step, first logits, cache) of encoder-decoder decoding after the start
+  token (T5's pad, or EOS for an imported BART: ``cfg.decoder_start``)."""
   model = build_model(cfg)
   b = tokens_BS.shape[0]
   enc_BSD = model.apply({"params": params}, tokens_BS, mask_BS, method=model.encode)[0]
-  start_B1 = jnp.full((b, 1), gen.pad_id, jnp.int32)  # T5 starts from pad
+  start_B1 = jnp.full((b, 1), cfg.decoder_start_id(gen.pad_id, gen.eos_id), jnp.int32)
   cache = _empty_cache(model, enc_BSD, mask_BS,
                        jnp.zeros((b, gen.max_new_tokens), jnp.int32), method=model.decode)
   (logits, _, _), v = model.apply({"params": params, "cache": cache}, enc_BSD, mask_BS,

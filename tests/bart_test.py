@@ -81,3 +81,12 @@ def test_a_vocabulary_without_a_mask_token_is_named():
   data = type("D", (), {"tokenizer": type("T", (), {"path": "x.model"})(), "seq_len": 8})
   with pytest.raises(ValueError, match=r"\[MASK\].*x.model"):
     bart.prepare(_Tok(mask_id=None), OBJECTIVE, data)
+
+
+def test_an_eos_started_decoder_is_not_pretrained_from_pad():
+  from jaxtl import objectives  # pylint: disable=g-import-not-at-top
+  from jaxtl.models import TransformerConfig  # pylint: disable=g-import-not-at-top
+  objectives.check_model("bart", TransformerConfig(family="encoder_decoder"))
+  with pytest.raises(ValueError, match=r"config.model.decoder_start is 'eos'"):
+    objectives.check_model("bart", TransformerConfig(family="encoder_decoder",
+                                                     decoder_start="eos"))

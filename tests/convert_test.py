@@ -425,6 +425,16 @@ def test_an_encoder_decoder_exports_as_t5_or_bart_by_its_architecture():
   assert hf.export_family(preset("t5_tiny")).model_type == "t5"
   assert hf.export_family(preset("bart_base")).model_type == "bart"
   assert hf.hf_config(preset("bart_tiny"))["max_position_embeddings"] == 512
+  # The decoder's first token round-trips as a role (pad or EOS), written as
+  # jaxtl's tokenizers' id (pad 0, EOS 1) and read back from HF's ids.
+  for name, start, start_id in (("t5_tiny", "pad", 0), ("bart_tiny", "pad", 0),
+                                ("bart_tiny", "eos", 1), ("t5_tiny", "eos", 1)):
+    fields = hf.hf_config(preset(name, decoder_start=start))
+    assert fields["decoder_start_token_id"] == start_id
+    assert hf.FAMILIES[fields["model_type"]].config_from_hf(fields).decoder_start == start
+  with pytest.raises(ValueError, match="decoder_start_token_id=5, neither"):
+    hf.FAMILIES["bart"].config_from_hf({**hf.hf_config(preset("bart_tiny")),
+                                        "decoder_start_token_id": 5})
   with pytest.raises(ValueError, match=r"no Hugging Face t5 equivalent: .*position="
                                        r".*nor bart equivalent: pre_norm=True"):
     hf.export_family(preset("bart_tiny", pre_norm=True))

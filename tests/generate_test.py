@@ -145,7 +145,7 @@ def test_bad_requests_are_refused():
     G.generate(DECODER, {}, np.ones((1, 2)), gen=G.GenerationConfig(num_beams=2))
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "t5"])
+@pytest.mark.parametrize("model_type", ["gpt2", "t5", "bart"])
 def test_greedy_matches_transformers_generate(model_type, tmp_path):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
@@ -155,25 +155,42 @@ def test_greedy_matches_transformers_generate(model_type, tmp_path):
     config = transformers.GPT2Config(vocab_size=97, n_embd=40, n_layer=2, n_head=5,
                                      n_positions=32, eos_token_id=3, pad_token_id=0)
     model = transformers.GPT2LMHeadModel(config)
-  else:
+  elif model_type == "t5":
     config = transformers.T5Config(vocab_size=97, d_model=40, d_kv=8, d_ff=48, num_layers=2,
                                    num_heads=5, decoder_start_token_id=0, eos_token_id=3,
                                    pad_token_id=0, feed_forward_proj="gated-gelu")
     model = transformers.T5ForConditionalGeneration(config)
+  else:  # BART, HF's ids: <s> 0, pad 1, </s> 2, which also starts decoding
+    config = transformers.BartConfig(
+        vocab_size=97, d_model=40, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=5, decoder_attention_heads=5, encoder_ffn_dim=48,
+        decoder_ffn_dim=48, max_position_embeddings=32, forced_eos_token_id=None)
+    assert config.decoder_start_token_id == config.eos_token_id == 2
+    model = transformers.BartForConditionalGeneration(config)
   with torch.no_grad():  # sharper logits than the init's: fewer near-ties
     for p in model.parameters():
-      p.mul_(4.0 if p.ndim == 2 else 1.0)
+      if model_type == "bart":  # (scaled, its init writes one token whatever the input)
+        p.add_(0.5 * torch.randn_like(p))
+      else:
+        p.mul_(4.0 if p.ndim == 2 else 1.0)
   model.eval().save_pretrained(tmp_path)
   imported = convert.import_hf(tmp_path)
+  assert imported.config.decoder_start == ("eos" if model_type == "bart" else "pad")
+  pad, eos = config.pad_token_id, config.eos_token_id
   prompts = np.random.RandomState(0).randint(4, 97, (3, 6))
   with torch.no_grad():
     theirs = model.generate(torch.tensor(prompts), do_sample=False, max_new_tokens=10,
                             min_new_tokens=0).numpy()
   theirs = theirs[:, prompts.shape[1]:] if model_type == "gpt2" else theirs[:, 1:]
   ours = G.generate(imported.config, imported.params, prompts,
-                    gen=G.GenerationConfig(max_new_tokens=10, eos_id=3, pad_id=0))
+                    gen=G.GenerationConfig(max_new_tokens=10, eos_id=eos, pad_id=pad))
   np.testing.assert_array_equal(ours[:, :theirs.shape[1]], theirs)
-  assert (ours[:, theirs.shape[1]:] == 0).all()  # HF stops once all rows ended
+  assert (ours[:, theirs.shape[1]:] == pad).all()  # HF stops once all rows ended
+  if model_type == "bart":  # the start token matters: from pad it writes another text
+    from_pad = G.generate(imported.config.replace(decoder_start="pad"), imported.params,
+                          prompts, gen=G.GenerationConfig(max_new_tokens=10, eos_id=eos,
+                                                          pad_id=pad))
+    assert (from_pad != ours).any()
 
 
 def test_command_line_generates_text(tmp_path):

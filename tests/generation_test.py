@@ -28,6 +28,13 @@ SMALL = dict(vocab_size=0, d_model=16, num_heads=2, head_dim=8, mlp_dim=32, num_
 GPT2 = dict(family="decoder", **SMALL)
 T5 = dict(family="encoder_decoder", position="relative", norm="rmsnorm", use_bias=False,
           scale_attention=False, relative_buckets=8, relative_max_distance=16, **SMALL)
+# BART's layers, its decoder starting from </s> as Hugging Face's does.
+BART = dict(family="encoder_decoder", norm_eps=1e-5, pre_norm=False, embed_norm=True,
+            lm_head_bias=True, decoder_start="eos", **SMALL)
+
+
+def _config(tok, fields):
+  return TransformerConfig(**{**fields, "vocab_size": tok.vocab_size})
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +60,8 @@ def _examples(n=4, seed=0):
 
 
 def _model(tok, family_fields, seed=0):
-  cfg = TransformerConfig(**{**family_fields, "vocab_size": tok.vocab_size})
-  model = TaskModel(cfg, kind=generation.KIND, pad_id=tok.pad_id)
+  cfg = _config(tok, family_fields)
+  model = TaskModel(cfg, kind=generation.KIND, pad_id=tok.pad_id, eos_id=tok.eos_id)
   params = jax.jit(model.init)(jax.random.key(seed), jnp.ones((1, 8), jnp.int32))["params"]
   # Sharper distributions than the init's, so greedy paths are not near-ties.
   return model, jax.tree.map(lambda x: x * 4.0 if x.ndim == 2 and x.shape[0] == cfg.vocab_size
@@ -63,7 +70,7 @@ def _model(tok, family_fields, seed=0):
 
 def test_decoder_only_loss_weights_cover_the_output_and_eos_only(tok):
   task, ex = _Task(), _examples()
-  feats = generation.encode(ex, tok, task, "decoder")
+  feats = generation.encode(ex, tok, task, _config(tok, GPT2))
   a = feats.arrays
   for i, (q, c) in enumerate(zip(ex.texts, ex.text_pairs)):
     prompt = tok.encode(f"question: {q} context: {c}") + [tok.sep_id]
@@ -78,11 +85,12 @@ def test_decoder_only_loss_weights_cover_the_output_and_eos_only(tok):
     assert a["decoder_segment_ids"][i].sum() == n
     # The left-padded prompt generation reads ends at the separator.
     assert a[generation.PROMPT_TOKENS][i][a[generation.PROMPT_MASK][i] > 0].tolist() == prompt
-  t5 = generation.encode(ex, tok, task, "encoder_decoder").arrays
   target = tok.encode(ex.labels[0][0]) + [tok.eos_id]
-  assert t5["decoder_target_tokens"][0][:len(target)].tolist() == target
-  assert t5["decoder_input_tokens"][0][:len(target)].tolist() == [tok.pad_id] + target[:-1]
-  assert t5["decoder_loss_weights"][0].sum() == len(target)
+  for fields, start in ((T5, tok.pad_id), (BART, tok.eos_id)):
+    t5 = generation.encode(ex, tok, task, _config(tok, fields)).arrays
+    assert t5["decoder_target_tokens"][0][:len(target)].tolist() == target
+    assert t5["decoder_input_tokens"][0][:len(target)].tolist() == [start] + target[:-1]
+    assert t5["decoder_loss_weights"][0].sum() == len(target)
 
 
 @pytest.mark.parametrize("fields", [GPT2, T5], ids=["gpt2", "t5"])
@@ -90,7 +98,7 @@ def test_the_loss_is_the_output_tokens_cross_entropy_whatever_the_padding(tok, f
   task = _Task()
   family = fields["family"]
   model, params = _model(tok, fields)
-  feats = generation.encode(_examples(), tok, task, family)
+  feats = generation.encode(_examples(), tok, task, model.config)
   loss_fn = jax.jit(finetune.make_task_loss_fn(model))
   batch = {k: jnp.asarray(v) for k, v in feats.arrays.items()}
   _, sums = loss_fn(params, batch, None)
@@ -115,12 +123,12 @@ def test_the_loss_is_the_output_tokens_cross_entropy_whatever_the_padding(tok, f
   np.testing.assert_allclose(float(other["loss_sum"]), float(sums["loss_sum"]), rtol=1e-5)
 
 
-@pytest.mark.parametrize("fields", [GPT2, T5], ids=["gpt2", "t5"])
+@pytest.mark.parametrize("fields", [GPT2, T5, BART], ids=["gpt2", "t5", "bart"])
 def test_decoding_writes_the_teacher_forced_argmax_whatever_the_padding(tok, fields):
   task, family = _Task(), fields["family"]
   model, params = _model(tok, fields, seed=1)
   ex = _examples(n=3, seed=1)
-  feats = generation.encode(ex, tok, task, family)
+  feats = generation.encode(ex, tok, task, model.config)
   run = jax.jit(kinds.get(generation.KIND).forward(model, task, tok))
   ids = np.asarray(run(params, feats.arrays))
   assert ids.shape == (3, task.max_target_len)
@@ -138,7 +146,8 @@ def test_decoding_writes_the_teacher_forced_argmax_whatever_the_padding(tok, fie
       seqs[i, len(p):len(p) + ids.shape[1]] = ids[i]
     logits = apply(seqs)["logits"]
   else:
-    dec = np.concatenate([np.full((3, 1), tok.pad_id), ids[:, :-1]], 1)
+    start = model.config.decoder_start_id(tok.pad_id, tok.eos_id)
+    dec = np.concatenate([np.full((3, 1), start), ids[:, :-1]], 1)
     logits = apply(a["encoder_input_tokens"], dec, a["encoder_segment_ids"])["logits"]
     starts = [0] * 3
   for i, row in enumerate(ids.tolist()):
@@ -146,7 +155,7 @@ def test_decoding_writes_the_teacher_forced_argmax_whatever_the_padding(tok, fie
     argmax = np.argmax(logits[i, starts[i]:starts[i] + n], -1)
     assert argmax.tolist() == row[:n]
   # One example alone (less padding) is decoded the same.
-  alone = generation.encode(ex.subset([0]), tok, task, family).arrays
+  alone = generation.encode(ex.subset([0]), tok, task, model.config).arrays
   if family == "encoder_decoder":
     alone = finetune.trim_padding(alone, "encoder", 8)
   np.testing.assert_array_equal(np.asarray(run(params, alone))[0], ids[0])
@@ -188,9 +197,13 @@ def test_files_generation_trains_scores_and_predicts_text(tmp_path, monkeypatch)
       r["target"] = [" ".join(r["target"]), r["source"]]
   train = tmp_path / "train.jsonl"
   train.write_text("".join(json.dumps(r) + "\n" for r in rows))
-  workdir = tmp_path / "t5"
+  workdir = tmp_path / "bart"
+  # An encoder-decoder (T5's code path but for its positions, which the tests
+  # above cover) starting to decode from </s> as Hugging Face's BART does:
+  # training, decoding and the reloaded workdir (model_config.json) agree.
   config = file_task_test._config(
-      "--config=configs/finetune.py:task=files,model=t5_tiny", f"--config.tokenizer_path={vocab}",
+      "--config=configs/finetune.py:task=files,model=bart_tiny",
+      "--config.model.decoder_start=eos", f"--config.tokenizer_path={vocab}",
       f"--config.task.train={train}", "--config.task.kind=generation",
       "--config.task.text_fields=('source',)", "--config.task.label_field=target",
       "--config.task.max_len=16", "--config.task.max_target_len=4",
@@ -205,6 +218,7 @@ def test_files_generation_trains_scores_and_predicts_text(tmp_path, monkeypatch)
   assert json.loads((workdir / "results.json").read_text())["best_dev"] is not None
   assert all(0.0 <= v <= 100.0 for v in results["test"].values())
   assert results["new"] == []  # the LM writes the text: no head
+  assert json.loads((workdir / "model_config.json").read_text())["decoder_start"] == "eos"
   inputs = tmp_path / "in.jsonl"
   inputs.write_text(json.dumps({"source": "red cat one two"}) + "\n")
   out = tmp_path / "out.jsonl"
@@ -215,10 +229,10 @@ def test_files_generation_trains_scores_and_predicts_text(tmp_path, monkeypatch)
 
 def test_generation_refuses_what_cannot_write_text(tok):
   with pytest.raises(ValueError, match="encoder"):
-    generation.encode(_examples(), tok, _Task(), "encoder")
+    generation.encode(_examples(), tok, _Task(), TransformerConfig(family="encoder"))
   short = type("Short", (_Task,), {"max_len": 6})()
   with pytest.raises(ValueError, match="max_len=6 must exceed max_target_len"):
-    generation.encode(_examples(), tok, short, "decoder")
+    generation.encode(_examples(), tok, short, _config(tok, GPT2))
   cfg = TransformerConfig(**{**GPT2, "vocab_size": tok.vocab_size})
   with pytest.raises(ValueError, match="beam search"):
     generate_lib.generate(cfg, None, np.ones((1, 2), np.int32),

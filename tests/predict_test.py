@@ -13,6 +13,7 @@ import pytest
 
 import jaxtl
 from jaxtl import predict as predict_cli
+from jaxtl.models import TransformerConfig
 from jaxtl.tasks import finetune, kinds, predictor, rows
 from jaxtl.tasks import readers as tasks
 from jaxtl.tasks import spec as task_spec
@@ -196,7 +197,7 @@ def test_inputs_for_pairs_tagging_and_questions_become_the_kinds_examples(tuned)
   examples = predictor.as_examples(tagging, [words[0], " ".join(words[1])])
   assert examples.words == words
   kind = kinds.get("token_classification")
-  feats = kind.encode(examples, tok, tagging, "encoder")
+  feats = kind.encode(examples, tok, tagging, TransformerConfig(family="encoder"))
   tags = kind.present(tagging, np.ones_like(feats.arrays["labels"]), feats, examples)
   assert tags[0]["tags"] == ["VERB", "VERB"]
   assert len(tags[1]["tags"]) == 8 and tags[1]["tags"][-1] is None  # cut by max_len

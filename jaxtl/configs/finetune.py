@@ -17,7 +17,7 @@ your own CSV, TSV, JSON lines or Parquet (``jaxtl.tasks.file_task``):
 backbone (``configs/pretrain_span.py``), ``--config.task.kind=text_to_text``
 turns a classification task into T5's text-to-text form: the decoder learns
 to write the label (``task.label_words``) and predicts the likeliest one.
-``--config.task.kind=generation`` (T5 or GPT-2 backbones) trains the LM to
+``--config.task.kind=generation`` (T5, BART or GPT-2 backbones) trains the LM to
 write free text (``task.label_field``: the target, or a list of references)
 and scores what it decodes (ROUGE, BLEU, exact match, F1; README, "Generative
 fine-tuning"); ``task=squad`` with it is SQuAD as "question: ... context: ..."

@@ -16,7 +16,8 @@ import dataclasses
 from typing import Any
 
 from jaxtl.convert import rules as R
-from jaxtl.convert.family import Family, activation_from_hf, get
+from jaxtl.convert.family import (Family, activation_from_hf, decoder_start_from_hf, get,
+                                  special_ids_to_hf)
 from jaxtl.models import paths as P
 from jaxtl.models.config import TransformerConfig
 
@@ -50,7 +51,7 @@ def config_from_hf(hf: dict[str, Any]) -> TransformerConfig:
       scale_attention=True, dropout_rate=hf.get("dropout", 0.1),
       attention_dropout_rate=hf.get("attention_dropout", 0.0),
       tie_embeddings=hf.get("tie_word_embeddings", True), lm_head_bias=True,
-      init_std=hf.get("init_std", 0.02))
+      decoder_start=decoder_start_from_hf(hf), init_std=hf.get("init_std", 0.02))
 
 
 def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
@@ -63,9 +64,7 @@ def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
       "dropout": cfg.dropout_rate, "attention_dropout": cfg.attention_dropout_rate,
       "activation_dropout": 0.0, "init_std": cfg.init_std, "scale_embedding": False,
       "tie_word_embeddings": cfg.tie_embeddings, "is_encoder_decoder": True,
-      # jaxtl's tokenizers: pad 0, EOS 1, and decoding starts from pad (as T5).
-      "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0,
-      "forced_eos_token_id": 1,
+      **special_ids_to_hf(cfg), "forced_eos_token_id": 1,
   }
 
 

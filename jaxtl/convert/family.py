@@ -88,3 +88,26 @@ def activation_from_hf(name: str) -> str:
   if name not in _ACTIVATIONS:
     raise ValueError(f"activation {name!r} is not supported; known: {sorted(_ACTIVATIONS)}")
   return _ACTIVATIONS[name]
+
+
+def decoder_start_from_hf(hf: dict[str, Any]) -> str:
+  """``config.json``'s ``decoder_start_token_id`` as jaxtl's
+  :attr:`TransformerConfig.decoder_start`: the pad id (T5) or the EOS id
+  (BART). jaxtl records the role, not the id, since the ids belong to the
+  tokenizer."""
+  start = hf.get("decoder_start_token_id")
+  if start is None or start == hf.get("pad_token_id"):
+    return "pad"
+  if start == hf.get("eos_token_id"):
+    return "eos"
+  raise ValueError(f"config.json has decoder_start_token_id={start}, neither its "
+                   f"pad_token_id ({hf.get('pad_token_id')}) nor its eos_token_id "
+                   f"({hf.get('eos_token_id')}); jaxtl's decoders start from one of them")
+
+
+def special_ids_to_hf(cfg: TransformerConfig) -> dict[str, int]:
+  """The special ids an exported encoder-decoder's ``config.json`` names:
+  jaxtl's tokenizers' pad 0 and EOS 1, and the decoder's start among them."""
+  pad, eos = 0, 1
+  return {"pad_token_id": pad, "eos_token_id": eos,
+          "decoder_start_token_id": cfg.decoder_start_id(pad, eos)}

@@ -52,7 +52,7 @@ _ARCH_FIELDS = ("family", "vocab_size", "d_model", "embed_width", "num_heads", "
                 "relative_buckets", "relative_max_distance", "type_vocab_size",
                 "activation", "gated_mlp", "norm", "norm_eps", "pre_norm", "embed_norm",
                 "use_bias", "scale_attention", "tie_embeddings", "scale_tied_logits",
-                "lm_head_transform", "lm_head_bias")
+                "lm_head_transform", "lm_head_bias", "decoder_start")
 
 
 @dataclasses.dataclass

@@ -15,7 +15,8 @@ import dataclasses
 from typing import Any
 
 from jaxtl.convert import rules as R
-from jaxtl.convert.family import Family, activation_from_hf, get
+from jaxtl.convert.family import (Family, activation_from_hf, decoder_start_from_hf, get,
+                                  special_ids_to_hf)
 from jaxtl.models import paths as P
 from jaxtl.models.config import TransformerConfig
 
@@ -46,7 +47,7 @@ def config_from_hf(hf: dict[str, Any]) -> TransformerConfig:
       norm_eps=hf.get("layer_norm_epsilon", 1e-6), pre_norm=True, use_bias=False,
       scale_attention=False, dropout_rate=hf.get("dropout_rate", 0.1),
       attention_dropout_rate=hf.get("dropout_rate", 0.1), tie_embeddings=tied,
-      scale_tied_logits=scale)
+      scale_tied_logits=scale, decoder_start=decoder_start_from_hf(hf))
 
 
 def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
@@ -61,8 +62,7 @@ def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
       "layer_norm_epsilon": cfg.norm_eps, "dropout_rate": cfg.dropout_rate,
       "tie_word_embeddings": cfg.tie_embeddings,
       "scale_decoder_outputs": cfg.tie_embeddings and cfg.scale_tied_logits,
-      "is_encoder_decoder": True, "pad_token_id": 0, "eos_token_id": 1,
-      "decoder_start_token_id": 0,
+      "is_encoder_decoder": True, **special_ids_to_hf(cfg),
   }
 
 

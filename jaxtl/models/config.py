@@ -28,6 +28,9 @@ def target_side(family: str) -> str:
   masked LM, the decoder's for causal and encoder-decoder models."""
   return "encoder" if family == "encoder" else "decoder"
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# What an encoder-decoder's decoder reads first: T5's pad (also every jaxtl
+# pretraining objective's), or EOS (BART as Hugging Face and fairseq ship it).
+DECODER_STARTS = ("pad", "eos")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +75,7 @@ class TransformerConfig:
   scale_tied_logits: bool = False  # T5 v1.0: hidden * d_model**-0.5 first.
   lm_head_transform: bool = False  # BERT: dense + act + norm before logits.
   lm_head_bias: bool = False
+  decoder_start: str = "pad"  # encoder_decoder: of DECODER_STARTS
   init_std: float = 0.02
   dtype: str = "float32"  # compute dtype.
   param_dtype: str = "float32"
@@ -92,6 +96,7 @@ class TransformerConfig:
         "norm": (self.norm, ("layernorm", "rmsnorm")),
         "remat": (self.remat, REMAT_POLICIES),
         "attention_impl": (self.attention_impl, (None, "xla", "cudnn")),
+        "decoder_start": (self.decoder_start, DECODER_STARTS),
     }
     for name, (value, allowed) in checks.items():
       if value not in allowed:
@@ -129,6 +134,17 @@ class TransformerConfig:
   @property
   def decoder_layers(self) -> int:
     return self.num_decoder_layers or self.num_layers
+
+  def decoder_start_id(self, pad_id: int, eos_id: int | None) -> int:
+    """The token id the decoder reads first, given the tokenizer's pad and
+    EOS: the one place that decides it, so teacher forcing, scoring and
+    generation agree with each other and with the checkpoint's training."""
+    if self.decoder_start == "pad":
+      return pad_id
+    if eos_id is None:
+      raise ValueError("this model's decoder starts from EOS (decoder_start='eos', "
+                       "as Hugging Face BART), but no EOS id was given")
+    return eos_id
 
   def replace(self, **changes: Any) -> "TransformerConfig":
     return dataclasses.replace(self, **changes)

@@ -118,17 +118,18 @@ def best_spans(start_BT: Array, end_BT: Array, context_BT: Array,
 
 
 def label_log_likelihoods(backbone: nn.Module, enc_BSD: Array, enc_segment_ids_BS: Array,
-                          targets_CL: Array, pad_id: int, *,
+                          targets_CL: Array, pad_id: int, start_id: int, *,
                           deterministic: bool = True) -> Array:
   """log p(label text c | input b) under an encoder-decoder's LM: [B, C].
 
   ``targets_CL`` holds each label's tokens (ending in EOS, padded with
-  ``pad_id``); the decoder reads them shifted right behind ``pad_id``, T5's
-  start token. Every (example, label) pair is decoded as one row.
+  ``pad_id``); the decoder reads them shifted right behind ``start_id`` (T5's
+  pad, BART's EOS: ``TransformerConfig.decoder_start_id``). Every (example,
+  label) pair is decoded as one row.
   """
   b, c = enc_BSD.shape[0], targets_CL.shape[0]
   inputs_CL = jnp.concatenate(
-      [jnp.full((c, 1), pad_id, targets_CL.dtype), targets_CL[:, :-1]], axis=1)
+      [jnp.full((c, 1), start_id, targets_CL.dtype), targets_CL[:, :-1]], axis=1)
   keep_CL = (targets_CL != pad_id).astype(jnp.int32)
   per_row = lambda x: jnp.repeat(x, c, axis=0)  # example b -> rows b*C .. b*C+C-1
   per_label = lambda x_CL: jnp.tile(x_CL, (b, 1))
@@ -163,6 +164,11 @@ class TaskModel(nn.Module):
   scalar_mix: bool = False
   label_tokens: tuple[tuple[int, ...], ...] = ()  # text_to_text: [C, L], padded
   pad_id: int = 0
+  eos_id: int | None = None  # with pad_id, picks the decoder's start token
+
+  @property
+  def decoder_start_id(self) -> int:
+    return self.config.decoder_start_id(self.pad_id, self.eos_id)
 
   @nn.compact
   def __call__(self, tokens_BT: Array, segment_ids_BT: Array | None = None,
@@ -188,7 +194,8 @@ class TaskModel(nn.Module):
       if self.kind == "text_to_text":
         return label_log_likelihoods(backbone, hidden_BTD, segment_ids_BT,
                                      jnp.asarray(self.label_tokens, jnp.int32),
-                                     self.pad_id, deterministic=deterministic)
+                                     self.pad_id, self.decoder_start_id,
+                                     deterministic=deterministic)
     else:
       out = backbone(tokens_BT, segment_ids_BT, positions_BT, token_types_BT,
                      lm_head=False, sentence_head=False, **flags)
@@ -214,7 +221,7 @@ class TaskModel(nn.Module):
     if self.config.family == "encoder_decoder":
       enc_BTD = backbone.encode(tokens_BT, segment_ids_BT, positions_BT,
                                 deterministic=deterministic)[0]
-      start_B1 = jnp.full((tokens_BT.shape[0], 1), self.pad_id, jnp.int32)
+      start_B1 = jnp.full((tokens_BT.shape[0], 1), self.decoder_start_id, jnp.int32)
       return backbone.decode(enc_BTD, segment_ids_BT, start_B1,
                              deterministic=deterministic)[0][:, 0]
     logits_BTV = backbone(tokens_BT, segment_ids_BT, positions_BT, token_types_BT,

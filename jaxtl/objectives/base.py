@@ -97,6 +97,12 @@ class Objective:
 
   def check_model(self, model: Any, where: str = "config.model") -> None:
     """Fails early, naming the field, when the model lacks what it needs."""
+    if self.family == "encoder_decoder" and model.decoder_start != "pad":
+      # The examples' decoder inputs start from pad (objectives.span); training
+      # an EOS-started model (Hugging Face BART) so would teach it another start.
+      raise ValueError(f"objective {self.name!r} starts the decoder from pad, but "
+                       f"{where}.decoder_start is {model.decoder_start!r} (Hugging Face "
+                       "BART's); continued pretraining of such a model is not supported")
     for field, least in self.model_needs.items():
       if getattr(model, field) < least:
         raise ValueError(f"objective {self.name!r} needs {where}.{field} >= {least}, "

@@ -297,7 +297,7 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
       else "config.model.max_len")
   splits = load_task_splits(task, config.seed)
   kind = kinds.get(task.kind)
-  feats = {k: kind.encode(v, tok, task, cfg.family) for k, v in splits.items()
+  feats = {k: kind.encode(v, tok, task, cfg) for k, v in splits.items()
            if v is not None}
   for name, f in feats.items():
     if f.truncated:

@@ -10,6 +10,8 @@ Layouts (the pretraining feature names, so the loss is pretraining's own
 chunked cross-entropy, :func:`jaxtl.objectives.make_loss_fn`):
 
   T5:      encoder  input </s>              decoder  <pad> output -> output </s>
+           (BART imported from Hugging Face starts from </s>, not <pad>:
+           ``TransformerConfig.decoder_start``)
   GPT-2:   decoder  input [SEP] output -> (shifted) output </s>, loss on
            the output and </s> only, never on the input
 
@@ -30,7 +32,7 @@ from jaxtl import generate as generate_lib
 from jaxtl import objectives
 from jaxtl.data import packing
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.models import build_model, paths
+from jaxtl.models import TransformerConfig, build_model, paths
 from jaxtl.tasks import features as task_features
 from jaxtl.tasks import generation_metrics
 from jaxtl.tasks import metrics as task_metrics
@@ -104,14 +106,19 @@ def check_lengths(max_len: int, max_target_len: int, family: str) -> None:
                      "the separator and the output in max_len tokens")
 
 
-def encode(examples: Any, tok: Tokenizer, task: Any, family: str) -> GenerationFeatures:
-  """Teacher-forcing features for ``family`` (see the module's layouts)."""
+def encode(examples: Any, tok: Tokenizer, task: Any, model: TransformerConfig
+           ) -> GenerationFeatures:
+  """Teacher-forcing features for ``model``'s family (see the module's layouts)."""
+  family = model.family
   check_lengths(task.max_len, task.max_target_len, family)
   texts, refs, ids = sources(examples, task.text_fields)
   inputs, targets = tok.encode_batch(texts), tok.encode_batch([r[0] for r in refs])
   n, t_out = len(texts), task.max_target_len
-  arrays = _encode_t5 if family == "encoder_decoder" else _encode_decoder
-  arrays, truncated = arrays(inputs, targets, tok, task.max_len, t_out)
+  if family == "encoder_decoder":
+    start = model.decoder_start_id(tok.pad_id, tok.eos_id)
+    arrays, truncated = _encode_t5(inputs, targets, tok, task.max_len, t_out, start)
+  else:
+    arrays, truncated = _encode_decoder(inputs, targets, tok, task.max_len, t_out)
   arrays["labels"] = np.arange(n, dtype=np.int32)  # row -> example
   arrays["label_weights"] = np.ones(n, np.float32)
   return GenerationFeatures(arrays, truncated, refs, ids, tok)
@@ -137,14 +144,14 @@ def _side(prefix: str, tokens: np.ndarray, lengths: list[int]) -> dict[str, np.n
           f"{prefix}_positions": packing.row_positions(tokens.shape)}
 
 
-def _encode_t5(inputs, targets, tok, max_len, max_target_len):
+def _encode_t5(inputs, targets, tok, max_len, max_target_len, start_id):
   enc = [x[:max_len - 1] + [tok.eos_id] for x in inputs]
   tgt = [_target(y, tok, max_target_len) for y in targets]
   truncated = sum(len(x) > max_len - 1 or len(y) > max_target_len - 1
                   for x, y in zip(inputs, targets))
   arrays = _side("encoder", _rows(enc, max_len, tok.pad_id), list(map(len, enc)))
-  # The decoder reads the target shifted right behind T5's start token (pad).
-  arrays.update(_side("decoder", _rows([[tok.pad_id] + y[:-1] for y in tgt],
+  # The decoder reads the target shifted right behind its start token.
+  arrays.update(_side("decoder", _rows([[start_id] + y[:-1] for y in tgt],
                                        max_target_len, tok.pad_id), list(map(len, tgt))))
   arrays["decoder_target_tokens"] = _rows(tgt, max_target_len, tok.pad_id)
   arrays["decoder_loss_weights"] = arrays["decoder_segment_ids"].astype(np.float32)

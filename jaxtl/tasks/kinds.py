@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtl.data.tokenizers import Tokenizer
+from jaxtl.models.config import TransformerConfig
 from jaxtl.models.heads import best_spans, context_only
 from jaxtl.objectives import token_cross_entropy
 from jaxtl.tasks import features as task_features
@@ -33,7 +34,9 @@ class TaskKind:
 
   Attributes:
     name: what ``config.task.kind`` says (and :class:`~jaxtl.models.heads.TaskModel`'s kind).
-    encode: ``(examples, tokenizer, task config, family) -> Features``.
+    encode: ``(examples, tokenizer, task config, model config) -> Features``
+      (the model's family lays the inputs out; an encoder-decoder's
+      ``decoder_start`` begins generation's decoder inputs).
     loss_sums: ``(head output, batch) -> {loss_sum, correct_sum, weight_sum}``.
     predict: ``(head output, batch, task config) -> predictions`` (jitted).
     score: ``(task config, predictions, features, examples) -> metrics``.
@@ -51,7 +54,7 @@ class TaskKind:
     weights: the batch feature whose sum normalises the loss.
   """
   name: str
-  encode: Callable[[Any, Tokenizer, Any, str], task_features.Features]
+  encode: Callable[[Any, Tokenizer, Any, TransformerConfig], task_features.Features]
   loss_sums: Callable[[Array, Batch], dict[str, Array]] | None
   predict: Callable[[Array, Batch, Any], Array]
   score: Callable[[Any, np.ndarray, task_features.Features, Any], dict[str, float]]
@@ -63,16 +66,16 @@ class TaskKind:
   weights: str = "label_weights"
 
 
-def _encode_sequences(examples, tok, task, family):
-  return task_features.encode_sequences(examples, tok, task.max_len, family)
+def _encode_sequences(examples, tok, task, model):
+  return task_features.encode_sequences(examples, tok, task.max_len, model.family)
 
 
-def _encode_tagging(examples, tok, task, family):
-  return task_features.encode_tagging(examples, tok, task.max_len, family)
+def _encode_tagging(examples, tok, task, model):
+  return task_features.encode_tagging(examples, tok, task.max_len, model.family)
 
 
-def _encode_spans(examples, tok, task, family):
-  return span_features.encode_spans(examples, tok, task.max_len, family,
+def _encode_spans(examples, tok, task, model):
+  return span_features.encode_spans(examples, tok, task.max_len, model.family,
                                     doc_stride=task.doc_stride)
 
 

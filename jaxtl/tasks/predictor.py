@@ -83,7 +83,7 @@ class FineTuned:
       return []
     kind = kinds.get(self.spec.kind)
     examples = as_examples(self.spec, inputs)
-    feats = kind.encode(examples, self.tokenizer, self.spec, self.config.family)
+    feats = kind.encode(examples, self.tokenizer, self.spec, self.config)
     run, params, mesh = self._run
     outputs = finetune.predict(run, params, feats.arrays, batch_size, mesh,
                                input_side(self.config.family),

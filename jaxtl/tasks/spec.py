@@ -145,7 +145,7 @@ def task_model(cfg: TransformerConfig, spec: TaskSpec, tok: Tokenizer) -> TaskMo
                    num_labels=len(spec.label_names) if spec.label_names else 1,
                    pooling=spec.pooling, dropout_rate=spec.head_dropout,
                    scalar_mix=spec.scalar_mix, label_tokens=targets,
-                   pad_id=tok.pad_id)
+                   pad_id=tok.pad_id, eos_id=tok.eos_id)
 
 
 def save(spec: TaskSpec, workdir: str) -> str:
