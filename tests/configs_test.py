@@ -21,6 +21,7 @@ from jaxtl import objectives, train
 from jaxtl.models import TransformerConfig, build_model
 from jaxtl.tools import transfer_study
 import datadir
+import runs
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RECIPES = sorted(p.stem for p in (REPO / "jaxtl" / "configs").glob("pretrain_*.py"))
@@ -209,7 +210,7 @@ def test_the_unread_key_check_names_dead_keys():
 def _main(*args, env=None, timeout=300):
   return subprocess.run([sys.executable, "-m", "jaxtl.main", *args], cwd=REPO,
                         capture_output=True, text=True, timeout=timeout,
-                        env={**os.environ, "XLA_FLAGS": "", **(env or {})})
+                        env={**os.environ, "XLA_FLAGS": runs.XLA_FLAGS, **(env or {})})
 
 
 def test_unknown_override_key_and_bad_type_are_named(tmp_path):

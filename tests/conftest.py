@@ -16,11 +16,16 @@ import os
 import shutil
 import tempfile
 
+import runs  # no jax: the flags below are still read when jax starts
+
 # The CPU thunk trace flag lets the benchmark's --profile test see XLA's ops
 # (jaxtl.tools.profiling.CPU_TRACE_FLAG; nothing is recorded while no trace runs).
+# XLA:CPU's LLVM backend at -O0 (runs.XLA_FLAGS, which the subprocesses get
+# too) halves the compile time of a tiny model's train step.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8"
-                           + " --xla_cpu_enable_xprof_traceme=true")
+                           + " --xla_cpu_enable_xprof_traceme=true"
+                           + " " + runs.XLA_FLAGS)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
@@ -39,8 +44,6 @@ if "JAXTL_DATA_DIR" not in os.environ and os.path.isdir(_shared):
 
 # Fixtures that several test modules use (module-scoped: each module pays once).
 import pytest  # noqa: E402  pylint: disable=wrong-import-position
-
-import runs  # noqa: E402  pylint: disable=wrong-import-position
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def tiny_config(tmp_path_factory):
 
 
 def _main(config, workdir, *flags):
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": runs.XLA_FLAGS, "JAX_PLATFORMS": "cpu"}
   for name in LOG_ENV:  # what the entry point decides, not the test runner
     env.pop(name, None)
   proc = subprocess.run(

@@ -31,7 +31,7 @@ def _command(config_file, workdir, steps):
 
 def _env(devices):
   return {**os.environ, "JAX_PLATFORMS": "cpu",
-          "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+          "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {runs.XLA_FLAGS}"}
 
 
 def _free_port():

@@ -138,7 +138,7 @@ def test_the_cli_writes_the_rows_plus_label_names(tuned, tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "jaxtl.predict", f"--workdir={workdir}",
        f"--input={jsonl}"], capture_output=True, text=True, timeout=120,
-      env={**os.environ, "XLA_FLAGS": ""})
+      env={**os.environ, "XLA_FLAGS": runs.XLA_FLAGS})
   assert proc.returncode == 0, proc.stderr[-2000:]
   lines = [json.loads(line) for line in proc.stdout.splitlines()]
   assert [r["label"] for r in lines] == expected

@@ -17,8 +17,9 @@ def _tiny(pre, data):
         kind="text", files=dict(train=[str(data / "tiny_shakespeare" / "input.txt")],
                                 validation=[str(data / "tiny_shakespeare" / "input.txt")])))
   pre.data.tokenizer.update(vocab_size=600)
-  pre.data.update(seq_len=32, batch_size=8, max_docs=2000)
-  pre.model.update(num_layers=2, d_model=32, num_heads=2, head_dim=16, mlp_dim=64)
+  pre.data.update(seq_len=32, batch_size=8, max_docs=1000)
+  # One layer: the study's 10 runs each compile their own steps.
+  pre.model.update(num_layers=1, d_model=16, num_heads=2, head_dim=8, mlp_dim=32)
   pre.train.update(steps=2, log_every=1, eval_every=2, eval_batches=1,
                    checkpoint_every=2)
 
