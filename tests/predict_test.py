@@ -80,7 +80,7 @@ def test_exported_to_transformers_it_predicts_the_same_labels(tuned, tmp_path):
   texts = tasks.load_task("trec", "test").texts[:N_TEST]
   ours = [p["label"] for p in model.predict(texts)]
   feats = kinds.get("classification").encode(
-      predictor.as_examples(model.spec, texts), model.tokenizer, model.spec, "encoder")
+      predictor.as_examples(model.spec, texts), model.tokenizer, model.spec, model.config)
   a = feats.arrays
   with torch.no_grad():
     logits = hf_model(input_ids=torch.tensor(a["encoder_input_tokens"], dtype=torch.long),
