@@ -68,6 +68,12 @@ def test_read_jsonl_malformed_line(tmp_path):
   path.write_text('{"text": "a"}\n\n{"text": "b"\n', encoding="utf-8")
   with pytest.raises(ValueError, match=r"bad\.jsonl:3.*malformed"):
     sources.read_jsonl(path)
+  path.write_bytes(b'{"text": "a"}\n{"text": "\xff"}\n')
+  with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid utf-8"):
+    sources.read_jsonl(path)
+  path.write_text('{"text": "a"}\n["b"]\n', encoding="utf-8")
+  with pytest.raises(ValueError, match=r"bad\.jsonl:2: expected a JSON object"):
+    sources.read_jsonl(path)
 
 
 def test_read_jsonl_missing_field(tmp_path):

@@ -1,8 +1,8 @@
 """Rows of tabular files as ``(line, fields)`` pairs, one small reader per format.
 
-Labeled-task files (``jaxtl.tasks.file_task``) and prediction inputs
-(``jaxtl.tasks.rows``) both read rows through :func:`read_rows`, so a CSV
-quirk is handled once. A reader is ``(path, report) -> iterator of
+Labeled-task files (``jaxtl.tasks.file_task``), prediction inputs
+(``jaxtl.tasks.rows``) and JSON-lines corpora (``jaxtl.data.sources``) all
+read rows through :func:`read_rows`, so a CSV or JSON quirk is handled once. A reader is ``(path, report) -> iterator of
 (line, dict)``: ``line`` is the 1-based line where the row starts (a
 Parquet row's 1-based row number), and ``report(where, reason)`` receives
 each row that cannot be read; it raises or records (``tasks.examples.BadRows``),

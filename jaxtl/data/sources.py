@@ -15,13 +15,12 @@ import csv
 import functools
 import gzip
 import io
-import json
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from jaxtl.data import mixtures, network, tfds_reader
+from jaxtl.data import mixtures, network, row_files, tfds_reader
 
 DATA_DIR_ENV = network.DATA_DIR_ENV
 _DATA_DIR_PLACEHOLDER = "{data_dir}"
@@ -115,22 +114,6 @@ def iter_text(path: PathLike, *, encoding: str = "utf-8",
     raise _decode_error(path, encoding, e) from e
 
 
-def json_objects(lines: Iterable[str], name: str) -> Iterator[tuple[int, dict[str, Any]]]:
-  """(line number, object) for each non-blank line of a JSON-lines file;
-  malformed JSON or a non-object names ``name`` and the line."""
-  for lineno, line in enumerate(lines, start=1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{name}:{lineno}: malformed JSON: {e}") from e
-    if not isinstance(row, dict):
-      raise ValueError(f"{name}:{lineno}: expected a JSON object, got "
-                       f"{type(row).__name__}")
-    yield lineno, row
-
-
 def text_field(row: Mapping[str, Any], field: str, where: str) -> str:
   """``row[field]``, checked to be a string; errors start with ``where``."""
   if field not in row:
@@ -163,27 +146,28 @@ def iter_jsonl(path: PathLike, *, field: str = "text",
     The texts of the kept rows, in file order.
 
   Raises:
-    ValueError: naming the file and line, for malformed JSON, a missing
-      field, or a text that is not a non-empty string.
+    ValueError: naming the file and line, for a line that is not UTF-8 or
+      not a JSON object, a missing field, or a text that is not a non-empty
+      string.
   """
   path = _check_file(path)
   conditions = list((filter or {}).items())
-  with _open_text(path, "utf-8") as f:
-    for lineno, row in json_objects(f, path):
-      keep = True
-      for key, value in conditions:
-        if key not in row:
-          raise ValueError(
-              f"{path}:{lineno}: filter field {key!r} missing from row")
-        if row[key] != value:
-          keep = False
-          break
-      if not keep:
-        continue
-      text = text_field(row, field, f"{path}:{lineno}")
-      if not text.strip():
-        raise ValueError(f"{path}:{lineno}: field {field!r} is empty")
-      yield text
+  # The one JSON-lines reader: labeled tasks read their rows through it too.
+  for lineno, row in row_files.read_rows(path, "jsonl"):
+    keep = True
+    for key, value in conditions:
+      if key not in row:
+        raise ValueError(
+            f"{path}:{lineno}: filter field {key!r} missing from row")
+      if row[key] != value:
+        keep = False
+        break
+    if not keep:
+      continue
+    text = text_field(row, field, f"{path}:{lineno}")
+    if not text.strip():
+      raise ValueError(f"{path}:{lineno}: field {field!r} is empty")
+    yield text
 
 
 def read_tsv_column(path: PathLike, column: int | str, *, header: bool = True,
