@@ -459,6 +459,18 @@ def _word_tokenizer(folder, specials, words=20):
   tok.save(str(folder / "tokenizer.json"))
 
 
+def _random_params(module, *inputs, seed=0):
+  """``module``'s parameters drawn with numpy (no init to compile): weights
+  N(0, 0.1), norm scales near 1."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  shapes = nn.unbox(jax.eval_shape(module.init, jax.random.key(0), *inputs))["params"]
+  rng = np.random.RandomState(seed)
+  draw = lambda path, s: (float(jax.tree_util.keystr(path).endswith("'scale']"))
+                          + 0.1 * rng.randn(*s.shape)).astype(np.float32)
+  return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
 def _cli_export(checkpoint, out, *flags):
   """``python -m jaxtl.convert``'s main, in this process."""
   import sys  # pylint: disable=g-import-not-at-top
@@ -514,7 +526,6 @@ def test_a_jaxtl_bart_workdir_exports_its_tokenizers_special_ids(tmp_path):
   (</s> 2, <s> 3, <pad> 4): config.json names those ids, and the decoder,
   started from pad as jaxtl's objectives train it, starts `generate` there."""
   import jax  # pylint: disable=g-import-not-at-top
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from jaxtl.configs import models  # pylint: disable=g-import-not-at-top
   from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
@@ -529,17 +540,16 @@ def test_a_jaxtl_bart_workdir_exports_its_tokenizers_special_ids(tmp_path):
   assert hf.export_family(cfg).model_type == "bart" and cfg.decoder_start == "pad"
   pretrained.save_model_config(cfg, str(workdir))
   ids, mask = _batch(cfg.vocab_size)
-  params = nn.unbox(build_model(cfg).init(jax.random.key(0), jnp.asarray(ids),
-                                          jnp.asarray(ids)))["params"]
+  params = _random_params(build_model(cfg), jnp.asarray(ids), jnp.asarray(ids))
   ocp.PyTreeCheckpointer().save(workdir / "checkpoints" / "2" / "state",
-                                {"params": jax.tree.map(np.asarray, params)})
+                                {"params": params})
   _cli_export(workdir, tmp_path / "out")
   model = transformers.BartForConditionalGeneration.from_pretrained(tmp_path / "out").eval()
   assert _special_fields(model) == dict(pad_token_id=4, eos_token_id=2, bos_token_id=3,
                                         decoder_start_token_id=4, forced_eos_token_id=2)
   decoder_ids = np.concatenate([np.full((2, 1), 4), ids[:, :6]], axis=1)
-  ours = build_model(cfg).apply({"params": params}, jnp.asarray(ids),
-                                jnp.asarray(decoder_ids), jnp.asarray(mask))["logits"]
+  ours = jax.jit(build_model(cfg).apply)({"params": params}, jnp.asarray(ids),
+                                         jnp.asarray(decoder_ids), jnp.asarray(mask))["logits"]
   with torch.no_grad():
     theirs = model(torch.tensor(ids), attention_mask=torch.tensor(mask),
                    decoder_input_ids=torch.tensor(decoder_ids)).logits.numpy()
@@ -547,3 +557,62 @@ def test_a_jaxtl_bart_workdir_exports_its_tokenizers_special_ids(tmp_path):
   out = model.generate(torch.tensor(ids), attention_mask=torch.tensor(mask),
                        max_new_tokens=2, do_sample=False, num_beams=1).numpy()
   assert (out[:, 0] == 4).all()
+
+
+def _electra_workdir(tmp_path):
+  """An ELECTRA pretraining workdir as `jaxtl pretrain` leaves it (its
+  model_config.json with the generator's entry, tokenizer/, a checkpoint):
+  a width-48 discriminator and a width-16 generator (1 head) reading a
+  width-24 token table, at random (tests/checkpoint_test.py trains one)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
+  from jaxtl.models import TransformerConfig, electra  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "electra"
+  _word_tokenizer(workdir / pipeline.TOKENIZER_DIR,
+                  ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], words=40)
+  cfg = TransformerConfig(family="encoder", vocab_size=45, d_model=48, num_heads=3,
+                          head_dim=16, mlp_dim=64, num_layers=1, max_len=16,
+                          type_vocab_size=2, pre_norm=False, embed_norm=True,
+                          lm_head_transform=True, lm_head_bias=True,
+                          embed_dim=24, dropout_rate=0.0)
+  model = electra.ElectraPretrainer(cfg, electra.generator_config(cfg, 1 / 3))
+  pretrained.save_model_config(cfg, str(workdir), generator=model.generator_config)
+  params = _random_params(model, jnp.ones((1, 8), jnp.int32))
+  ocp.PyTreeCheckpointer().save(workdir / "checkpoints" / "2" / "state",
+                                {"params": params})
+  return str(workdir), model, params
+
+
+def test_a_jaxtl_electra_workdir_exports_its_generator(tmp_path):
+  """`jaxtl convert --generator` on an ELECTRA pretraining workdir writes
+  ElectraForMaskedLM (embedding_size: the shared table's 24 under width
+  16) whose logits are the pretrainer's generator's; without the flag, the
+  discriminator. A workdir that did not record its generator says so."""
+  import jax  # pylint: disable=g-import-not-at-top
+  workdir, model, params = _electra_workdir(tmp_path)
+  _cli_export(workdir, tmp_path / "gen", "--generator")
+  gen = transformers.ElectraForMaskedLM.from_pretrained(tmp_path / "gen").eval()
+  assert (gen.config.hidden_size, gen.config.embedding_size,
+          gen.config.num_attention_heads) == (16, 24, 1)
+  ids, mask = _batch(gen.config.vocab_size)
+  at = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+  ours = jax.jit(lambda p, *a: model.apply({"params": p}, *a,
+                                           method=model.generator_logits))(
+      params, jnp.asarray(ids), jnp.asarray(at), jnp.asarray(mask))
+  with torch.no_grad():
+    theirs = gen(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+  assert _max_diff(ours, theirs, mask > 0) <= TOL
+  _cli_export(workdir, tmp_path / "disc")
+  assert hf.read_config(tmp_path / "disc")["architectures"] == ["ElectraForPreTraining"]
+  # A workdir from before the generator was recorded: a clear error.
+  config_file = os.path.join(workdir, "model_config.json")
+  with open(config_file) as f:
+    recorded = json.load(f)
+  assert recorded.pop("generator")["d_model"] == 16
+  with open(config_file, "w") as f:
+    json.dump(recorded, f)
+  with pytest.raises(ValueError, match="records no ELECTRA generator"):
+    _cli_export(workdir, tmp_path / "old", "--generator")
