@@ -607,12 +607,16 @@ def test_a_jaxtl_electra_workdir_exports_its_generator(tmp_path):
   assert _max_diff(ours, theirs, mask > 0) <= TOL
   _cli_export(workdir, tmp_path / "disc")
   assert hf.read_config(tmp_path / "disc")["architectures"] == ["ElectraForPreTraining"]
-  # A workdir from before the generator was recorded: a clear error.
+  # A generator whose heads are not width / heads wide has no HF equivalent;
+  # a workdir from before the generator was recorded has none to export.
   config_file = os.path.join(workdir, "model_config.json")
   with open(config_file) as f:
     recorded = json.load(f)
-  assert recorded.pop("generator")["d_model"] == 16
-  with open(config_file, "w") as f:
-    json.dump(recorded, f)
-  with pytest.raises(ValueError, match="records no ELECTRA generator"):
-    _cli_export(workdir, tmp_path / "old", "--generator")
+  for generator, error in (({**recorded["generator"], "num_heads": 2},
+                            r"generator \(2 heads of 16 over width 16.*head_dim=16"),
+                           (None, "records no ELECTRA generator")):
+    with open(config_file, "w") as f:
+      json.dump({**recorded, "generator": generator} if generator else
+                {k: v for k, v in recorded.items() if k != "generator"}, f)
+    with pytest.raises(ValueError, match=error):
+      _cli_export(workdir, tmp_path / "not", "--generator")

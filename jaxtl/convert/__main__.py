@@ -58,10 +58,17 @@ def main(argv: list[str]) -> None:
       architecture = FLAGS.architecture or GENERATOR_CLASS
     else:
       loaded, architecture = pretrained.load(FLAGS.checkpoint), FLAGS.architecture
-    arch = convert.export_hf(FLAGS.out, loaded.config, loaded.params, head=loaded.head,
-                             architecture=architecture,
-                             model_type=FLAGS.model_type,
-                             special_ids=SpecialIds.of(loaded.tokenizer))
+    try:
+      arch = convert.export_hf(FLAGS.out, loaded.config, loaded.params, head=loaded.head,
+                               architecture=architecture, model_type=FLAGS.model_type,
+                               special_ids=SpecialIds.of(loaded.tokenizer))
+    except ValueError as e:
+      if not FLAGS.generator:
+        raise
+      g = loaded.config  # HF's heads are hidden_size / num_attention_heads wide
+      raise ValueError(f"{FLAGS.checkpoint}'s generator ({g.num_heads} heads of "
+                       f"{g.head_dim} over width {g.d_model}, per "
+                       f"config.objective.generator_scale): {e}") from e
     tokenizer = loaded.tokenizer
   save_tokenizer(tokenizer, FLAGS.out, sentencepiece_name="spiece.model")
   logging.info("wrote %s to %s", arch, FLAGS.out)
