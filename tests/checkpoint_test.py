@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxtl import convert
-from jaxtl.models import heads, paths
+from jaxtl.models import electra, heads, paths
 from jaxtl.train import checkpoint, pretrained, storage
 from jaxtl import train
 
@@ -227,6 +227,7 @@ def test_a_killed_electra_run_resumes_exactly_and_transfers_its_discriminator(tm
       c.model.update(num_layers=1, d_model=32, num_heads=2, head_dim=16,
                      mlp_dim=64, dropout_rate=0.1, embed_dim=16)
       c.optim.warmup_steps = 5
+      c.objective.generator_scale = 0.5  # 1 head of 16 over width 16: HF's shape
       c.train.update(steps={steps}, log_every=1, eval_every=12, eval_batches=2,
                      checkpoint_every=5, keep_checkpoints=2)
   """, lines=1000, recipe="pretrain_electra")
@@ -248,6 +249,13 @@ def test_a_killed_electra_run_resumes_exactly_and_transfers_its_discriminator(tm
   assert any(n.startswith(paths.GENERATOR + "/") for n in source.dropped)
   assert convert.export_hf(tmp_path / "hf", source.config, source.params,
                            head=source.head) == "ElectraForPreTraining"
+  # The run recorded its generator, which exports alone (what `jaxtl convert
+  # --generator` writes; tests/convert_test.py checks its logits).
+  generator = pretrained.load_generator(ref_dir)
+  assert generator.config == electra.generator_config(source.config, 0.5)
+  assert sorted(generator.params) == [paths.LM_HEAD, paths.STACK, paths.TOKEN_EMBED]
+  assert convert.export_hf(tmp_path / "gen", generator.config, generator.params,
+                           architecture="ElectraForMaskedLM") == "ElectraForMaskedLM"
   # What fine-tuning loads into its TaskModel: the whole backbone, shapes checked.
   task = heads.TaskModel(source.config, num_labels=3)
   abstract = nn.unbox(jax.eval_shape(task.init, jax.random.key(0),

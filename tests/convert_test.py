@@ -438,3 +438,185 @@ def test_an_encoder_decoder_exports_as_t5_or_bart_by_its_architecture():
   with pytest.raises(ValueError, match=r"no Hugging Face t5 equivalent: .*position="
                                        r".*nor bart equivalent: pre_norm=True"):
     hf.export_family(preset("bart_tiny", pre_norm=True))
+
+
+# Special ids: what a tokenizer and config.json agree on. BART's own
+# tokenizer has <s> 0, <pad> 1, </s> 2; T5's <pad> 0, </s> 1.
+SPECIAL_TOKENS = {"bart": ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+                  "t5": ["<pad>", "</s>", "<unk>"]}
+SPECIAL_FIELDS = ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id",
+                  "forced_eos_token_id")
+
+
+def _word_tokenizer(folder, specials, words=20):
+  """A word-level ``tokenizer.json`` whose first ids are ``specials``."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  vocab = {t: i for i, t in enumerate([*specials, *(f"w{i}" for i in range(words))])}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  tok.add_special_tokens(list(specials))
+  os.makedirs(folder, exist_ok=True)
+  tok.save(str(folder / "tokenizer.json"))
+
+
+def _random_params(module, *inputs, seed=0):
+  """``module``'s parameters drawn with numpy (no init to compile): weights
+  N(0, 0.1), norm scales near 1."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  shapes = nn.unbox(jax.eval_shape(module.init, jax.random.key(0), *inputs))["params"]
+  rng = np.random.RandomState(seed)
+  draw = lambda path, s: (float(jax.tree_util.keystr(path).endswith("'scale']"))
+                          + 0.1 * rng.randn(*s.shape)).astype(np.float32)
+  return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+def _cli_export(checkpoint, out, *flags):
+  """``python -m jaxtl.convert``'s main, in this process."""
+  import sys  # pylint: disable=g-import-not-at-top
+  from jaxtl.convert import __main__ as cli  # pylint: disable=g-import-not-at-top
+  cli.FLAGS([sys.argv[0], f"--checkpoint={checkpoint}", f"--out={out}", *flags])
+  try:
+    cli.main([])
+  finally:
+    cli.FLAGS.unparse_flags()
+
+
+def _special_fields(model):
+  return {k: getattr(model.generation_config, k, None) for k in SPECIAL_FIELDS}
+
+
+@pytest.mark.parametrize("model_type,case", [("bart", BARTS[0]), ("t5", T5S[1])])
+def test_an_imported_encoder_decoder_exports_its_own_special_ids(model_type, case, tmp_path):
+  """HF folder (its tokenizer beside it) -> `jaxtl convert` -> HF: BART keeps
+  bos 0 / pad 1 / eos 2 / start 2 / forced eos 2, T5 pad 0 / eos 1 / start 0;
+  the same logits, and `generate` starts from the same token."""
+  model = _hf_model(model_type, *case)
+  model.save_pretrained(tmp_path / "in")
+  _word_tokenizer(tmp_path / "in", SPECIAL_TOKENS[model_type])
+  _cli_export(tmp_path / "in", tmp_path / "out")
+  cls = getattr(transformers, case[0])
+  again = cls.from_pretrained(tmp_path / "out").eval()
+  expected = {"bart": dict(pad_token_id=1, eos_token_id=2, bos_token_id=0,
+                           decoder_start_token_id=2, forced_eos_token_id=2),
+              "t5": dict(pad_token_id=0, eos_token_id=1, bos_token_id=None,
+                         decoder_start_token_id=0, forced_eos_token_id=None)}[model_type]
+  assert _special_fields(model) == expected
+  assert _special_fields(again) == expected
+  for key, value in expected.items():
+    assert getattr(again.config, key, None) == value, key
+  ids, mask = _batch(model.config.vocab_size)
+  ours, theirs = _hf_outputs(again, ids, mask), _hf_outputs(model, ids, mask)
+  assert _max_diff(ours["logits"], theirs["logits"].numpy(), mask[:, :7] > 0) <= TOL
+  gen = lambda m: m.generate(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                             max_new_tokens=3, do_sample=False, num_beams=1).numpy()
+  out = gen(again)
+  assert (out[:, 0] == expected["decoder_start_token_id"]).all()
+  np.testing.assert_array_equal(out, gen(model))
+  # From Python: the ids the import read go back out as they came.
+  imported = convert.import_hf(tmp_path / "in")
+  convert.export_hf(tmp_path / "api", imported.config, imported.params,
+                    special_ids=imported.special_ids)
+  written = hf.read_config(tmp_path / "api")
+  assert {k: written.get(k) for k in expected} == expected
+
+
+def test_a_jaxtl_bart_workdir_exports_its_tokenizers_special_ids(tmp_path):
+  """A BART-like jaxtl workdir whose tokenizer puts its specials elsewhere
+  (</s> 2, <s> 3, <pad> 4): config.json names those ids, and the decoder,
+  started from pad as jaxtl's objectives train it, starts `generate` there."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from jaxtl.configs import models  # pylint: disable=g-import-not-at-top
+  from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
+  from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "work"
+  _word_tokenizer(workdir / pipeline.TOKENIZER_DIR, ["<unk>", "<mask>", "</s>", "<s>", "<pad>"])
+  cfg = TransformerConfig.from_mapping({
+      **models.get_model_config("bart_tiny"), "vocab_size": 29, "d_model": 24,
+      "num_heads": 3, "head_dim": 8, "mlp_dim": 40, "num_layers": 1,
+      "num_decoder_layers": 2, "max_len": 16, "dropout_rate": 0.0})
+  assert hf.export_family(cfg).model_type == "bart" and cfg.decoder_start == "pad"
+  pretrained.save_model_config(cfg, str(workdir))
+  ids, mask = _batch(cfg.vocab_size)
+  params = _random_params(build_model(cfg), jnp.asarray(ids), jnp.asarray(ids))
+  ocp.PyTreeCheckpointer().save(workdir / "checkpoints" / "2" / "state",
+                                {"params": params})
+  _cli_export(workdir, tmp_path / "out")
+  model = transformers.BartForConditionalGeneration.from_pretrained(tmp_path / "out").eval()
+  assert _special_fields(model) == dict(pad_token_id=4, eos_token_id=2, bos_token_id=3,
+                                        decoder_start_token_id=4, forced_eos_token_id=2)
+  decoder_ids = np.concatenate([np.full((2, 1), 4), ids[:, :6]], axis=1)
+  ours = jax.jit(build_model(cfg).apply)({"params": params}, jnp.asarray(ids),
+                                         jnp.asarray(decoder_ids), jnp.asarray(mask))["logits"]
+  with torch.no_grad():
+    theirs = model(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                   decoder_input_ids=torch.tensor(decoder_ids)).logits.numpy()
+  assert _max_diff(ours, theirs, np.ones((2, 7), bool)) <= TOL
+  out = model.generate(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                       max_new_tokens=2, do_sample=False, num_beams=1).numpy()
+  assert (out[:, 0] == 4).all()
+
+
+def _electra_workdir(tmp_path):
+  """An ELECTRA pretraining workdir as `jaxtl pretrain` leaves it (its
+  model_config.json with the generator's entry, tokenizer/, a checkpoint):
+  a width-48 discriminator and a width-16 generator (1 head) reading a
+  width-24 token table, at random (tests/checkpoint_test.py trains one)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
+  from jaxtl.models import TransformerConfig, electra  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "electra"
+  _word_tokenizer(workdir / pipeline.TOKENIZER_DIR,
+                  ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], words=40)
+  cfg = TransformerConfig(family="encoder", vocab_size=45, d_model=48, num_heads=3,
+                          head_dim=16, mlp_dim=64, num_layers=1, max_len=16,
+                          type_vocab_size=2, pre_norm=False, embed_norm=True,
+                          lm_head_transform=True, lm_head_bias=True,
+                          embed_dim=24, dropout_rate=0.0)
+  model = electra.ElectraPretrainer(cfg, electra.generator_config(cfg, 1 / 3))
+  pretrained.save_model_config(cfg, str(workdir), generator=model.generator_config)
+  params = _random_params(model, jnp.ones((1, 8), jnp.int32))
+  ocp.PyTreeCheckpointer().save(workdir / "checkpoints" / "2" / "state",
+                                {"params": params})
+  return str(workdir), model, params
+
+
+def test_a_jaxtl_electra_workdir_exports_its_generator(tmp_path):
+  """`jaxtl convert --generator` on an ELECTRA pretraining workdir writes
+  ElectraForMaskedLM (embedding_size: the shared table's 24 under width
+  16) whose logits are the pretrainer's generator's; without the flag, the
+  discriminator. A workdir that did not record its generator says so."""
+  import jax  # pylint: disable=g-import-not-at-top
+  workdir, model, params = _electra_workdir(tmp_path)
+  _cli_export(workdir, tmp_path / "gen", "--generator")
+  gen = transformers.ElectraForMaskedLM.from_pretrained(tmp_path / "gen").eval()
+  assert (gen.config.hidden_size, gen.config.embedding_size,
+          gen.config.num_attention_heads) == (16, 24, 1)
+  ids, mask = _batch(gen.config.vocab_size)
+  at = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+  ours = jax.jit(lambda p, *a: model.apply({"params": p}, *a,
+                                           method=model.generator_logits))(
+      params, jnp.asarray(ids), jnp.asarray(at), jnp.asarray(mask))
+  with torch.no_grad():
+    theirs = gen(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+  assert _max_diff(ours, theirs, mask > 0) <= TOL
+  _cli_export(workdir, tmp_path / "disc")
+  assert hf.read_config(tmp_path / "disc")["architectures"] == ["ElectraForPreTraining"]
+  # A generator whose heads are not width / heads wide has no HF equivalent;
+  # a workdir from before the generator was recorded has none to export.
+  config_file = os.path.join(workdir, "model_config.json")
+  with open(config_file) as f:
+    recorded = json.load(f)
+  for generator, error in (({**recorded["generator"], "num_heads": 2},
+                            r"generator \(2 heads of 16 over width 16.*head_dim=16"),
+                           (None, "records no ELECTRA generator")):
+    with open(config_file, "w") as f:
+      json.dump({**recorded, "generator": generator} if generator else
+                {k: v for k, v in recorded.items() if k != "generator"}, f)
+    with pytest.raises(ValueError, match=error):
+      _cli_export(workdir, tmp_path / "not", "--generator")

@@ -66,6 +66,23 @@ def test_a_workdir_refuses_a_run_of_another_model(tmp_path):
   assert pretrained.load_model_config(str(tmp_path)).d_model == 32
 
 
+def test_an_electra_workdir_records_its_generator_and_refuses_another(tmp_path):
+  from jaxtl.models import TransformerConfig, electra  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  cfg = TransformerConfig(num_layers=2, d_model=32, num_heads=2, head_dim=16, mlp_dim=64)
+  pretrained.save_model_config(cfg, str(tmp_path))  # as before generators were recorded
+  (tmp_path / "checkpoints" / "10").mkdir(parents=True)
+  with pytest.raises(ValueError, match="records no ELECTRA generator"):
+    pretrained.load_generator_config(str(tmp_path))
+  half = electra.generator_config(cfg, 0.5)
+  pretrained.save_model_config(cfg, str(tmp_path), generator=half)  # no conflict
+  assert pretrained.load_generator_config(str(tmp_path)) == half
+  assert pretrained.load_model_config(str(tmp_path)) == cfg
+  with pytest.raises(workdir.WorkdirConflict, match=r"generator.d_model: 16 there, 8 here"):
+    pretrained.save_model_config(cfg, str(tmp_path),
+                                 generator=electra.generator_config(cfg, 0.25))
+
+
 @pytest.mark.parametrize("key,value,message", [
     ("train.steps", -5, r"config.train.steps=-5: must be at least 1"),
     ("train.log_every", 0, r"config.train.log_every=0: must be at least 1"),

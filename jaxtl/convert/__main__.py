@@ -2,11 +2,14 @@ r"""Export a jaxtl checkpoint as a Hugging Face model folder.
 
   python -m jaxtl.convert --checkpoint=workdirs/clm --out=/tmp/clm_hf
   python -m jaxtl.convert --checkpoint=workdirs/sst2 --out=/tmp/sst2_hf
+  python -m jaxtl.convert --checkpoint=workdirs/electra --out=/tmp/gen_hf --generator
 
 A pretraining workdir becomes GPT2LMHeadModel, BertForMaskedLM or
 T5ForConditionalGeneration, by family (BertForPreTraining with an NSP / SOP
 sentence head, DistilBertForMaskedLM without token types, RobertaForMaskedLM
-with ``--model_type=roberta``). A fine-tuning workdir (one with a
+with ``--model_type=roberta``; an ELECTRA pretrainer's discriminator
+ElectraForPreTraining, and with ``--generator`` its generator
+ElectraForMaskedLM). A fine-tuning workdir (one with a
 ``task.json``) becomes the task class computing what its head computes
 (BertForSequenceClassification, GPT2ForTokenClassification, ...; see
 :mod:`jaxtl.convert.task`), from the parameters in its ``best/``, with its
@@ -30,6 +33,9 @@ flags.DEFINE_string("architecture", None, "HF class (default: the richest that f
                     "exports its tuned backbone, e.g. BertModel).")
 flags.DEFINE_string("model_type", None, "HF family of an encoder: bert (default), "
                     "roberta or distilbert (default for one without token types).")
+flags.DEFINE_bool("generator", False, "An ELECTRA pretraining workdir: export its "
+                  "generator as ElectraForMaskedLM (default: its discriminator, "
+                  "as ElectraForPreTraining).")
 FLAGS = flags.FLAGS
 
 
@@ -37,18 +43,32 @@ def main(argv: list[str]) -> None:
   del argv
   from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
   from jaxtl import convert  # pylint: disable=g-import-not-at-top
+  from jaxtl.convert.electra import GENERATOR_CLASS  # pylint: disable=g-import-not-at-top
+  from jaxtl.convert.family import SpecialIds  # pylint: disable=g-import-not-at-top
   from jaxtl.data.tokenizer_files import save_tokenizer  # pylint: disable=g-import-not-at-top
   from jaxtl.tasks import predictor, spec  # pylint: disable=g-import-not-at-top
-  if spec.exists(FLAGS.checkpoint) and not FLAGS.architecture:
+  if spec.exists(FLAGS.checkpoint) and not FLAGS.architecture and not FLAGS.generator:
     tuned = predictor.load(FLAGS.checkpoint)  # best/, LoRA merged
     arch = convert.export_task_hf(FLAGS.out, tuned.config, tuned.params, tuned.spec,
                                   tokenizer=tuned.tokenizer, model_type=FLAGS.model_type)
     tokenizer = tuned.tokenizer
   else:
-    loaded = pretrained.load(FLAGS.checkpoint)
-    arch = convert.export_hf(FLAGS.out, loaded.config, loaded.params, head=loaded.head,
-                             architecture=FLAGS.architecture,
-                             model_type=FLAGS.model_type)
+    if FLAGS.generator:
+      loaded = pretrained.load_generator(FLAGS.checkpoint)
+      architecture = FLAGS.architecture or GENERATOR_CLASS
+    else:
+      loaded, architecture = pretrained.load(FLAGS.checkpoint), FLAGS.architecture
+    try:
+      arch = convert.export_hf(FLAGS.out, loaded.config, loaded.params, head=loaded.head,
+                               architecture=architecture, model_type=FLAGS.model_type,
+                               special_ids=SpecialIds.of(loaded.tokenizer))
+    except ValueError as e:
+      if not FLAGS.generator:
+        raise
+      g = loaded.config  # HF's heads are hidden_size / num_attention_heads wide
+      raise ValueError(f"{FLAGS.checkpoint}'s generator ({g.num_heads} heads of "
+                       f"{g.head_dim} over width {g.d_model}, per "
+                       f"config.objective.generator_scale): {e}") from e
     tokenizer = loaded.tokenizer
   save_tokenizer(tokenizer, FLAGS.out, sentencepiece_name="spiece.model")
   logging.info("wrote %s to %s", arch, FLAGS.out)

@@ -16,8 +16,8 @@ import dataclasses
 from typing import Any
 
 from jaxtl.convert import rules as R
-from jaxtl.convert.family import (Family, activation_from_hf, decoder_start_from_hf, get,
-                                  special_ids_to_hf)
+from jaxtl.convert.family import (JAXTL_IDS, Family, SpecialIds, activation_from_hf,
+                                  decoder_start_from_hf, get, special_ids_to_hf)
 from jaxtl.models import paths as P
 from jaxtl.models.config import TransformerConfig
 
@@ -64,8 +64,17 @@ def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
       "dropout": cfg.dropout_rate, "attention_dropout": cfg.attention_dropout_rate,
       "activation_dropout": 0.0, "init_std": cfg.init_std, "scale_embedding": False,
       "tie_word_embeddings": cfg.tie_embeddings, "is_encoder_decoder": True,
-      **special_ids_to_hf(cfg), "forced_eos_token_id": 1,
+      **special_ids(cfg, JAXTL_IDS),
   }
+
+
+def special_ids(cfg: TransformerConfig, ids: SpecialIds) -> dict[str, Any]:
+  """T5's fields, plus BART's BOS (``<s>``, 0 in its own tokenizer) and the
+  EOS its ``generate`` forces at the length limit (``forced_eos_token_id``)."""
+  out = {**special_ids_to_hf(cfg, ids), "forced_eos_token_id": ids.eos}
+  if ids.bos is not None:
+    out["bos_token_id"] = ids.bos
+  return out
 
 
 def _layer_rules(hf: str, ours: str, cross: bool) -> list[R.Rule]:
@@ -112,6 +121,7 @@ FAMILY = Family(
                    "BartModel": ("base", "decoder")},
     tasks={"text_to_text": "BartForConditionalGeneration",
            "generation": "BartForConditionalGeneration"},
+    special_ids=special_ids,
     # The stacks' views of the shared table, and a tied head.
     tied={"encoder.embed_tokens.weight": "shared.weight",
           "decoder.embed_tokens.weight": "shared.weight",

@@ -46,6 +46,10 @@ class Family:
       (GPT-2's bias-free ``score``); it must keep the class's outputs equal.
     head_shapes: ``config -> {path: shape}`` of head parameters beyond the
       pooler and classifier (ELECTRA's ``head/discriminator_head``).
+    special_ids: ``(config, ids) -> config.json fields`` naming the
+      tokenizer's special ids (T5's, BART's); None where the class fixes
+      them (RoBERTa's pad 1, which its positions count from) or jaxtl
+      writes none.
     exported_unasked: Whether an export may pick this family by itself
       (RoBERTa: no; a jaxtl encoder is BERT-like unless RoBERTa is asked for,
       since RoBERTa's checkpoints pair with its own byte-level tokenizer).
@@ -68,6 +72,7 @@ class Family:
   head_transforms: dict[str, Callable[[Any, Any], tuple[Any, Any]]] = dataclasses.field(
       default_factory=dict)
   head_shapes: Callable[[TransformerConfig], dict[str, tuple[int, ...]]] | None = None
+  special_ids: Callable[[TransformerConfig, SpecialIds], dict[str, Any]] | None = None
 
   def prefix(self, architecture: str) -> str:
     """Where ``architecture``'s checkpoints keep the base model's tensors."""
@@ -105,9 +110,39 @@ def decoder_start_from_hf(hf: dict[str, Any]) -> str:
                    f"({hf.get('eos_token_id')}); jaxtl's decoders start from one of them")
 
 
-def special_ids_to_hf(cfg: TransformerConfig) -> dict[str, int]:
-  """The special ids an exported encoder-decoder's ``config.json`` names:
-  jaxtl's tokenizers' pad 0 and EOS 1, and the decoder's start among them."""
-  pad, eos = 0, 1
-  return {"pad_token_id": pad, "eos_token_id": eos,
-          "decoder_start_token_id": cfg.decoder_start_id(pad, eos)}
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+  """The special token ids a tokenizer gives a model, which its ``config.json``
+  names (``pad_token_id``...). jaxtl keeps them with the tokenizer, not in
+  :class:`TransformerConfig` (which records only roles, such as
+  ``decoder_start``), so an export takes them from the model's tokenizer or,
+  for a round trip, from the ``config.json`` it was imported from."""
+  pad: int | None
+  eos: int | None
+  bos: int | None = None
+
+  @classmethod
+  def of(cls, tokenizer: Any) -> "SpecialIds":
+    """A jaxtl :class:`jaxtl.data.tokenizers.Tokenizer`'s ids."""
+    return cls(tokenizer.pad_id, tokenizer.eos_id, getattr(tokenizer, "bos_id", None))
+
+  @classmethod
+  def from_hf(cls, hf: dict[str, Any]) -> "SpecialIds":
+    """The ids a ``config.json`` names."""
+    return cls(hf.get("pad_token_id"), hf.get("eos_token_id"), hf.get("bos_token_id"))
+
+
+# jaxtl's SentencePiece tokenizers' ids (and T5's): what an export writes when
+# it is given no tokenizer.
+JAXTL_IDS = SpecialIds(pad=0, eos=1)
+
+
+def special_ids_to_hf(cfg: TransformerConfig, ids: SpecialIds = JAXTL_IDS
+                      ) -> dict[str, int]:
+  """The special ids an exported encoder-decoder's ``config.json`` names: the
+  tokenizer's pad and EOS, and the decoder's start among them."""
+  if ids.pad is None or ids.eos is None:
+    raise ValueError(f"an encoder-decoder's config.json names its pad and EOS ids; "
+                     f"the tokenizer gives {ids}")
+  return {"pad_token_id": ids.pad, "eos_token_id": ids.eos,
+          "decoder_start_token_id": cfg.decoder_start_id(ids.pad, ids.eos)}

@@ -28,7 +28,7 @@ import numpy as np
 from flax import traverse_util
 
 from jaxtl.convert import bart, bert, distilbert, electra, gpt2, roberta, rules, t5
-from jaxtl.convert.family import Family
+from jaxtl.convert.family import Family, SpecialIds
 from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
 
@@ -69,6 +69,8 @@ class Imported:
     architecture: The checkpoint's class name per ``config.json``.
     groups: The rule groups that were present (``base``, ``mlm``, ``pooler``...).
     hf_config: ``config.json`` as read.
+    special_ids: The special ids ``config.json`` names, for an export of
+      the same model (``export_hf(..., special_ids=imported.special_ids)``).
   """
   config: TransformerConfig
   params: dict[str, Any]
@@ -76,6 +78,10 @@ class Imported:
   architecture: str
   groups: tuple[str, ...]
   hf_config: dict[str, Any]
+
+  @property
+  def special_ids(self) -> SpecialIds:
+    return SpecialIds.from_hf(self.hf_config)
 
 
 def is_hf_folder(path: str | os.PathLike) -> bool:
@@ -317,7 +323,8 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
               head: Any = None, architecture: str | None = None,
               label_names: tuple[str, ...] = (),
               config_fields: dict[str, Any] | None = None,
-              model_type: str | None = None) -> str:
+              model_type: str | None = None,
+              special_ids: SpecialIds | None = None) -> str:
   """Writes ``config.json`` + ``model.safetensors`` for ``transformers``.
 
   Args:
@@ -334,6 +341,10 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
       ``pad_token_id``...), written last.
     model_type: The Hugging Face family (``roberta``...); default: the first
       that computes what ``config`` does (:func:`export_family`).
+    special_ids: The tokenizer's special ids (``SpecialIds.of(tokenizer)``),
+      which an encoder-decoder's ``config.json`` names (pad, EOS, the
+      decoder's start; BART's BOS); default: jaxtl's tokenizers' pad 0 and
+      EOS 1. The family's class decides which it writes (RoBERTa's pad stays 1).
 
   Returns:
     The architecture written.
@@ -370,6 +381,8 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
   prefix = family.prefix(architecture)
   tensors = {(prefix + k if k in in_base else k): v for k, v in tensors.items()}
   hf_config["architectures"] = [architecture]
+  if special_ids is not None and family.special_ids is not None:
+    hf_config.update(family.special_ids(config, special_ids))
   if set(groups) & _LABEL_GROUPS:
     hf_config.update(_label_fields(flat, tuple(label_names)))
   hf_config.update(config_fields or {})

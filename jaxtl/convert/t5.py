@@ -120,6 +120,7 @@ FAMILY = Family(
     tasks={"text_to_text": "T5ForConditionalGeneration",
            "generation": "T5ForConditionalGeneration",
            "token_classification": "T5ForTokenClassification"},
+    special_ids=special_ids_to_hf,
     # The stacks' own views of the shared table; a tied head is the table too
     # (an untied one has its own rule, which takes precedence).
     tied={"encoder.embed_tokens.weight": "shared.weight",

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from jaxtl.convert import hf
+from jaxtl.convert.family import SpecialIds
 from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
 
@@ -94,7 +95,8 @@ def export_task_hf(out: str | os.PathLike, cfg: TransformerConfig, params: Any,
     spec: The task: attributes ``kind``, ``label_names`` (list or None),
       ``pooling`` and ``scalar_mix``, as :class:`jaxtl.tasks.spec.TaskSpec` holds them.
     tokenizer: The model's tokenizer; needed for the pad id of GPT-2's
-      sequence classifier.
+      sequence classifier; an encoder-decoder's ``config.json`` names its
+      special ids (default: jaxtl's, pad 0 and EOS 1).
     model_type: The Hugging Face family (``roberta``...); default: the first
       that computes the same (:func:`jaxtl.convert.hf.export_family`).
 
@@ -113,4 +115,5 @@ def export_task_hf(out: str | os.PathLike, cfg: TransformerConfig, params: Any,
   labels = tuple(spec.label_names or ())
   return hf.export_hf(out, cfg, params[paths.BACKBONE], head=params.get(paths.HEAD),
                       architecture=arch, label_names=labels, config_fields=fields,
-                      model_type=model_type)
+                      model_type=model_type,
+                      special_ids=None if tokenizer is None else SpecialIds.of(tokenizer))

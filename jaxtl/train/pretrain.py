@@ -21,7 +21,7 @@ import ml_collections
 
 from jaxtl import objectives
 from jaxtl.data import pipeline
-from jaxtl.models import TransformerConfig, paths
+from jaxtl.models import TransformerConfig, electra, paths
 from jaxtl.train import loop, optim, perf, pretrained, sharding
 from jaxtl.train import step as step_lib
 
@@ -236,10 +236,13 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
                             tokenizer=source.tokenizer if source else None)
   model_cfg = architecture(config, source, data.tokenizer.vocab_size)
   check_positions(model_cfg, data.lengths, "config.data.seq_len")
-  if jax.process_index() == 0:  # Fine-tuning rebuilds the model from this.
-    pretrained.save_model_config(model_cfg, workdir)
   objective = objectives.get(config.objective.name)
   model = objective.build_model(model_cfg, config.objective)
+  if jax.process_index() == 0:  # Fine-tuning rebuilds the model from this, an
+    # export ELECTRA's generator too.
+    generator = (model.generator_config if isinstance(model, electra.ElectraPretrainer)
+                 else None)
+    pretrained.save_model_config(model_cfg, workdir, generator=generator)
   mesh = sharding.make_mesh(config.mesh.shape)
   rules = sharding.make_rules(config.mesh.rules)
   tx, schedule = optim.make_optimizer(config.optim, config.train.steps)

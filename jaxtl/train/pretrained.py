@@ -33,23 +33,47 @@ RUNTIME_FIELDS = ("dropout_rate", "attention_dropout_rate", "lora_dropout", "dty
                   "remat", "attention_impl", "init_std")
 
 
-def save_model_config(cfg: TransformerConfig, workdir: str) -> None:
+# model_config.json's entry for a pretrainer's second model (ELECTRA's
+# generator), beside the fields of the model that transfers.
+GENERATOR_KEY = "generator"
+
+
+def _recorded(cfg: TransformerConfig) -> dict[str, Any]:
+  """``cfg`` as ``model_config.json`` holds it (tuples as lists)."""
+  return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def _architecture_diff(old: dict[str, Any], new: dict[str, Any], where: str = ""
+                       ) -> list[str]:
+  """The fields that shape parameters and differ (fields added since ``old``
+  was written count as their defaults)."""
+  old = {**_recorded(TransformerConfig()), **old}
+  return [f"{where}{k}: {old.get(k)!r} there, {new.get(k)!r} here"
+          for k in sorted(old.keys() | new.keys())
+          if k not in RUNTIME_FIELDS and k != GENERATOR_KEY and old.get(k) != new.get(k)]
+
+
+def save_model_config(cfg: TransformerConfig, workdir: str,
+                      generator: TransformerConfig | None = None) -> None:
   """Writes the architecture, so the workdir can be loaded (fine-tuned, continued).
 
+  ``generator``: an ELECTRA pretrainer's generator, recorded under
+  ``"generator"`` so that it can be exported too (:func:`load_generator`).
   A workdir that already holds checkpoints of another architecture is
   refused (:class:`jaxtl.train.workdir.WorkdirConflict`) before anything is
   overwritten: resuming it would fail on every checkpoint, and starting over
   would rotate the other model's checkpoints away.
   """
   path = os.path.join(workdir, MODEL_CONFIG_FILE)
-  new = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples as lists, as saved
+  new = _recorded(cfg)
+  if generator is not None:
+    new[GENERATOR_KEY] = _recorded(generator)
   if os.path.exists(path) and workdir_lib.holds_checkpoints(workdir):
-    with open(path) as f:  # fields added since it was written: their defaults
-      old = {**json.loads(json.dumps(dataclasses.asdict(TransformerConfig()))),
-             **json.load(f)}
-    diff = [f"{k}: {old.get(k)!r} there, {new.get(k)!r} here"
-            for k in sorted(old.keys() | new.keys())
-            if k not in RUNTIME_FIELDS and old.get(k) != new.get(k)]
+    with open(path) as f:
+      old = json.load(f)
+    diff = _architecture_diff(old, new)
+    if GENERATOR_KEY in old and GENERATOR_KEY in new:  # older workdirs lack it
+      diff += _architecture_diff(old[GENERATOR_KEY], new[GENERATOR_KEY], "generator.")
     if diff:
       raise workdir_lib.WorkdirConflict(
           f"{workdir} holds checkpoints of another model ({'; '.join(diff)}), "
@@ -61,17 +85,39 @@ def save_model_config(cfg: TransformerConfig, workdir: str) -> None:
   os.replace(tmp, path)
 
 
-def load_model_config(workdir: str) -> TransformerConfig:
-  """The architecture a pretraining workdir was trained with."""
+def _config_from(values: dict[str, Any]) -> TransformerConfig:
+  values = {k: v for k, v in values.items() if k != GENERATOR_KEY}
+  values["lora_targets"] = tuple(values.get("lora_targets", ()))
+  return TransformerConfig.from_mapping(values)
+
+
+def _read_model_config(workdir: str) -> dict[str, Any]:
   path = os.path.join(workdir, MODEL_CONFIG_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: init_from must be a jaxtl "
                             "pretraining or fine-tuning workdir or a Hugging Face "
                             "model folder")
   with open(path) as f:
-    values = json.load(f)
-  values["lora_targets"] = tuple(values.get("lora_targets", ()))
-  return TransformerConfig.from_mapping(values)
+    return json.load(f)
+
+
+def load_model_config(workdir: str) -> TransformerConfig:
+  """The architecture a pretraining workdir was trained with."""
+  return _config_from(_read_model_config(workdir))
+
+
+def load_generator_config(workdir: str) -> TransformerConfig:
+  """The generator an ELECTRA pretraining workdir trained beside its
+  discriminator; an error naming what to do when it was not recorded."""
+  values = _read_model_config(workdir)
+  if GENERATOR_KEY not in values:
+    raise ValueError(
+        f"{os.path.join(workdir, MODEL_CONFIG_FILE)} records no ELECTRA generator "
+        f"(no {GENERATOR_KEY!r} entry): the workdir is not an ELECTRA pretraining "
+        "run's, or one pretrained before jaxtl recorded the generator. Running "
+        "`jaxtl pretrain` on it again with its own config records it (the run "
+        "resumes at its last checkpoint); its discriminator exports without it.")
+  return _config_from(values[GENERATOR_KEY])
 
 
 @dataclasses.dataclass
@@ -115,6 +161,30 @@ def load(init_from: str, tokenizer_path: str = "") -> Pretrained:
   # from an imported BERT's.
   pooler = params.get(paths.SENTENCE_HEAD, {}).get(paths.POOLER)
   return Pretrained(cfg, tok, params, {} if pooler is None else {paths.POOLER: pooler})
+
+
+def load_generator(path: str, tokenizer_path: str = "") -> Pretrained:
+  """An ELECTRA pretraining workdir's generator, alone: an encoder with a
+  BERT-style LM head reading the shared token table
+  (:func:`jaxtl.models.electra.generator_as_encoder`), what Hugging Face's
+  ``ElectraForMaskedLM`` holds; the discriminator is left out."""
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+  path = sources.expand_path(path)
+  if convert.is_hf_folder(path):
+    raise ValueError(f"{path} is a Hugging Face folder: import its generator "
+                     "(ElectraForMaskedLM) as any model; this reads a jaxtl workdir")
+  cfg = load_generator_config(path)
+  tok = (get_tokenizer(sources.expand_path(tokenizer_path)) if tokenizer_path
+         else pipeline.workdir_tokenizer(path))
+  params = checkpoint.load_params(checkpoint.selected_checkpoint(path))
+  if not electra.is_electra(params):
+    raise ValueError(f"{path}'s checkpoint holds no ELECTRA pretrainer (no "
+                     f"{' or '.join(electra.PRETRAINING_ONLY)} parameters)")
+  cfg, generator = electra.generator_as_encoder(cfg, params)
+  kept = (paths.GENERATOR + "/", paths.TOKEN_EMBED + "/")
+  dropped = tuple(n for n in traverse_util.flatten_dict(params, sep="/")
+                  if not n.startswith(kept))
+  return Pretrained(cfg, tok, generator, {}, dropped)
 
 
 def electra_discriminator(cfg: TransformerConfig, tok: Tokenizer, params: dict[str, Any]
