@@ -35,9 +35,9 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
 'torch', torch.__version__, 'transformers', transformers.__version__); print(jax.devices())"
     # The property tests compare float32 results at 1e-5; a GPU's default
     # float32 matmuls round through TF32, so they run at full precision here.
-    JAX_DEFAULT_MATMUL_PRECISION=highest JAX_PLATFORMS=cuda,cpu timeout ${TEST_TIMEOUT:-420} python3 -m pytest -p no:cacheprovider -n 4 -q \
+    JAX_DEFAULT_MATMUL_PRECISION=highest JAX_PLATFORMS=cuda,cpu timeout ${TEST_TIMEOUT:-420} python3 -m pytest -p no:cacheprovider -n ${TEST_WORKERS:-8} -q \
       -o addopts="" tests/gpu_test.py tests/models_test.py tests/generate_test.py \
-      tests/checkpoint_test.py tests/heads_test.py \
+      tests/sampling_test.py tests/electra_test.py tests/checkpoint_test.py tests/heads_test.py \
       tests/train_test.py -k "${TEST_FILTER:-not mesh and not sharded and not shard}" \
       2>&1 | tee "$out/tests.log" | tail -40
     ;;

@@ -224,6 +224,9 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
     preset = PRESETS[name]
     if batch_size:
       preset = dataclasses.replace(preset, batch_size=batch_size)
+    elif on_accelerator() and preset.accelerator_batch_size:
+      preset = dataclasses.replace(
+          preset, batch_size=preset.accelerator_batch_size * len(devices))
     if length:
       preset = dataclasses.replace(preset, length=length)
     cfg = model_config(preset, dtype, **(overrides or {}))
@@ -298,7 +301,8 @@ def _define_flags() -> None:
   flags.DEFINE_integer("steps", 10, "Timed steps (the median is reported).")
   flags.DEFINE_string("dtype", "auto", "Compute dtype; auto: bfloat16 on accelerators, "
                       "float32 on CPU.")
-  flags.DEFINE_integer("batch_size", 0, "Override every preset's batch size (0: keep).")
+  flags.DEFINE_integer("batch_size", 0, "Override every preset's batch size (0: the preset's; on "
+                       "GPUs and TPUs its accelerator_batch_size per device).")
   flags.DEFINE_integer("length", 0, "Override every preset's (input) sequence length "
                        "(0: keep).")
   flags.DEFINE_integer("devices", 0, "Devices jaxtl runs on, data parallel (0: all). "
