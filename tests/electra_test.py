@@ -61,6 +61,19 @@ def test_generator_is_smaller_and_shares_the_token_table(setup):
     electra.generator_config(tiny(), 0.0)
 
 
+@pytest.mark.parametrize("preset,scale,heads,head_dim", [
+    ("bert_tiny", 0.25, 1, 32),   # narrower than a head: one head as wide as itself
+    ("bert_tiny", 0.5, 1, 64),
+    ("bert_base", 1 / 3, 4, 64),  # the paper's ELECTRA-Base generator
+])
+def test_generator_heads_fill_its_width(preset, scale, heads, head_dim):
+  # Hugging Face's ElectraForMaskedLM can only hold heads x head width = width.
+  from jaxtl.configs import models
+  gen = electra.generator_config(TransformerConfig.from_mapping(models.PRESETS[preset]), scale)
+  assert (gen.num_heads, gen.head_dim) == (heads, head_dim)
+  assert gen.num_heads * gen.head_dim == gen.d_model
+
+
 def test_the_discriminator_is_an_encoders_tree(setup):
   _, _, params, _ = setup
   disc, rest = electra.discriminator(params)

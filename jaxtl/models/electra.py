@@ -45,13 +45,21 @@ def generator_config(discriminator: TransformerConfig, scale: float,
   """The generator: the discriminator's width, heads and MLP times ``scale``
   (the paper finds 1/4 to 1/2 best), ``num_layers`` deep (0: as deep),
   reading the discriminator's token table (``embed_dim``) and predicting
-  into it through a BERT-style head, as a standalone MLM encoder would."""
+  into it through a BERT-style head, as a standalone MLM encoder would.
+
+  Heads keep their width (the paper's 64) while it fits; a generator
+  narrower than one head gets one head as wide as itself, so that heads x
+  head width = width still holds, as Hugging Face's ``ElectraForMaskedLM``
+  needs to hold it."""
   if not 0 < scale <= 1:
     raise ValueError(f"config.objective.generator_scale must be in (0, 1], got {scale}")
   size = lambda n: max(1, round(n * scale))
   width, table = size(discriminator.d_model), discriminator.embed_width
+  heads, head_dim = size(discriminator.num_heads), discriminator.head_dim
+  if discriminator.num_heads * head_dim == discriminator.d_model and width % heads == 0:
+    head_dim = width // heads
   return discriminator.replace(
-      d_model=width, num_heads=size(discriminator.num_heads),
+      d_model=width, num_heads=heads, head_dim=head_dim,
       mlp_dim=size(discriminator.mlp_dim),
       num_layers=num_layers or discriminator.num_layers,
       embed_dim=0 if table == width else table, lm_head_transform=True,
