@@ -151,3 +151,20 @@ def test_stages_cannot_switch_between_mlm_and_electra():
   pretrain.check_same_model(objectives.get("mlm"), objectives.get("span"))  # same module
   with pytest.raises(ValueError, match="trains another model than the run's 'electra'"):
     pretrain.check_same_model(objectives.get("mlm"), objectives.get("electra"))
+
+
+def test_flops_count_the_discriminator_and_the_generator_as_if_alone(setup):
+  # ELECTRA's step is a generator (an MLM encoder, LM head at the masked
+  # positions) plus a discriminator (an encoder and a per-token head).
+  from jaxtl.train import perf
+  _, model, params, _ = setup
+  t, k = 12, 4
+  shapes = lambda cfg: nn.unbox(jax.eval_shape(
+      build_model(cfg).init, jax.random.key(0), jnp.ones((1, t), jnp.int32)))["params"]
+  gen_cfg = model.generator_config
+  generator = perf.flops_per_example(gen_cfg, shapes(gen_cfg), t, head_positions=k)
+  d = tiny().d_model
+  discriminator = (perf.flops_per_example(tiny(), shapes(tiny()), t, head_positions=0)
+                   + 6 * d * d * t)  # its head's dense layer (the logit column aside)
+  got = perf.flops_per_example(tiny(), params, t, head_positions=k, generator=gen_cfg)
+  assert got == pytest.approx(generator + discriminator)

@@ -87,11 +87,15 @@ def _head_params(cfg: TransformerConfig, params: Any) -> int:
 
 def flops_per_example(cfg: TransformerConfig, params: Any,
                       encoder_length: int, decoder_length: int = 0,
-                      head_positions: int | None = None) -> float:
+                      head_positions: int | None = None,
+                      generator: TransformerConfig | None = None) -> float:
   """Training FLOPs for one example (row) of the given lengths.
 
   ``head_positions``: the LM head runs only at this many positions (MLM);
   None: at every target position; 0: nowhere (a task head replaces it).
+  ``generator``: ELECTRA's generator, an encoder over the same rows. Its
+  dense weights (under ``generator/``) and LM head are already in
+  ``params``; its attention scores are added from this config.
   """
   attn_width = cfg.num_heads * cfg.head_dim
   head = 6 * _head_params(cfg, params)
@@ -103,5 +107,7 @@ def flops_per_example(cfg: TransformerConfig, params: Any,
            + 12 * cfg.decoder_layers * attn_width * t * (t + s))
     return float(enc + dec + head * (t if head_positions is None else head_positions))
   t = encoder_length
-  body = 6 * _matmul_params(params) * t + 12 * cfg.num_layers * attn_width * t * t
+  stacks = [cfg] + ([generator] if generator else [])
+  body = 6 * _matmul_params(params) * t + sum(
+      12 * c.num_layers * c.num_heads * c.head_dim * t * t for c in stacks)
   return float(body + head * (t if head_positions is None else head_positions))

@@ -156,6 +156,11 @@ def _override(section: ml_collections.ConfigDict, values: Mapping[str, Any],
       raise ValueError(f"{where}.{key}={value!r}: {e}") from e
 
 
+def _generator(model: Any) -> TransformerConfig | None:
+  """ELECTRA's generator architecture (None for other objectives' models)."""
+  return model.generator_config if isinstance(model, electra.ElectraPretrainer) else None
+
+
 def check_positions(model_cfg: TransformerConfig, lengths: Mapping[str, int],
                     where: str, table: str = "config.model.max_len") -> None:
   """A learned position table must cover every length the run feeds it
@@ -187,7 +192,8 @@ def make_stage(index: int, steps: int, stage_config: Any, data: pipeline.DataSet
   check_positions(model_cfg, prepared.lengths, f"{where}.data.seq_len")
   loss_fn = objective.make_loss_fn(model, prepared.max_predictions, stage_config.objective)
   flops = perf.flops_per_example(model_cfg, params_shape, *prepared.lengths.values(),
-                                 head_positions=prepared.max_predictions)
+                                 head_positions=prepared.max_predictions,
+                                 generator=_generator(model))
   return loop.Stage(
       steps=steps, batches=batches, loss_fn=loss_fn,
       batch_size=stage_config.data.batch_size, flops_per_example=flops,
@@ -240,9 +246,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   model = objective.build_model(model_cfg, config.objective)
   if jax.process_index() == 0:  # Fine-tuning rebuilds the model from this, an
     # export ELECTRA's generator too.
-    generator = (model.generator_config if isinstance(model, electra.ElectraPretrainer)
-                 else None)
-    pretrained.save_model_config(model_cfg, workdir, generator=generator)
+    pretrained.save_model_config(model_cfg, workdir, generator=_generator(model))
   mesh = sharding.make_mesh(config.mesh.shape)
   rules = sharding.make_rules(config.mesh.rules)
   tx, schedule = optim.make_optimizer(config.optim, config.train.steps)
@@ -262,7 +266,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   n_params = optim.count_params(params_shape)
   flops = perf.flops_per_example(model_cfg, params_shape,
                                  *data.lengths.values(),
-                                 head_positions=data.max_predictions)
+                                 head_positions=data.max_predictions,
+                                 generator=_generator(model))
   logging.info("model: %s, %d parameters; %s rows train / %s eval; unigram "
                "entropy of training tokens %.3f nats", model_cfg.family,
                n_params, data.num_rows(data.train_split),
