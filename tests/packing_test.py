@@ -178,3 +178,13 @@ def test_blocks_on_a_stream_equal_the_whole_at_once(eos):
   assert len(blocks) > 10
   for key, value in packed.items():
     np.testing.assert_array_equal(np.concatenate([b[key] for b in blocks]), value)
+
+
+@pytest.mark.parametrize("size,length", [(0, 4), (3, 4), (4, 4), (6, 4)])
+def test_pad_one_is_pad_batchs_row(size, length):
+  seq = np.arange(1, size + 1)
+  batch = packing.pad_batch([{"x": seq}], {"x": length}, pad_id=9)
+  got = packing.pad_one(seq, length, pad_id=9)
+  for want, have in zip((batch["x"][0], batch["x_segment_ids"][0], batch["x_positions"][0]), got):
+    np.testing.assert_array_equal(have, want)
+    assert have.dtype == np.int32

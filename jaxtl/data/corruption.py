@@ -254,15 +254,6 @@ def _random_segmentation(rng: np.random.Generator, num_items: int,
   return np.diff(np.concatenate([[0], cuts, [num_items]]))
 
 
-def _replace_runs_with_sentinels(tokens: np.ndarray, drop: np.ndarray,
-                                 sentinels: np.ndarray) -> np.ndarray:
-  """Collapses each run of `drop` positions into one sentinel, in order."""
-  run_start = drop & ~np.concatenate([[False], drop[:-1]])
-  run_index = np.cumsum(run_start) - 1
-  out = np.where(run_start, sentinels[np.maximum(run_index, 0)], tokens)
-  return out[~drop | run_start]
-
-
 def span_corrupt(
   tokens: np.ndarray,
   rng: np.random.Generator,
@@ -315,9 +306,24 @@ def span_corrupt(
   keep_lengths = _random_segmentation(rng, length - num_noise, num_spans)
   # Alternate keep_0, noise_0, keep_1, noise_1, ...; odd spans are noise.
   span_lengths = np.stack([keep_lengths, noise_lengths], axis=1).ravel()
-  span_number = np.repeat(np.arange(2 * num_spans), span_lengths)
-  is_noise = span_number % 2 == 1
+  is_noise = np.repeat(np.tile(np.array([False, True]), num_spans), span_lengths)
+  # Built from the spans directly rather than by finding runs in is_noise
+  # (the host pipeline's hot loop): inputs are keep_0 s_0 keep_1 s_1 ...,
+  # targets s_0 noise_0 s_1 noise_1 ..., each then EOS.
+  spans = np.arange(num_spans)
+  sentinels = sentinel_ids[:num_spans]
+  return (_interleave(tokens[~is_noise], np.cumsum(keep_lengths) + spans, sentinels, eos_id),
+          _interleave(tokens[is_noise], np.cumsum(noise_lengths) - noise_lengths + spans,
+                      sentinels, eos_id))
 
-  inputs = _replace_runs_with_sentinels(tokens, is_noise, sentinel_ids)
-  targets = _replace_runs_with_sentinels(tokens, ~is_noise, sentinel_ids)
-  return np.concatenate([inputs, eos]), np.concatenate([targets, eos])
+
+def _interleave(tokens: np.ndarray, at: np.ndarray, sentinels: np.ndarray,
+                eos_id: int) -> np.ndarray:
+  """``tokens`` with ``sentinels`` at output positions ``at``, then EOS."""
+  out = np.empty(tokens.size + sentinels.size + 1, np.int32)
+  is_sentinel = np.zeros(out.size, bool)
+  is_sentinel[at] = True
+  is_sentinel[-1] = True
+  out[is_sentinel] = np.append(sentinels, eos_id)
+  out[~is_sentinel] = tokens
+  return out

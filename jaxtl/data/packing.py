@@ -140,6 +140,20 @@ def pad_to(seq: np.ndarray, length: int, pad_id: int = 0) -> np.ndarray:
   return out
 
 
+def pad_one(seq: np.ndarray, length: int, pad_id: int = 0
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """One sequence as `pad_batch` lays out a row: (tokens, segment ids,
+  positions), int32, truncated or padded to `length`. The per-example path
+  of the host pipeline, without `pad_batch`'s batching."""
+  tokens = pad_to(seq, length, pad_id)
+  n = min(np.size(seq), length)
+  segments = np.zeros(length, np.int32)
+  segments[:n] = 1
+  positions = np.zeros(length, np.int32)
+  positions[:n] = np.arange(n)
+  return tokens, segments, positions
+
+
 def _feature_lengths(
   examples: Sequence[Mapping[str, np.ndarray]], lengths: Mapping[str, int]
 ) -> dict[str, np.ndarray]:

@@ -16,19 +16,18 @@ def encoder_decoder_example(inputs: np.ndarray, targets: np.ndarray, pad_id: int
   """The features of one (inputs, targets) pair, padded to the lengths; the
   decoder's inputs are its targets shifted right, starting from ``pad_id``
   (T5's start token, which generation starts from too)."""
-  ex = packing.pad_batch([{"encoder": inputs, "decoder": targets}],
-                         {"encoder": inputs_length, "decoder": targets_length},
-                         pad_id=pad_id)
-  ex = {k: v[0] for k, v in ex.items()}
-  dec = ex["decoder"]
-  return {"encoder_input_tokens": ex["encoder"],
-          "encoder_segment_ids": ex["encoder_segment_ids"],
-          "encoder_positions": ex["encoder_positions"],
-          "decoder_input_tokens": np.concatenate([[pad_id], dec[:-1]]).astype(np.int32),
+  enc, enc_segments, enc_positions = packing.pad_one(inputs, inputs_length, pad_id)
+  dec, dec_segments, dec_positions = packing.pad_one(targets, targets_length, pad_id)
+  dec_inputs = np.empty_like(dec)
+  dec_inputs[0], dec_inputs[1:] = pad_id, dec[:-1]
+  return {"encoder_input_tokens": enc,
+          "encoder_segment_ids": enc_segments,
+          "encoder_positions": enc_positions,
+          "decoder_input_tokens": dec_inputs,
           "decoder_target_tokens": dec,
-          "decoder_loss_weights": (ex["decoder_segment_ids"] > 0).astype(np.float32),
-          "decoder_segment_ids": ex["decoder_segment_ids"],
-          "decoder_positions": ex["decoder_positions"]}
+          "decoder_loss_weights": dec_segments.astype(np.float32),
+          "decoder_segment_ids": dec_segments,
+          "decoder_positions": dec_positions}
 
 
 def span_example(row: Row, rng: np.random.Generator, tokenizer: Tokenizer,
