@@ -620,3 +620,38 @@ def test_a_jaxtl_electra_workdir_exports_its_generator(tmp_path):
                 {k: v for k, v in recorded.items() if k != "generator"}, f)
     with pytest.raises(ValueError, match=error):
       _cli_export(workdir, tmp_path / "not", "--generator")
+
+
+def test_a_gpt2_exports_its_tokenizers_special_ids(tmp_path):
+  """A GPT-2-like workdir with its own tokenizer (</s> 2, <s> 3, <pad> 4):
+  config.json names those ids, not GPT2Config's 50256, so `generate` stops
+  at the model's own EOS; an imported HF GPT-2 keeps the ids it came with."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from jaxtl.configs import models  # pylint: disable=g-import-not-at-top
+  from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
+  from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "work"
+  _word_tokenizer(workdir / pipeline.TOKENIZER_DIR, ["<unk>", "<mask>", "</s>", "<s>", "<pad>"])
+  cfg = TransformerConfig.from_mapping({
+      **models.get_model_config("gpt2_tiny"), "vocab_size": 29, "d_model": 24,
+      "num_heads": 3, "head_dim": 8, "mlp_dim": 40, "num_layers": 1, "max_len": 16,
+      "dropout_rate": 0.0})
+  pretrained.save_model_config(cfg, str(workdir))
+  ids, _ = _batch(cfg.vocab_size)
+  params = _random_params(build_model(cfg), jnp.asarray(ids))
+  ocp.PyTreeCheckpointer().save(workdir / "checkpoints" / "2" / "state", {"params": params})
+  _cli_export(workdir, tmp_path / "out")
+  model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out")
+  fields = ("pad_token_id", "eos_token_id", "bos_token_id")
+  assert {k: getattr(model.generation_config, k) for k in fields} == dict(
+      pad_token_id=4, eos_token_id=2, bos_token_id=3)
+  # Round trip of a Hugging Face GPT-2: its ids go back out as they came.
+  hf_model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+      vocab_size=50, n_embd=16, n_head=2, n_layer=1, n_positions=16))
+  hf_model.save_pretrained(tmp_path / "in")
+  imported = convert.import_hf(tmp_path / "in")
+  convert.export_hf(tmp_path / "api", imported.config, imported.params,
+                    special_ids=imported.special_ids)
+  written, original = hf.read_config(tmp_path / "api"), hf.read_config(tmp_path / "in")
+  assert {k: written.get(k) for k in fields} == {k: original.get(k) for k in fields}

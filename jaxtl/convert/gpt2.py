@@ -15,7 +15,7 @@ import numpy as np
 from flax import traverse_util
 
 from jaxtl.convert import rules as R
-from jaxtl.convert.family import Family, activation_from_hf, get
+from jaxtl.convert.family import Family, SpecialIds, activation_from_hf, get
 from jaxtl.models import paths as P
 from jaxtl.models.config import TransformerConfig
 
@@ -51,6 +51,20 @@ def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
       "embd_pdrop": cfg.dropout_rate, "attn_pdrop": cfg.attention_dropout_rate,
       "initializer_range": cfg.init_std, "tie_word_embeddings": True,
   }
+
+
+def special_ids(cfg: TransformerConfig, ids: SpecialIds) -> dict[str, Any]:
+  """The tokenizer's EOS (where ``generate`` stops), its BOS (its EOS where
+  it has none, as GPT-2's one ``<|endoftext|>`` is both) and its pad id.
+  Without them ``config.json`` would keep GPT2Config's 50256, which for
+  any other vocabulary is no token at all."""
+  del cfg  # the ids are the tokenizer's alone
+  out: dict[str, Any] = {}
+  if ids.eos is not None:
+    out.update(eos_token_id=ids.eos, bos_token_id=ids.eos if ids.bos is None else ids.bos)
+  if ids.pad is not None:
+    out["pad_token_id"] = ids.pad
+  return out
 
 
 def rules(cfg: TransformerConfig) -> list[R.Rule]:
@@ -129,4 +143,5 @@ FAMILY = Family(
            "span_qa": "GPT2ForQuestionAnswering"},
     sequence_pooling=("last", "the last token that is not pad_token_id"),
     head_transforms={"GPT2ForSequenceClassification": fold_score_bias},
+    special_ids=special_ids,
 )
