@@ -47,7 +47,7 @@ class Family:
     head_shapes: ``config -> {path: shape}`` of head parameters beyond the
       pooler and classifier (ELECTRA's ``head/discriminator_head``).
     special_ids: ``(config, ids) -> config.json fields`` naming the
-      tokenizer's special ids (T5's, BART's); None where the class fixes
+      tokenizer's special ids (T5's, BART's, GPT-2's); None where the class fixes
       them (RoBERTa's pad 1, which its positions count from) or jaxtl
       writes none.
     exported_unasked: Whether an export may pick this family by itself

@@ -342,9 +342,10 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
     model_type: The Hugging Face family (``roberta``...); default: the first
       that computes what ``config`` does (:func:`export_family`).
     special_ids: The tokenizer's special ids (``SpecialIds.of(tokenizer)``),
-      which an encoder-decoder's ``config.json`` names (pad, EOS, the
-      decoder's start; BART's BOS); default: jaxtl's tokenizers' pad 0 and
-      EOS 1. The family's class decides which it writes (RoBERTa's pad stays 1).
+      which ``config.json`` names (an encoder-decoder's pad, EOS and the
+      decoder's start, BART's BOS; GPT-2's EOS, BOS and pad); default:
+      jaxtl's tokenizers' pad 0 and EOS 1 for encoder-decoders. The family
+      decides which it writes (RoBERTa's pad stays 1).
 
   Returns:
     The architecture written.
