@@ -3,10 +3,11 @@
 Labeled-task files (``jaxtl.tasks.file_task``), prediction inputs
 (``jaxtl.tasks.rows``) and JSON-lines corpora (``jaxtl.data.sources``) all
 read rows through :func:`read_rows`, so a CSV or JSON quirk is handled
-once. A reader is ``(path, report) -> iterator of (line, dict)``: ``line`` is the 1-based line where the row starts (a
-Parquet row's 1-based row number), and ``report(where, reason)`` receives
-each row that cannot be read; it raises or records (``tasks.examples.BadRows``),
-and the reader goes on with the next row. Another file format plugs in as
+once. A reader is ``(path, report) -> iterator of (line, dict)``: ``line``
+is the 1-based line where the row starts (a Parquet row's 1-based row
+number), and ``report(where, reason)`` receives each row that cannot be
+read; it raises or records (``tasks.examples.BadRows``), and the reader
+goes on with the next row. Another file format plugs in as
 one more entry of ``READERS``; Hugging Face datasets, which are not files,
 come in through ``jaxtl.data.hf_datasets.records`` in the file task.
 
