@@ -97,17 +97,19 @@ def flops_per_example(cfg: TransformerConfig, params: Any,
   dense weights (under ``generator/``) and LM head are already in
   ``params``; its attention scores are added from this config.
   """
-  attn_width = cfg.num_heads * cfg.head_dim
+  # Scores and their weighted sum, forward and backward, per layer.
+  attention = lambda c, layers, queries, keys: (
+      12 * layers * c.num_heads * c.head_dim * queries * keys)
   head = 6 * _head_params(cfg, params)
   if cfg.family == "encoder_decoder":
     s, t = encoder_length, decoder_length
     enc = (6 * _matmul_params(params, paths.ENCODER) * s
-           + 12 * cfg.num_layers * attn_width * s * s)
+           + attention(cfg, cfg.num_layers, s, s))
     dec = (6 * _matmul_params(params, paths.DECODER) * t
-           + 12 * cfg.decoder_layers * attn_width * t * (t + s))
+           + attention(cfg, cfg.decoder_layers, t, t + s))
     return float(enc + dec + head * (t if head_positions is None else head_positions))
   t = encoder_length
   stacks = [cfg] + ([generator] if generator else [])
   body = 6 * _matmul_params(params) * t + sum(
-      12 * c.num_layers * c.num_heads * c.head_dim * t * t for c in stacks)
+      attention(c, c.num_layers, t, t) for c in stacks)
   return float(body + head * (t if head_positions is None else head_positions))

@@ -244,9 +244,10 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   check_positions(model_cfg, data.lengths, "config.data.seq_len")
   objective = objectives.get(config.objective.name)
   model = objective.build_model(model_cfg, config.objective)
+  generator = _generator(model)
   if jax.process_index() == 0:  # Fine-tuning rebuilds the model from this, an
     # export ELECTRA's generator too.
-    pretrained.save_model_config(model_cfg, workdir, generator=_generator(model))
+    pretrained.save_model_config(model_cfg, workdir, generator=generator)
   mesh = sharding.make_mesh(config.mesh.shape)
   rules = sharding.make_rules(config.mesh.rules)
   tx, schedule = optim.make_optimizer(config.optim, config.train.steps)
@@ -267,7 +268,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   flops = perf.flops_per_example(model_cfg, params_shape,
                                  *data.lengths.values(),
                                  head_positions=data.max_predictions,
-                                 generator=_generator(model))
+                                 generator=generator)
   logging.info("model: %s, %d parameters; %s rows train / %s eval; unigram "
                "entropy of training tokens %.3f nats", model_cfg.family,
                n_params, data.num_rows(data.train_split),
