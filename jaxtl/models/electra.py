@@ -47,10 +47,11 @@ def generator_config(discriminator: TransformerConfig, scale: float,
   reading the discriminator's token table (``embed_dim``) and predicting
   into it through a BERT-style head, as a standalone MLM encoder would.
 
-  Heads keep their width (the paper's 64) while it fits; a generator
-  narrower than one head gets one head as wide as itself, so that heads x
-  head width = width still holds, as Hugging Face's ``ElectraForMaskedLM``
-  needs to hold it."""
+  When the discriminator's heads fill its width (BERT's and ELECTRA's
+  shape), so do the generator's, as Hugging Face's ``ElectraForMaskedLM``
+  needs: head width = width / heads wherever the heads divide the width
+  (the paper's 64 at its sizes; one head of 32 for bert_tiny at 1/4), and
+  the discriminator's head width otherwise."""
   if not 0 < scale <= 1:
     raise ValueError(f"config.objective.generator_scale must be in (0, 1], got {scale}")
   size = lambda n: max(1, round(n * scale))
