@@ -251,6 +251,53 @@ def test_span_corrupt_reproducible_and_validates():
     corruption.span_corruption_lengths(512, mean_noise_span_length=0.0)
 
 
+@pytest.mark.parametrize('whole_word', [False, True])
+def test_mlm_mask_rows_is_mlm_mask_of_each_row(whole_word):
+  """A row's masking depends on its tokens and generator alone, not on the
+  batch it is made in (the pipeline's batches are made that way)."""
+  rng = np.random.default_rng(8)
+  tokens = np.stack([_random_sequence(rng, 40 - n, n) for n in (0, 3, 17, 40)])
+  can_mask = rng.random(tokens.shape) < 0.9
+  starts = rng.random(tokens.shape) < 0.6 if whole_word else None
+  kw = dict(mask_id=MASK, vocab_size=VOCAB, special_ids=SPECIALS, mask_rate=0.3)
+  rows = corruption.mlm_mask_rows(tokens, [np.random.default_rng(i) for i in range(4)],
+                                  can_mask=can_mask, word_starts=starts, **kw)
+  for i in range(4):
+    one = corruption.mlm_mask(tokens[i], np.random.default_rng(i), can_mask=can_mask[i],
+                              word_starts=None if starts is None else starts[i], **kw)
+    for a, b in zip(rows, one):
+      np.testing.assert_array_equal(a[i], b)
+  assert rows[2][-1].sum() == 0  # all padding: nothing to mask
+
+
+def test_span_corrupt_rows_is_span_corrupt_of_each_row():
+  """A row's corruption depends on its tokens and generator alone, not on
+  the batch it is made in (the pipeline's batches are made that way)."""
+  tokens = np.random.default_rng(3).integers(2, 800, size=(6, 142)).astype(np.int32)
+  inputs, targets = corruption.span_corrupt_rows(
+      tokens, [np.random.default_rng(i) for i in range(6)], sentinel_ids=SENTINELS,
+      eos_id=EOS)
+  for i in range(6):
+    one = corruption.span_corrupt(tokens[i], np.random.default_rng(i),
+                                  sentinel_ids=SENTINELS, eos_id=EOS)
+    np.testing.assert_array_equal(inputs[i], one[0])
+    np.testing.assert_array_equal(targets[i], one[1])
+  with pytest.raises(ValueError, match='generators'):
+    corruption.span_corrupt_rows(tokens, [np.random.default_rng(0)],
+                                 sentinel_ids=SENTINELS, eos_id=EOS)
+
+
+def test_random_segmentations_are_uniform_over_compositions():
+  """7 items in 3 non-empty segments: each of the C(6, 2) = 15 compositions
+  about equally often."""
+  keys = np.random.default_rng(4).random((30_000, 6))
+  lengths = corruption._random_segmentations(keys, 7, 3)  # pylint: disable=protected-access
+  assert (lengths > 0).all() and (lengths.sum(axis=1) == 7).all()
+  _, counts = np.unique(lengths, axis=0, return_counts=True)
+  assert len(counts) == 15
+  assert abs(counts / 30_000 - 1 / 15).max() < 0.01
+
+
 def _words(tokens, word_starts, maskable):
   """Lists of positions, one list per word (a word also starts after any
   unmaskable position)."""

@@ -105,16 +105,17 @@ def test_frame_row_adds_cls_and_sep():
   np.testing.assert_array_equal(framed["positions"], np.arange(7))
 
 
-def test_span_example_shapes_and_shift_with_the_t5_vocabulary():
+def test_span_batch_shapes_and_shift_with_the_t5_vocabulary():
   from jaxtl.data import corruption
   from jaxtl.data.tokenizer_files import get_tokenizer
   tok = get_tokenizer(datadir.require_data("tokenizers", "t5_c4_32k_100extra.spm.model"))
   raw, targets_len = corruption.span_corruption_lengths(64)
-  row = {"tokens": np.arange(100, 100 + raw, dtype=np.int32)}
+  rows = {"tokens": np.arange(100, 100 + raw, dtype=np.int32)[None]}
   sentinels = np.array([tok.sentinel_id(i) for i in range(100)], np.int32)
-  ex = span.span_example(row, np.random.default_rng(0), tok,
-                             {"noise_density": 0.15, "mean_noise_span_length": 3.0},
-                             sentinels, 64, targets_len)
+  batch = span.span_batch(rows, [np.random.default_rng(0)], tok,
+                          {"noise_density": 0.15, "mean_noise_span_length": 3.0},
+                          sentinels, 64, targets_len)
+  ex = {k: v[0] for k, v in batch.items()}
   assert ex["encoder_input_tokens"].shape == (64,)
   assert (ex["encoder_segment_ids"] == 1).all()  # full rows: no padding
   assert ex["decoder_target_tokens"].shape == (targets_len,)
@@ -240,3 +241,42 @@ def test_rows_number_the_documents_they_start_in(packing, tmp_path):
   (tmp_path / "no_eos").mkdir()
   with pytest.raises(ValueError, match="without EOS"):
     _store(tmp_path / "no_eos").first_documents()
+
+
+@pytest.mark.parametrize("name", ["mlm", "span"])
+def test_batches_made_at_once_are_their_examples_made_one_by_one(name, tmp_path):
+  """An objective's make_batch (the pipeline's path) gives the examples its
+  make_example gives row by row, framing included: what a row becomes does
+  not depend on which form, or which batch, made it."""
+  from types import SimpleNamespace  # pylint: disable=g-import-not-at-top
+  from jaxtl import objectives  # pylint: disable=g-import-not-at-top
+  from jaxtl.configs import common  # pylint: disable=g-import-not-at-top
+  tok = SimpleNamespace(mask_id=3, vocab_size=100, special_ids=np.array([0, 1, 2, 3]),
+                        cls_id=1, sep_id=2, eos_id=2, pad_id=0, num_sentinels=20,
+                        sentinel_id=lambda i: 99 - i)
+  prepared = objectives.get(name).prepare(
+      tok, common.objective_config(name=name, mask_rate=0.3),
+      common.data_config(seq_len=24))
+  make_example, make_batch = prepared.make_example, prepared.make_batch
+  if prepared.framed:
+    framed = pipeline.Framed(make_example, tok.cls_id, tok.sep_id, make_batch)
+    make_example, make_batch = framed, framed.batch
+  store = _store(tmp_path, length=prepared.row_length)
+  one_by_one = pipeline.BatchIterator(store, make_example, batch_size=8, seed=2)
+  at_once = pipeline.BatchIterator(store, make_example, batch_size=8, seed=2,
+                                   make_batch=make_batch)
+  for a, b in zip(_take(one_by_one, 6), _take(at_once, 6)):
+    assert a.keys() == b.keys()
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
+      assert a[k].dtype == b[k].dtype
+  assert b["encoder_input_tokens"].shape[1] == 24
+
+
+def test_segment_positions_of_stacked_rows_are_each_rows():
+  from jaxtl.data import row_store  # pylint: disable=g-import-not-at-top
+  segments = np.array([[1, 1, 2, 2, 2, 0], [1, 2, 3, 3, 0, 0], [1, 1, 1, 1, 1, 1]])
+  expected = [[0, 1, 0, 1, 2, 0], [0, 0, 0, 1, 0, 0], [0, 1, 2, 3, 4, 5]]
+  np.testing.assert_array_equal(row_store.segment_positions(segments), expected)
+  for row, want in zip(segments, expected):
+    np.testing.assert_array_equal(row_store.segment_positions(row), want)

@@ -42,11 +42,13 @@ class _Batch:
   shuffle: bool
   stream: tuple[int, ...]
   partners: bool = False
+  make_batch: Callable[..., Example] | None = None  # (rows [B, L], rngs) -> batch
 
   def rng(self, *key: int) -> np.random.Generator:
-    """``default_rng((seed, *key))``, or its spawn for the stream."""
-    return np.random.default_rng(np.random.SeedSequence((self.seed, *key),
-                                                        spawn_key=self.stream))
+    """``default_rng((seed, *key))``, or its spawn for the stream (built
+    directly: the same generator for a third less time, per example)."""
+    return np.random.Generator(np.random.PCG64(
+        np.random.SeedSequence((self.seed, *key), spawn_key=self.stream)))
 
   @functools.lru_cache(maxsize=2)
   def order(self, epoch: int) -> np.ndarray:
@@ -58,6 +60,8 @@ class _Batch:
     start = index * self.batch_size + self.offset
     ids = self.order(epoch)[start:start + self.local]
     rngs = [self.rng(epoch, int(i)) for i in ids]
+    if self.make_batch is not None and not self.partners:
+      return self.make_batch(self.rows.take_stacked(ids), rngs)
     rows = self.rows.take(ids)
     if self.partners:
       rows, partners = self._with_partners(ids, rows, rngs)
@@ -101,7 +105,9 @@ class BatchIterator:
 
   With ``partners`` (an objective whose ``Prepared.partner`` is set) each
   example also gets a random row of the split, drawn with its generator,
-  and both rows carry the number of the document they start in.
+  and both rows carry the number of the document they start in. A
+  ``make_batch`` (``Prepared.make_batch``: ``make_example`` of stacked rows
+  at once, the same examples) is used instead of ``make_example`` when given.
   """
 
   def __init__(self, rows: Rows | row_store.RowStore | row_store.ArrayRows,
@@ -109,7 +115,8 @@ class BatchIterator:
                batch_size: int, seed: int, shuffle: bool = True,
                repeat: bool = True, process_index: int = 0,
                process_count: int = 1, stream: tuple[int, ...] = (),
-               workers: int = 0, partners: bool = False):
+               workers: int = 0, partners: bool = False,
+               make_batch: Callable[..., Example] | None = None):
     if batch_size % process_count:
       raise ValueError(f"global batch size {batch_size} is not divisible by "
                        f"the {process_count} processes")
@@ -131,7 +138,7 @@ class BatchIterator:
       rows.first_documents()
     self._batches = _Batch(rows, make_example, batch_size, self.local, self.offset,
                            self.batches_per_epoch, seed, shuffle, self.stream,
-                           partners)
+                           partners, make_batch)
     self._it = None
 
   def get_state(self) -> dict[str, int]:

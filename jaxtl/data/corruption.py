@@ -1,12 +1,18 @@
-"""Pretraining corruptions applied per example on the host: BERT MLM, T5 spans.
+"""Pretraining corruptions applied on the host: BERT MLM, T5 spans.
 
-Everything here is numpy only, works on one 1-D token sequence at a time and
-draws all randomness from an explicit `np.random.Generator`, so a data loader
-that seeds its generator deterministically gets reproducible batches while
-still re-masking every epoch (dynamic masking, as in RoBERTa).
+Everything here is numpy only and draws all randomness from explicit
+`np.random.Generator`s, one per example, so a data loader that seeds them
+deterministically gets reproducible batches while still re-masking every
+epoch (dynamic masking, as in RoBERTa). Each corruption comes in two forms
+with one implementation: ``*_rows`` corrupts a batch of rows at once (the
+pipeline's path: array operations over the batch, a single draw from each
+row's generator) and the one-sequence form is its batch of one, so an
+example comes out the same whichever form or batch made it.
 """
 
 from __future__ import annotations
+
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -31,29 +37,51 @@ def _as_1d_tokens(tokens: np.ndarray) -> np.ndarray:
   return tokens.astype(np.int32)
 
 
-def _sample_non_special(rng: np.random.Generator, size: int, vocab_size: int,
-            excluded: np.ndarray) -> np.ndarray:
-  """Draws `size` ids uniformly from [0, vocab_size) minus `excluded`.
+def _non_special_ids(uniforms: np.ndarray, vocab_size: int,
+                     excluded: np.ndarray) -> np.ndarray:
+  """Ids uniform over [0, vocab_size) minus the sorted, unique `excluded`,
+  one per uniform in [0, 1).
 
-  Rather than materialising the allowed vocabulary (32k+ entries) for every
-  example, draw a rank r among the allowed ids and shift it past each excluded
-  id at or below it: with excluded ids e_0 < e_1 < ..., the r-th allowed id is
-  r + #{i : e_i - i <= r}.
+  Rather than materialising the allowed vocabulary (32k+ entries), take the
+  rank r = floor(u * #allowed) among the allowed ids and shift it past each
+  excluded id at or below it: with excluded ids e_0 < e_1 < ..., the r-th
+  allowed id is r + #{i : e_i - i <= r}.
   """
-  excluded = np.unique(excluded[(excluded >= 0) & (excluded < vocab_size)])
+  excluded = excluded[(excluded >= 0) & (excluded < vocab_size)]
   num_allowed = vocab_size - excluded.size
   if num_allowed <= 0:
     raise ValueError(
       'Every id in [0, vocab_size) is special; nothing to sample.')
-  ranks = rng.integers(0, num_allowed, size=size)
+  ranks = np.minimum((uniforms * num_allowed).astype(np.int64), num_allowed - 1)
   shifted = excluded - np.arange(excluded.size)
-  ids = ranks + np.searchsorted(shifted, ranks, side='right')
-  return ids.astype(np.int32)
+  return (ranks + np.searchsorted(shifted, ranks, side='right')).astype(np.int32)
 
 
 def mlm_mask(
   tokens: np.ndarray,
   rng: np.random.Generator,
+  *,
+  can_mask: np.ndarray | None = None,
+  word_starts: np.ndarray | None = None,
+  **options: Any,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """BERT masking of one 1-D int32 sequence -> (inputs, targets, weights).
+
+  `mlm_mask_rows` of a batch of one (the same draws, the same result), which
+  documents the masking and ``options`` (mask_id, vocab_size, special_ids
+  and the rates); `can_mask` and `word_starts` are like `tokens`.
+  """
+  tokens = _as_1d_tokens(tokens)
+  _check_like(tokens, can_mask=can_mask, word_starts=word_starts)
+  row = lambda a: None if a is None else np.asarray(a)[None]
+  out = mlm_mask_rows(tokens[None], [rng], can_mask=row(can_mask),
+                      word_starts=row(word_starts), **options)
+  return tuple(a[0] for a in out)
+
+
+def mlm_mask_rows(
+  tokens: np.ndarray,
+  rngs: Sequence[np.random.Generator],
   *,
   mask_id: int,
   vocab_size: int,
@@ -64,22 +92,31 @@ def mlm_mask(
   can_mask: np.ndarray | None = None,
   word_starts: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """BERT masking of one 1-D int32 sequence -> (inputs, targets, weights).
+  """BERT masking of each row of [B, L] ``tokens`` with its own generator,
+  at once -> (inputs, targets, weights), each [B, L].
 
-  Exactly round(mask_rate * n_maskable) positions (at least one when anything
-  is maskable) are chosen uniformly without replacement, as BERT's and
-  RoBERTa's data pipelines do, instead of an independent coin per token: the
-  number of predictions per batch is then stable, which keeps the MLM loss
-  scale steady and short sequences from getting zero predictions.
+  Exactly round(mask_rate * n_maskable) positions of a row (at least one
+  when anything is maskable) are chosen uniformly without replacement, as
+  BERT's and RoBERTa's data pipelines do, instead of an independent coin per
+  token: the number of predictions per batch is then stable, which keeps the
+  MLM loss scale steady and short sequences from getting zero predictions.
 
   Each chosen position independently becomes `mask_id` with probability
   `mask_token_rate`, a uniformly drawn non-special id with probability
   `random_token_rate`, and stays unchanged otherwise. `mask_id` is always
   treated as special (never chosen, never drawn as a random replacement).
 
+  Each row takes one draw from its generator, ``L`` uniforms for each of
+  three uses: its positions are chosen by the smallest keys among its
+  maskable ones, each chosen position's fate by a second uniform, and a
+  random id is the third scaled to the non-special vocabulary. The rest is
+  array operations over the batch, so a row's result depends on its tokens
+  and generator alone, whatever batch it is made in. (Whole-word masking
+  then visits each row's words in turn.)
+
   Args:
-    tokens: 1-D integer token ids of one example (padding included).
-    rng: source of all randomness.
+    tokens: [B, L] integer token ids (padding included).
+    rngs: one generator per row, the source of all its randomness.
     mask_id: id of the [MASK] token.
     vocab_size: token ids lie in [0, vocab_size); random replacements
       are drawn from its non-special part.
@@ -110,44 +147,59 @@ def mlm_mask(
       f'{mask_token_rate + random_token_rate!r}.')
   if vocab_size <= 0:
     raise ValueError(f'vocab_size must be positive, got {vocab_size!r}.')
+  tokens = _as_rows(tokens, rngs)
+  _check_like(tokens, can_mask=can_mask, word_starts=word_starts)
+  batch, length = tokens.shape
 
-  tokens = _as_1d_tokens(tokens)
-  excluded = np.append(
-    np.asarray(special_ids, dtype=np.int64).ravel(), mask_id)
+  excluded = np.unique(np.append(
+    np.asarray(special_ids, dtype=np.int64).ravel(), mask_id))
   maskable = ~np.isin(tokens, excluded)
   if can_mask is not None:
-    can_mask = np.asarray(can_mask, dtype=bool)
-    if can_mask.shape != tokens.shape:
-      raise ValueError(f'can_mask has shape {can_mask.shape}, tokens '
-                             f'have {tokens.shape}.')
-    maskable &= can_mask
+    maskable &= np.asarray(can_mask, dtype=bool)
+  candidates = maskable.sum(axis=1)
+  budget = np.where(candidates > 0,
+                    np.maximum(1, np.rint(mask_rate * candidates)), 0).astype(np.int64)
 
-  candidates = np.flatnonzero(maskable)
-  num_chosen = 0
-  if candidates.size:
-    num_chosen = max(1, int(round(mask_rate * candidates.size)))
+  draws = np.stack([rng.random((3, length)) for rng in rngs])
   if word_starts is None:
-    chosen = rng.choice(candidates, size=num_chosen, replace=False)
+    keys = np.where(maskable, draws[:, 0], 2.0)  # unmaskable sort last
+    chosen = np.zeros((batch, length), bool)
+    np.put_along_axis(chosen, np.argsort(keys, axis=1),
+                      np.arange(length) < budget[:, None], axis=1)
   else:
-    chosen = _choose_words(maskable, word_starts, num_chosen, rng)
-    num_chosen = chosen.size
+    chosen = np.zeros((batch, length), bool)
+    for b, rng in enumerate(rngs):
+      chosen[b, _choose_words(maskable[b], np.asarray(word_starts[b], bool),
+                              int(budget[b]), rng)] = True
 
-  # One uniform per chosen position decides mask / random / keep.
-  u = rng.random(num_chosen)
-  to_mask = u < mask_token_rate
-  to_random = ((u >= mask_token_rate)
-                 & (u < mask_token_rate + random_token_rate))
-
+  decide = draws[:, 1]
+  to_mask = chosen & (decide < mask_token_rate)
+  to_random = chosen & (decide >= mask_token_rate) & (
+    decide < mask_token_rate + random_token_rate)
   inputs = tokens.copy()
-  inputs[chosen[to_mask]] = mask_id
-  num_random = int(to_random.sum())
-  if num_random:
-    inputs[chosen[to_random]] = _sample_non_special(
-      rng, num_random, vocab_size, excluded)
+  inputs[to_mask] = mask_id
+  if to_random.any():
+    inputs[to_random] = _non_special_ids(draws[:, 2][to_random], vocab_size, excluded)
+  return inputs, tokens.copy(), chosen.astype(np.float32)
 
-  weights = np.zeros(tokens.shape, dtype=np.float32)
-  weights[chosen] = 1.0
-  return inputs, tokens.copy(), weights
+
+def _as_rows(tokens: np.ndarray, rngs: Sequence[np.random.Generator]) -> np.ndarray:
+  """[B, L] int32 token ids, one generator per row; callers pass a batch."""
+  tokens = np.asarray(tokens)
+  if tokens.ndim != 2 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
+    raise ValueError(f'Expected [batch, length] integer token ids, got shape '
+                     f'{tokens.shape} and dtype {tokens.dtype}.')
+  if len(rngs) != tokens.shape[0]:
+    raise ValueError(f'{tokens.shape[0]} rows need as many generators, got {len(rngs)}.')
+  return tokens.astype(np.int32)
+
+
+def _check_like(tokens: np.ndarray, **masks: np.ndarray | None) -> None:
+  """Raises unless each given mask has the tokens' shape, naming it."""
+  for name, mask in masks.items():
+    if mask is not None and np.shape(mask) != tokens.shape:
+      raise ValueError(f'{name} has shape {np.shape(mask)}, tokens '
+                       f'have {tokens.shape}.')
 
 
 def _choose_words(maskable: np.ndarray, word_starts: np.ndarray, budget: int,
@@ -159,10 +211,6 @@ def _choose_words(maskable: np.ndarray, word_starts: np.ndarray, budget: int,
   a shorter one later may still fit), so no word is ever split and the count
   never exceeds the budget (which bounds the loss positions per row).
   """
-  word_starts = np.asarray(word_starts, dtype=bool)
-  if word_starts.shape != maskable.shape:
-    raise ValueError(f'word_starts has shape {word_starts.shape}, tokens '
-                     f'have {maskable.shape}.')
   after_unmaskable = ~np.concatenate([[False], maskable[:-1]])
   starts = np.flatnonzero(maskable & (word_starts | after_unmaskable))
   if not starts.size:
@@ -242,16 +290,23 @@ def span_corruption_lengths(
   return tokens_length, corrupted_lengths(tokens_length)[1]
 
 
-def _random_segmentation(rng: np.random.Generator, num_items: int,
-                         num_segments: int) -> np.ndarray:
-  """Lengths of a uniformly random split of num_items into non-empty segments.
+def _random_segmentations(keys: np.ndarray, num_items: int,
+                           num_segments: int) -> np.ndarray:
+  """[B, num_segments] lengths: row b a uniformly random split of num_items
+  into non-empty segments, chosen by its ``keys[b]`` (num_items - 1 uniforms).
 
-  Picking num_segments - 1 distinct cut points among the num_items - 1 gaps is
-  uniform over all compositions, the same distribution as T5's shuffle trick.
+  The gaps holding the num_segments - 1 smallest keys are the cut points: a
+  uniformly random choice of distinct gaps, which is uniform over all
+  compositions (the distribution of T5's shuffle trick).
   """
-  cuts = np.sort(rng.choice(num_items - 1, size=num_segments - 1,
-                              replace=False) + 1)
-  return np.diff(np.concatenate([[0], cuts, [num_items]]))
+  batch = keys.shape[0]
+  if num_segments == 1:
+    return np.full((batch, 1), num_items, np.int64)
+  cuts = np.sort(np.argpartition(keys, num_segments - 2, axis=1)[:, :num_segments - 1],
+                 axis=1) + 1
+  bounds = np.concatenate([np.zeros((batch, 1), np.int64), cuts,
+                           np.full((batch, 1), num_items, np.int64)], axis=1)
+  return np.diff(bounds, axis=1)
 
 
 def span_corrupt(
@@ -272,7 +327,8 @@ def span_corrupt(
   span, its sentinel followed by the dropped tokens, then EOS.
 
   Sequences shorter than 2 tokens are returned uncorrupted with targets of
-  just EOS: there is nothing to both keep and predict.
+  just EOS: there is nothing to both keep and predict. This is
+  `span_corrupt_rows` of a batch of one (the same draws, the same result).
 
   Args:
     tokens: 1-D integer raw token ids, without EOS.
@@ -289,41 +345,65 @@ def span_corrupt(
   Raises:
     ValueError: on bad rates or fewer sentinel ids than spans.
   """
+  inputs, targets = span_corrupt_rows(
+      _as_1d_tokens(tokens)[None], [rng], sentinel_ids=sentinel_ids, eos_id=eos_id,
+      noise_density=noise_density, mean_noise_span_length=mean_noise_span_length)
+  return inputs[0], targets[0]
+
+
+def span_corrupt_rows(
+  tokens: np.ndarray,
+  rngs: Sequence[np.random.Generator],
+  *,
+  sentinel_ids: np.ndarray,
+  eos_id: int,
+  noise_density: float = 0.15,
+  mean_noise_span_length: float = 3.0,
+) -> tuple[np.ndarray, np.ndarray]:
+  """`span_corrupt` of each row of [B, n] ``tokens`` with its own generator,
+  at once: -> (inputs, targets), [B, ...] int32.
+
+  Rows of one length have the same noise and span counts, so the whole batch
+  is corrupted with array operations; only the draws are per row (one call
+  to each row's generator), so row b's result depends on its tokens and
+  ``rngs[b]`` alone, whatever batch it is made in. This is the host
+  pipeline's hot loop: per row it is several times cheaper than a loop of
+  small numpy calls.
+  """
   _check_span_args(noise_density, mean_noise_span_length)
-  tokens = _as_1d_tokens(tokens)
+  tokens = _as_rows(tokens, rngs)
   sentinel_ids = np.asarray(sentinel_ids, dtype=np.int32).ravel()
-  eos = np.array([eos_id], dtype=np.int32)
-  length = tokens.size
-  num_noise, num_spans = _noise_counts(length, noise_density,
-                                         mean_noise_span_length)
+  batch, length = tokens.shape
+  eos = np.full((batch, 1), eos_id, np.int32)
+  num_noise, num_spans = _noise_counts(length, noise_density, mean_noise_span_length)
   if num_spans == 0:
-    return np.concatenate([tokens, eos]), eos.copy()
+    return np.concatenate([tokens, eos], axis=1), eos
   if sentinel_ids.size < num_spans:
     raise ValueError(f'{num_spans} noise spans need as many sentinel ids, '
-                         f'got {sentinel_ids.size}.')
+                     f'got {sentinel_ids.size}.')
 
-  noise_lengths = _random_segmentation(rng, num_noise, num_spans)
-  keep_lengths = _random_segmentation(rng, length - num_noise, num_spans)
-  # Alternate keep_0, noise_0, keep_1, noise_1, ...; odd spans are noise.
-  span_lengths = np.stack([keep_lengths, noise_lengths], axis=1).ravel()
-  is_noise = np.repeat(np.tile(np.array([False, True]), num_spans), span_lengths)
-  # Built from the spans directly rather than by finding runs in is_noise
-  # (the host pipeline's hot loop): inputs are keep_0 s_0 keep_1 s_1 ...,
-  # targets s_0 noise_0 s_1 noise_1 ..., each then EOS.
-  spans = np.arange(num_spans)
-  sentinels = sentinel_ids[:num_spans]
-  return (_interleave(tokens[~is_noise], np.cumsum(keep_lengths) + spans, sentinels, eos_id),
-          _interleave(tokens[is_noise], np.cumsum(noise_lengths) - noise_lengths + spans,
-                      sentinels, eos_id))
-
-
-def _interleave(tokens: np.ndarray, at: np.ndarray, sentinels: np.ndarray,
-                eos_id: int) -> np.ndarray:
-  """``tokens`` with ``sentinels`` at output positions ``at``, then EOS."""
-  out = np.empty(tokens.size + sentinels.size + 1, np.int32)
-  is_sentinel = np.zeros(out.size, bool)
-  is_sentinel[at] = True
-  is_sentinel[-1] = True
-  out[is_sentinel] = np.append(sentinels, eos_id)
-  out[~is_sentinel] = tokens
-  return out
+  # One draw per row: keys for the noise's gaps, then for the rest's.
+  keys = np.stack([rng.random(length - 2) for rng in rngs])
+  noise_lengths = _random_segmentations(keys[:, :num_noise - 1], num_noise, num_spans)
+  keep_lengths = _random_segmentations(keys[:, num_noise - 1:], length - num_noise,
+                                       num_spans)
+  # Spans alternate keep_0, noise_0, keep_1, noise_1, ...: position p lies in
+  # span span_index[p], a noise span when odd, whose sentinel is index // 2.
+  span_lengths = np.stack([keep_lengths, noise_lengths], axis=2).reshape(batch, -1)
+  span_starts = np.cumsum(span_lengths, axis=1)[:, :-1]
+  starts_span = np.zeros((batch, length), bool)
+  np.put_along_axis(starts_span, span_starts, True, axis=1)
+  span_index = np.cumsum(starts_span, axis=1)
+  is_noise = (span_index & 1).astype(bool)
+  sentinels = sentinel_ids[span_index >> 1]
+  # Inputs keep_0 s_0 keep_1 s_1 ...: a noise span's first token becomes its
+  # sentinel, the rest go. Targets s_0 noise_0 s_1 noise_1 ...: the kept
+  # token just before each noise span becomes its sentinel. Every row keeps
+  # the same number of positions, so each selection reshapes to [B, ...].
+  first_noise = starts_span & is_noise
+  before_noise = np.zeros_like(first_noise)
+  before_noise[:, :-1] = first_noise[:, 1:]
+  inputs = np.where(first_noise, sentinels, tokens)[~is_noise | first_noise]
+  targets = np.where(before_noise, sentinels, tokens)[is_noise | before_noise]
+  return (np.concatenate([inputs.reshape(batch, -1), eos], axis=1),
+          np.concatenate([targets.reshape(batch, -1), eos], axis=1))

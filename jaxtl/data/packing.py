@@ -143,14 +143,24 @@ def pad_to(seq: np.ndarray, length: int, pad_id: int = 0) -> np.ndarray:
 def pad_one(seq: np.ndarray, length: int, pad_id: int = 0
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """One sequence as `pad_batch` lays out a row: (tokens, segment ids,
-  positions), int32, truncated or padded to `length`. The per-example path
-  of the host pipeline, without `pad_batch`'s batching."""
-  tokens = pad_to(seq, length, pad_id)
-  n = min(np.size(seq), length)
-  segments = np.zeros(length, np.int32)
-  segments[:n] = 1
-  positions = np.zeros(length, np.int32)
-  positions[:n] = np.arange(n)
+  positions), int32, truncated or padded to `length`; `pad_rows` of one."""
+  return tuple(a[0] for a in pad_rows(np.asarray(seq).ravel()[None], length, pad_id))
+
+
+def pad_rows(seqs: np.ndarray, length: int, pad_id: int = 0
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """[B, n] equally long sequences as `pad_batch` lays out rows: (tokens,
+  segment ids, positions), [B, length] int32, each truncated or padded to
+  `length`. The host pipeline's batched path, without `pad_batch`'s
+  per-example work."""
+  seqs = np.asarray(seqs, np.int32)
+  batch, n = seqs.shape[0], min(seqs.shape[1], length)
+  tokens = np.full((batch, length), pad_id, np.int32)
+  tokens[:, :n] = seqs[:, :n]
+  segments = np.zeros((batch, length), np.int32)
+  segments[:, :n] = 1
+  positions = np.zeros((batch, length), np.int32)
+  positions[:, :n] = np.arange(n)
   return tokens, segments, positions
 
 

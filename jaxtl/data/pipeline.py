@@ -28,10 +28,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 
 from jaxtl import objectives
-from jaxtl.data import mixtures, pretokenized, row_store, sources
+from jaxtl.data import mixtures, packing, pretokenized, row_store, sources
 # BatchIterator and Prefetcher are re-exported: callers import them from here.
 # pylint: disable-next=unused-import
-from jaxtl.data.batches import BatchIterator, Example, Prefetcher, Row
+from jaxtl.data.batches import BatchIterator, Example, Prefetcher, Row, Rows
 from jaxtl.data.tokenizer_files import get_tokenizer, save_tokenizer
 from jaxtl.data.tokenizers import Tokenizer, train_sentencepiece
 
@@ -154,24 +154,37 @@ def _documents(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
 # Rows: objectives (jaxtl.objectives) make one example from each.
 
 
+def frame_rows(rows: Rows, first_id: int, last_id: int) -> Rows:
+  """Adds a first and last token to stacked rows ([CLS] ... [SEP] for BERT)."""
+  tokens, seg = np.asarray(rows["tokens"]), np.asarray(rows["segment_ids"])
+  column = lambda value: np.full((tokens.shape[0], 1), value, np.int32)
+  tokens = np.concatenate([column(first_id), tokens, column(last_id)], axis=1)
+  return {"tokens": tokens.astype(np.int32),
+          "segment_ids": np.concatenate([seg[:, :1], seg, seg[:, -1:]],
+                                        axis=1).astype(np.int32),
+          "positions": packing.row_positions(tokens.shape)}
+
+
 def frame_row(row: Row, first_id: int, last_id: int) -> Row:
-  """Adds a first and last token to a row ([CLS] ... [SEP] for BERT)."""
-  tokens = np.concatenate([[first_id], row["tokens"], [last_id]]).astype(np.int32)
-  seg = row["segment_ids"]
-  return {"tokens": tokens,
-          "segment_ids": np.concatenate([seg[:1], seg, seg[-1:]]).astype(np.int32),
-          "positions": np.arange(len(tokens), dtype=np.int32)}
+  """:func:`frame_rows` of one row."""
+  one = {k: np.asarray(row[k])[None] for k in ("tokens", "segment_ids")}
+  return {k: v[0] for k, v in frame_rows(one, first_id, last_id).items()}
 
 
 @dataclasses.dataclass(frozen=True)
 class Framed:
-  """``make_example`` of a framed row: picklable (Grain's workers get it)."""
+  """``make_example`` (and ``make_batch``) of framed rows: picklable
+  (Grain's workers get it)."""
   make_example: Callable[[Row, np.random.Generator], Example]
   first_id: int
   last_id: int
+  make_batch: objectives.base.MakeBatch | None = None
 
   def __call__(self, row: Row, rng: np.random.Generator) -> Example:
     return self.make_example(frame_row(row, self.first_id, self.last_id), rng)
+
+  def batch(self, rows: Rows, rngs: list[np.random.Generator]) -> Example:
+    return self.make_batch(frame_rows(rows, self.first_id, self.last_id), rngs)
 
 
 class DataSetup:
@@ -197,7 +210,8 @@ class DataSetup:
     self.tokenizer = (self._load_tokenizer(data, workdir) if tokenizer is None else
                       keep_tokenizer(tokenizer, workdir if process_index == 0 else None))
     prepared = self.objective.prepare(self.tokenizer, config.objective, data)
-    self.make_example, self.lengths = self._framed(prepared), prepared.lengths
+    self.make_example, self.make_batch = self._framed(prepared)
+    self.lengths = prepared.lengths
     self.partners = prepared.partner
     self.max_predictions = prepared.max_predictions
     if workdir and data.cache:
@@ -210,14 +224,18 @@ class DataSetup:
                   for split in (data.train_split, data.eval_split)}
     self.unigram_entropy = self._rows[data.train_split].meta["unigram_entropy"]
 
-  def _framed(self, prepared: objectives.Prepared) -> Callable[..., Example]:
-    """The objective's ``make_example``, framing rows first when it asks."""
+  def _framed(self, prepared: objectives.Prepared
+              ) -> tuple[Callable[..., Example], objectives.base.MakeBatch | None]:
+    """The objective's ``make_example`` and ``make_batch``, framing rows
+    first when it asks."""
     if not prepared.framed:
-      return prepared.make_example
+      return prepared.make_example, prepared.make_batch
     tok = self.tokenizer
-    return Framed(prepared.make_example,
-                  tok.cls_id if tok.cls_id is not None else tok.bos_id,
-                  tok.sep_id if tok.sep_id is not None else tok.eos_id)
+    framed = Framed(prepared.make_example,
+                    tok.cls_id if tok.cls_id is not None else tok.bos_id,
+                    tok.sep_id if tok.sep_id is not None else tok.eos_id,
+                    prepared.make_batch)
+    return framed, None if prepared.make_batch is None else framed.batch
 
   def _split_rows(self, data: Any, split: str, prepared: objectives.Prepared
                   ) -> row_store.RowStore:
@@ -235,10 +253,12 @@ class DataSetup:
     prepared = objectives.get(config.objective.name).prepare(
         self.tokenizer, config.objective, data)
     rows = self._split_rows(data, data.train_split, prepared)
-    batches = BatchIterator(rows, self._framed(prepared), batch_size=data.batch_size,
+    make_example, make_batch = self._framed(prepared)
+    batches = BatchIterator(rows, make_example, batch_size=data.batch_size,
                             seed=self.seed, process_index=self.process_index,
                             process_count=self.process_count, stream=stream,
-                            workers=data.get("workers", 0), partners=prepared.partner)
+                            workers=data.get("workers", 0), partners=prepared.partner,
+                            make_batch=make_batch)
     return batches, prepared
 
   def _load_tokenizer(self, data: Any, workdir: str | None) -> Tokenizer:
@@ -261,7 +281,7 @@ class DataSetup:
                          batch_size=self.batch_size, seed=self.seed,
                          process_index=self.process_index,
                          process_count=self.process_count, workers=self.workers,
-                         partners=self.partners)
+                         partners=self.partners, make_batch=self.make_batch)
 
   def eval_iterator(self, num_batches: int | None = None) -> Iterator[Example]:
     """The same eval batches (and masks) every time it is called."""
@@ -269,7 +289,8 @@ class DataSetup:
                        batch_size=self.batch_size, seed=self.seed + 1,
                        shuffle=False, repeat=False,
                        process_index=self.process_index,
-                       process_count=self.process_count, partners=self.partners)
+                       process_count=self.process_count, partners=self.partners,
+                       make_batch=self.make_batch)
     for i, batch in enumerate(it):
       if num_batches and i >= num_batches:
         return

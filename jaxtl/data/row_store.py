@@ -39,6 +39,7 @@ from jaxtl.data import packing
 log = logging.getLogger(__name__)
 
 Row = dict[str, np.ndarray]  # "tokens", "segment_ids", "positions": [L]
+Rows = dict[str, np.ndarray]  # the same, stacked: [B, L]
 _DTYPE = np.dtype("<i4")
 ENCODE_BLOCK = 10_000  # texts per tokenizer call
 DOCS_SUFFIX = ".docs.npy"
@@ -65,12 +66,14 @@ def encode_stream(texts: Iterable[str], tokenizer: Any,
 
 
 def segment_positions(segment_ids: np.ndarray) -> np.ndarray:
-  """Positions restarting at 0 in each segment of a packed row (0 on padding)."""
-  n = len(segment_ids)
-  starts = np.flatnonzero(np.r_[True, segment_ids[1:] != segment_ids[:-1]])
-  lengths = np.diff(np.r_[starts, n])
-  pos = np.arange(n) - np.repeat(starts, lengths)
-  return np.where(segment_ids > 0, pos, 0).astype(np.int32)
+  """Positions restarting at 0 in each segment of packed rows (0 on padding),
+  along the last axis: one row [L] or stacked rows [B, L]."""
+  segment_ids = np.asarray(segment_ids)
+  index = np.arange(segment_ids.shape[-1])
+  starts = np.ones(segment_ids.shape, bool)
+  starts[..., 1:] = segment_ids[..., 1:] != segment_ids[..., :-1]
+  segment_start = np.maximum.accumulate(np.where(starts, index, 0), axis=-1)
+  return np.where(segment_ids > 0, index - segment_start, 0).astype(np.int32)
 
 
 def unigram_entropy(counts: np.ndarray) -> float:
@@ -228,19 +231,21 @@ class RowStore:
 
   def take(self, ids: Sequence[int]) -> list[Row]:
     """Rows ``ids``, in that order."""
+    return unstack(self.take_stacked(ids))
+
+  def take_stacked(self, ids: Sequence[int]) -> Rows:
+    """Rows ``ids``, in that order, stacked: [len(ids), row_length] each."""
     length = self.layout.row_length
-    out = []
-    for record in self._open().read([int(i) for i in ids]):
-      values = np.frombuffer(record, _DTYPE).astype(np.int32)
-      tokens = values[:length]
-      if len(values) > length:
-        segments = values[length:]
-        out.append({"tokens": tokens, "segment_ids": segments,
-                    "positions": segment_positions(segments)})
-      else:
-        out.append({"tokens": tokens, "segment_ids": np.ones_like(tokens),
-                    "positions": np.arange(length, dtype=np.int32)})
-    return out
+    records = self._open().read([int(i) for i in ids])
+    values = np.frombuffer(b"".join(records), _DTYPE).astype(np.int32)
+    values = values.reshape(len(records), values.size // max(len(records), 1))
+    tokens = values[:, :length]
+    if values.shape[1] > length:  # packed rows carry their segment ids
+      segments = values[:, length:]
+      return {"tokens": tokens, "segment_ids": segments,
+              "positions": segment_positions(segments)}
+    return {"tokens": tokens, "segment_ids": np.ones_like(tokens),
+            "positions": packing.row_positions(tokens.shape)}
 
   def __getitem__(self, i: int) -> Row:
     return self.take([i])[0]
@@ -281,6 +286,12 @@ class RowStore:
     return np.stack([r["tokens"] for r in self.take(range(len(self)))])
 
 
+def unstack(rows: Rows) -> list[Row]:
+  """Stacked rows [B, ...] -> B rows."""
+  count = len(next(iter(rows.values()))) if rows else 0
+  return [{k: v[i] for k, v in rows.items()} for i in range(count)]
+
+
 class ArrayRows:
   """Rows already in memory (a dict of [N, ...] arrays) with the store's
   interface: fine-tuning features and tests."""
@@ -293,4 +304,8 @@ class ArrayRows:
     return self.num_rows
 
   def take(self, ids: Sequence[int]) -> list[Row]:
-    return [{k: v[i] for k, v in self.rows.items()} for i in ids]
+    return unstack(self.take_stacked(ids))
+
+  def take_stacked(self, ids: Sequence[int]) -> Rows:
+    ids = np.asarray(ids, np.int64)
+    return {k: v[ids] for k, v in self.rows.items()}

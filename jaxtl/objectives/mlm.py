@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from jaxtl.data import corruption
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.objectives.base import Example, Objective, Prepared, Row
+from jaxtl.objectives.base import Example, Objective, Prepared, Row, Rows, one_row
 
 
-def mlm_example(row: Row, rng: np.random.Generator, tokenizer: Tokenizer,
-                objective: Mapping[str, Any], special_ids: np.ndarray,
-                word_starts: np.ndarray | None = None) -> Example:
-  """BERT masking of a row (special tokens and padding are never chosen);
-  with ``word_starts`` (the tokenizer's, per id), of whole words."""
-  tokens, seg, pos = row["tokens"], row["segment_ids"], row["positions"]
-  inputs, targets, weights = corruption.mlm_mask(
-      tokens, rng, mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size,
+def mlm_batch(rows: Rows, rngs: Sequence[np.random.Generator], tokenizer: Tokenizer,
+              objective: Mapping[str, Any], special_ids: np.ndarray,
+              word_starts: np.ndarray | None = None) -> Example:
+  """BERT masking of stacked rows, each with its generator (special tokens
+  and padding are never chosen); with ``word_starts`` (the tokenizer's, per
+  id), of whole words."""
+  tokens, seg, pos = rows["tokens"], rows["segment_ids"], rows["positions"]
+  inputs, targets, weights = corruption.mlm_mask_rows(
+      tokens, rngs, mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size,
       special_ids=special_ids, mask_rate=objective["mask_rate"],
       mask_token_rate=objective["mask_token_rate"],
       random_token_rate=objective["random_token_rate"], can_mask=seg > 0,
@@ -26,6 +27,14 @@ def mlm_example(row: Row, rng: np.random.Generator, tokenizer: Tokenizer,
   return {"encoder_input_tokens": inputs, "encoder_target_tokens": targets,
           "encoder_loss_weights": weights, "encoder_segment_ids": seg,
           "encoder_positions": pos}
+
+
+def mlm_example(row: Row, rng: np.random.Generator, tokenizer: Tokenizer,
+                objective: Mapping[str, Any], special_ids: np.ndarray,
+                word_starts: np.ndarray | None = None) -> Example:
+  """:func:`mlm_batch` of one row."""
+  return one_row(lambda rows, rngs: mlm_batch(rows, rngs, tokenizer, objective,
+                                              special_ids, word_starts))(row, rng)
 
 
 def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
@@ -37,9 +46,10 @@ def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
   # tell word starts fails here, before any training).
   word_starts = tokenizer.word_starts if objective.whole_word else None
   framed = data.packing == "chunk"  # room for [CLS] ... [SEP]
+  make_batch = lambda rows, rngs: mlm_batch(rows, rngs, tokenizer, objective, specials,
+                                            word_starts)
   return Prepared(
-      make_example=lambda row, rng: mlm_example(row, rng, tokenizer, objective,
-                                                specials, word_starts),
+      make_example=one_row(make_batch), make_batch=make_batch,
       lengths={"encoder": length}, row_length=length - 2 if framed else length,
       eos=not framed, framed=framed,
       # mlm_mask chooses round(rate * maskable) <= ceil(rate * L) positions.

@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from jaxtl.data import corruption, packing
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.objectives.base import Example, Objective, Prepared, Row
+from jaxtl.objectives.base import Example, Objective, Prepared, Rows, one_row
 
 
 def encoder_decoder_example(inputs: np.ndarray, targets: np.ndarray, pad_id: int,
                             inputs_length: int, targets_length: int) -> Example:
-  """The features of one (inputs, targets) pair, padded to the lengths; the
-  decoder's inputs are its targets shifted right, starting from ``pad_id``
-  (T5's start token, which generation starts from too)."""
-  enc, enc_segments, enc_positions = packing.pad_one(inputs, inputs_length, pad_id)
-  dec, dec_segments, dec_positions = packing.pad_one(targets, targets_length, pad_id)
+  """The features of one (inputs, targets) pair: :func:`encoder_decoder_batch`
+  of one."""
+  batch = encoder_decoder_batch(np.asarray(inputs)[None], np.asarray(targets)[None],
+                                pad_id, inputs_length, targets_length)
+  return {k: v[0] for k, v in batch.items()}
+
+
+def encoder_decoder_batch(inputs: np.ndarray, targets: np.ndarray, pad_id: int,
+                          inputs_length: int, targets_length: int) -> Example:
+  """The features of [B, n] inputs and [B, m] targets, padded (or cut) to
+  the lengths; the decoder's inputs are its targets shifted right, starting
+  from ``pad_id`` (T5's start token, which generation starts from too)."""
+  enc, enc_segments, enc_positions = packing.pad_rows(inputs, inputs_length, pad_id)
+  dec, dec_segments, dec_positions = packing.pad_rows(targets, targets_length, pad_id)
   dec_inputs = np.empty_like(dec)
-  dec_inputs[0], dec_inputs[1:] = pad_id, dec[:-1]
+  dec_inputs[:, 0], dec_inputs[:, 1:] = pad_id, dec[:, :-1]
   return {"encoder_input_tokens": enc,
           "encoder_segment_ids": enc_segments,
           "encoder_positions": enc_positions,
@@ -30,16 +39,16 @@ def encoder_decoder_example(inputs: np.ndarray, targets: np.ndarray, pad_id: int
           "decoder_positions": dec_positions}
 
 
-def span_example(row: Row, rng: np.random.Generator, tokenizer: Tokenizer,
-                 objective: Mapping[str, Any], sentinels: np.ndarray,
-                 inputs_length: int, targets_length: int) -> Example:
-  """T5 span corruption of a row."""
-  inputs, targets = corruption.span_corrupt(
-      row["tokens"], rng, sentinel_ids=sentinels, eos_id=tokenizer.eos_id,
+def span_batch(rows: Rows, rngs: Sequence[np.random.Generator], tokenizer: Tokenizer,
+               objective: Mapping[str, Any], sentinels: np.ndarray,
+               inputs_length: int, targets_length: int) -> Example:
+  """T5 span corruption of stacked rows, each with its generator."""
+  inputs, targets = corruption.span_corrupt_rows(
+      rows["tokens"], rngs, sentinel_ids=sentinels, eos_id=tokenizer.eos_id,
       noise_density=objective["noise_density"],
       mean_noise_span_length=objective["mean_noise_span_length"])
-  return encoder_decoder_example(inputs, targets, tokenizer.pad_id, inputs_length,
-                                 targets_length)
+  return encoder_decoder_batch(inputs, targets, tokenizer.pad_id, inputs_length,
+                               targets_length)
 
 
 def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
@@ -48,9 +57,10 @@ def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
       length, objective.noise_density, objective.mean_noise_span_length)
   sentinels = np.array([tokenizer.sentinel_id(i) for i in range(tokenizer.num_sentinels)],
                        np.int32)
+  make_batch = lambda rows, rngs: span_batch(rows, rngs, tokenizer, objective, sentinels,
+                                             length, targets_length)
   return Prepared(
-      make_example=lambda row, rng: span_example(row, rng, tokenizer, objective,
-                                                 sentinels, length, targets_length),
+      make_example=one_row(make_batch), make_batch=make_batch,
       lengths={"encoder": length, "decoder": targets_length},
       row_length=raw_length, eos=False)
 

@@ -272,7 +272,8 @@ def main(argv: list[str]) -> None:
   if f.pipeline:
     rows = [r for recipe in f.pipeline
             for r in footprint.pipeline_rows(recipe, f.workdir, f.pipeline_docs,
-                                             workers=tuple(map(int, f.workers)))]
+                                             workers=tuple(map(int, f.workers)),
+                                             overrides=tuple(f.pipeline_set))]
   elif f.rss:
     rows = [r for recipe in f.rss
             for r in footprint.corpus_rss_rows(recipe, f.workdir,
@@ -316,6 +317,8 @@ def _define_flags() -> None:
                        "(on a CPU, 8 host devices are made for it).")
   flags.DEFINE_list("pipeline", [], "Instead of timing steps: the host input pipeline "
                     "of these pretraining recipes (pretrain_mlm, pretrain_span:arg, ...).")
+  flags.DEFINE_list("pipeline_set", [], "--pipeline: config keys to set, e.g. a "
+                    "GPU preset's shape: data.seq_len=512,data.batch_size=128.")
   flags.DEFINE_integer("pipeline_docs", 5000, "Documents per split read by --pipeline.")
   flags.DEFINE_list("workers", ["0", "1", "2"], "--pipeline: Grain worker counts to "
                     "time the objective's batches with.")

@@ -100,8 +100,8 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
 
 
 def pipeline_rows(recipe: str, workdir: str, max_docs: int = 5000,
-                  batches: int = 100, workers: tuple[int, ...] = (0, 1, 2)
-                  ) -> list[dict[str, str]]:
+                  batches: int = 100, workers: tuple[int, ...] = (0, 1, 2),
+                  overrides: tuple[str, ...] = ()) -> list[dict[str, str]]:
   """Host throughput of a pretraining recipe's input pipeline, in two stages.
 
   ``tokenize + pack``: streaming the train and eval documents, tokenizing
@@ -110,12 +110,16 @@ def pipeline_rows(recipe: str, workdir: str, max_docs: int = 5000,
   rows, masking, span corruption, batching) with each number of Grain
   ``workers``, in the tokens of the batches it hands the step. tokens/s per
   core divides by the CPU seconds of the process and its workers, so it
-  holds however many threads or processes did the work.
+  holds however many threads or processes did the work. ``overrides``
+  (``data.seq_len=512``, ...) set config keys, e.g. to a benchmark preset's
+  shape, so the figure compares with the step that would consume it.
   """
   from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
   module, _, arg = recipe.partition(":")
   config = importlib.import_module(f"jaxtl.configs.{module}").get_config(arg or None)
   config.data.update(max_docs=max_docs, cache=False)
+  for item in overrides:
+    set_config_key(config, item)
   pipeline.DataSetup(config, workdir)  # trains and saves the tokenizer: untimed
   data, wall, cpu = _timed(lambda: pipeline.DataSetup(config, workdir))
   tokens = sum(data.num_tokens(s) for s in (data.train_split, data.eval_split))
@@ -133,6 +137,27 @@ def pipeline_rows(recipe: str, workdir: str, max_docs: int = 5000,
                  "tokens": f"{b_tokens:,}", "tokens/s": fmt(b_tokens, b_wall),
                  "tokens/s per core": fmt(b_tokens, b_cpu)})
   return rows
+
+
+def set_config_key(config: Any, item: str) -> None:
+  """Applies ``"a.b=value"`` to a ConfigDict, typed by the value it replaces
+  (as ``--config.a.b=value`` would be on the command line)."""
+  key, sep, value = item.partition("=")
+  *path, last = key.split(".")
+  node = config
+  try:
+    for part in path:
+      node = node[part]
+    old = node[last]
+  except (KeyError, TypeError):
+    raise ValueError(f"config override {item!r}: no key {key!r} in the recipe's config") from None
+  if not sep or isinstance(old, (dict, list, tuple)) or hasattr(old, "keys"):
+    raise ValueError(f"config override {item!r}: expected KEY=VALUE with KEY a "
+                     "scalar of the recipe's config")
+  if isinstance(old, bool):
+    node[last] = value.lower() in ("1", "true", "yes")
+  else:
+    node[last] = value if old is None else type(old)(value)
 
 
 _RSS_CONFIG = """# Written by jaxtl.tools.footprint.corpus_rss_rows.
