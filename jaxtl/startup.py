@@ -1,17 +1,23 @@
-"""What a command-line entry point does first: tune the process for its CPU.
+"""What a command-line entry point does first: tune the process for its
+CPU, and keep compiled programs between runs.
 
-Both halves must happen before JAX starts: XLA reads ``XLA_FLAGS`` when it
+The CPU half must happen before JAX starts: XLA reads ``XLA_FLAGS`` when it
 creates its CPU client, and glibc reads its tunables only when a process
 starts (so the huge-page half re-executes the process, which inherits the
-flags). Importing jaxtl as a library does neither; a program that wants
-them calls :func:`tune_process` first thing.
+flags). Importing jaxtl as a library does none of this; a program that
+wants it calls :func:`tune_process` first thing.
 """
 
-from jaxtl import hugepages, xla_cpu
+from jaxtl import compile_cache, hugepages, xla_cpu
 
 
-def tune_process() -> None:
-  """XLA:CPU flags for this CPU (:mod:`jaxtl.xla_cpu`), then the restart
-  onto huge pages where it helps (:mod:`jaxtl.hugepages`)."""
+def tune_process(compilation_cache: bool = True) -> None:
+  """XLA:CPU flags for this CPU (:mod:`jaxtl.xla_cpu`), the restart onto
+  huge pages where it helps (:mod:`jaxtl.hugepages`), then the persistent
+  compilation cache (:mod:`jaxtl.compile_cache`) unless
+  ``compilation_cache`` is False (the benchmark, whose compile times are
+  those of a cold start)."""
   xla_cpu.apply()
   hugepages.restart_with_huge_pages()
+  if compilation_cache:
+    compile_cache.enable()

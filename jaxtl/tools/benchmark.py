@@ -336,7 +336,7 @@ def _define_flags() -> None:
 if __name__ == "__main__":
   from jaxtl import console  # pylint: disable=g-import-not-at-top
   console.quiet_libraries(sys.argv)
-  startup.tune_process()
+  startup.tune_process(compilation_cache=False)  # compile times are cold starts'
   from absl import app  # pylint: disable=g-import-not-at-top
   # Growing, not preallocating, device memory leaves PyTorch room on the GPU.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
