@@ -179,11 +179,11 @@ def test_unreadable_data_leaves_no_tokenizer_folder(tmp_path):
   assert not list((tmp_path / "wd").iterdir())
 
 
-def _store(tmp_path, n=40, length=12):
+def _store(tmp_path, n=40, length=12, eos_id=None):
   from jaxtl.data import row_store  # pylint: disable=g-import-not-at-top
   docs = list(_rows(n, length)["tokens"])
   path = str(tmp_path / "rows")
-  row_store.build(path, iter(docs), row_store.Layout("chunk", length, None, 0),
+  row_store.build(path, iter(docs), row_store.Layout("chunk", length, eos_id, 0),
                   vocab_size=100, name="test rows")
   return row_store.RowStore(path)
 
@@ -243,7 +243,7 @@ def test_rows_number_the_documents_they_start_in(packing, tmp_path):
     _store(tmp_path / "no_eos").first_documents()
 
 
-@pytest.mark.parametrize("name", ["mlm", "span"])
+@pytest.mark.parametrize("name", ["mlm", "span", "mlm_nsp"])
 def test_batches_made_at_once_are_their_examples_made_one_by_one(name, tmp_path):
   """An objective's make_batch (the pipeline's path) gives the examples its
   make_example gives row by row, framing included: what a row becomes does
@@ -261,10 +261,11 @@ def test_batches_made_at_once_are_their_examples_made_one_by_one(name, tmp_path)
   if prepared.framed:
     framed = pipeline.Framed(make_example, tok.cls_id, tok.sep_id, make_batch)
     make_example, make_batch = framed, framed.batch
-  store = _store(tmp_path, length=prepared.row_length)
-  one_by_one = pipeline.BatchIterator(store, make_example, batch_size=8, seed=2)
-  at_once = pipeline.BatchIterator(store, make_example, batch_size=8, seed=2,
-                                   make_batch=make_batch)
+  store = _store(tmp_path, length=prepared.row_length,
+                 eos_id=tok.eos_id if prepared.eos else None)
+  kw = dict(batch_size=8, seed=2, partners=prepared.partner)
+  one_by_one = pipeline.BatchIterator(store, make_example, **kw)
+  at_once = pipeline.BatchIterator(store, make_example, make_batch=make_batch, **kw)
   for a, b in zip(_take(one_by_one, 6), _take(at_once, 6)):
     assert a.keys() == b.keys()
     for k in a:

@@ -44,10 +44,11 @@ class Prepared:
     partner: whether ``make_example`` takes a second row, ``(row, rng,
       partner)``: a random row of the split, both rows numbered by document
       (``row["document"]``), for NSP's negatives from the whole corpus.
-    make_batch: optionally, ``(rows, rngs) -> batch``: ``make_example`` of
-      each of the stacked rows with its generator, stacked, made at once
-      with array operations (several times cheaper per row on the host);
-      ``make_example`` is then its batch of one (:func:`one_row`).
+    make_batch: optionally, ``(rows, rngs[, partners]) -> batch``:
+      ``make_example`` of each of the stacked rows with its generator (and
+      partner), stacked, made at once with array operations (several times
+      cheaper per row on the host); ``make_example`` is then its batch of
+      one (:func:`one_row`).
   """
   make_example: Callable[[Row, np.random.Generator], Example]
   lengths: dict[str, int]
@@ -59,11 +60,13 @@ class Prepared:
   make_batch: MakeBatch | None = None
 
 
-def one_row(make_batch: MakeBatch) -> Callable[[Row, np.random.Generator], Example]:
-  """The ``make_example`` of a ``make_batch``: its batch of one row."""
+def one_row(make_batch: MakeBatch) -> Callable[..., Example]:
+  """The ``make_example`` of a ``make_batch``: its batch of one row (and of
+  the row's partner, for an objective that takes one)."""
 
-  def make_example(row: Row, rng: np.random.Generator) -> Example:
-    batch = make_batch({k: np.asarray(v)[None] for k, v in row.items()}, [rng])
+  def make_example(row: Row, rng: np.random.Generator, *partner: Row) -> Example:
+    stack = lambda r: {k: np.asarray(v)[None] for k, v in r.items()}
+    batch = make_batch(stack(row), [rng], *(stack(p) for p in partner if p is not None))
     return {k: v[0] for k, v in batch.items()}
 
   return make_example

@@ -8,7 +8,7 @@ import numpy as np
 
 from jaxtl.data import corruption
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.objectives.base import Example, Objective, Prepared, Row, Rows, one_row
+from jaxtl.objectives.base import Example, Objective, Prepared, Rows, one_row
 
 
 def mlm_batch(rows: Rows, rngs: Sequence[np.random.Generator], tokenizer: Tokenizer,
@@ -27,14 +27,6 @@ def mlm_batch(rows: Rows, rngs: Sequence[np.random.Generator], tokenizer: Tokeni
   return {"encoder_input_tokens": inputs, "encoder_target_tokens": targets,
           "encoder_loss_weights": weights, "encoder_segment_ids": seg,
           "encoder_positions": pos}
-
-
-def mlm_example(row: Row, rng: np.random.Generator, tokenizer: Tokenizer,
-                objective: Mapping[str, Any], special_ids: np.ndarray,
-                word_starts: np.ndarray | None = None) -> Example:
-  """:func:`mlm_batch` of one row."""
-  return one_row(lambda rows, rngs: mlm_batch(rows, rngs, tokenizer, objective,
-                                              special_ids, word_starts))(row, rng)
 
 
 def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:

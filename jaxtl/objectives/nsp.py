@@ -9,33 +9,39 @@ segments A and B get token types 0 and 1 (``config.model.type_vocab_size=2``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.objectives import sentence_pairs
-from jaxtl.objectives.base import Example, Objective, Prepared, Row
-from jaxtl.objectives.mlm import mlm_example
+from jaxtl.objectives.base import Example, Objective, Prepared, Rows, one_row
+from jaxtl.objectives.mlm import mlm_batch
 
 MODEL_NEEDS = {"type_vocab_size": 2, "sentence_classes": 2}
 
 
-def pair_example(row: Row, rng: np.random.Generator, task: str, length: int,
-                 tokenizer: Tokenizer, objective: Any, special_ids: np.ndarray,
-                 ids: tuple[int, int], partner: Row | None = None) -> Example:
-  """A masked sentence pair of ``length`` tokens and its label (NSP's random
-  B from ``partner``, another row, when given)."""
-  docs = sentence_pairs.row_documents(row, tokenizer.eos_id)
-  others = (None if partner is None else
-            sentence_pairs.row_documents(partner, tokenizer.eos_id))
-  a, b, label = sentence_pairs.sentence_pair(docs, length - 3, task, rng, others)
-  framed = sentence_pairs.frame_pair(a, b, length, cls_id=ids[0], sep_id=ids[1],
-                                     pad_id=tokenizer.pad_id)
-  example = mlm_example(framed, rng, tokenizer, objective, special_ids)
-  example["encoder_token_type_ids"] = framed["token_types"]
-  example["sentence_labels"] = np.int32(label)
-  return example
+def pair_batch(rows: Rows, rngs: Sequence[np.random.Generator], task: str, length: int,
+               tokenizer: Tokenizer, objective: Any, special_ids: np.ndarray,
+               ids: tuple[int, int], partners: Rows | None = None) -> Example:
+  """Masked sentence pairs of ``length`` tokens and their labels, one per
+  stacked row (NSP's random B from the row's partner, another row, when
+  given). Pairs are drawn row by row; the masking is one batch."""
+  framed, labels = [], []
+  for b, rng in enumerate(rngs):
+    row = {k: v[b] for k, v in rows.items()}
+    docs = sentence_pairs.row_documents(row, tokenizer.eos_id)
+    others = (None if partners is None else sentence_pairs.row_documents(
+        {k: v[b] for k, v in partners.items()}, tokenizer.eos_id))
+    a, b_tokens, label = sentence_pairs.sentence_pair(docs, length - 3, task, rng, others)
+    framed.append(sentence_pairs.frame_pair(a, b_tokens, length, cls_id=ids[0],
+                                            sep_id=ids[1], pad_id=tokenizer.pad_id))
+    labels.append(label)
+  stacked = {k: np.stack([f[k] for f in framed]) for k in framed[0]}
+  batch = mlm_batch(stacked, rngs, tokenizer, objective, special_ids)
+  batch["encoder_token_type_ids"] = stacked["token_types"]
+  batch["sentence_labels"] = np.asarray(labels, np.int32)
+  return batch
 
 
 def _prepare(task: str):
@@ -51,9 +57,10 @@ def _prepare(task: str):
     ids = (tokenizer.cls_id if tokenizer.cls_id is not None else tokenizer.bos_id,
            tokenizer.sep_id if tokenizer.sep_id is not None else tokenizer.eos_id)
     specials = tokenizer.special_ids
+    make_batch = lambda rows, rngs, partners=None: pair_batch(
+        rows, rngs, task, length, tokenizer, objective, specials, ids, partners)
     return Prepared(
-        make_example=lambda row, rng, partner=None: pair_example(
-            row, rng, task, length, tokenizer, objective, specials, ids, partner),
+        make_example=one_row(make_batch), make_batch=make_batch,
         lengths={"encoder": length},
         # A window of several pairs, documents ended by EOS (module doc).
         row_length=sentence_pairs.PAIR_WINDOW * (length - 3), eos=True,

@@ -53,9 +53,12 @@ def row_documents(row: Row, eos_id: int) -> Documents:
   doc_ids = int(row.get("document", 0)) + np.concatenate([[0], np.cumsum(ends[:-1])])
   keep = (seg > 0) & (tokens != eos_id)
   ids, kept = doc_ids[keep], tokens[keep]
-  cuts = np.flatnonzero(np.diff(ids)) + 1
-  return {int(i[0]): d for i, d in zip(np.split(ids, cuts), np.split(kept, cuts))
-          if d.size}
+  if not ids.size:
+    return {}
+  # Slices of the kept tokens (np.split's per-piece overhead was most of the
+  # host's time per NSP example).
+  bounds = [0, *(np.flatnonzero(np.diff(ids)) + 1).tolist(), ids.size]
+  return {int(ids[start]): kept[start:stop] for start, stop in zip(bounds[:-1], bounds[1:])}
 
 
 def _pick(rng: np.random.Generator, sizes: np.ndarray) -> int:
