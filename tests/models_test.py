@@ -152,8 +152,8 @@ def test_hidden_states_attentions_and_jit(name):
   assert out["attentions"][0].shape == (2, cfg.num_heads, 8, 8)
   np.testing.assert_allclose(out["attentions"][0].sum(-1), 1.0, atol=1e-5)
   np.testing.assert_allclose(out["hidden_states"][-1], out["last_hidden"])
-  # The explicit-weights path and the fused kernel agree; so do jit and eager.
-  fused = run(model, params, x)["logits"]
+  # The explicit-weights path and XLA's fused kernel agree; so do jit and eager.
+  fused = run(make(name, attention_impl="xla")[1], params, x)["logits"]
   np.testing.assert_allclose(out["logits"], fused, atol=1e-5)
   jitted = jax.jit(lambda p, t: run(model, p, t)["logits"])(params, x)
   np.testing.assert_allclose(jitted, fused, atol=1e-5)

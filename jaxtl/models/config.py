@@ -81,7 +81,7 @@ class TransformerConfig:
   param_dtype: str = "float32"
   scan_layers: bool = False
   remat: str = "none"
-  attention_impl: str | None = None  # None (auto) | "xla" | "cudnn"
+  attention_impl: str | None = None  # None (auto) | "xla" | "cudnn" | "einsum"
   # Parameter-efficient adaptation (0 = off).
   adapter_dim: int = 0  # Houlsby bottleneck after attention and MLP.
   lora_rank: int = 0
@@ -95,7 +95,7 @@ class TransformerConfig:
         "position": (self.position, ("learned", "relative")),
         "norm": (self.norm, ("layernorm", "rmsnorm")),
         "remat": (self.remat, REMAT_POLICIES),
-        "attention_impl": (self.attention_impl, (None, "xla", "cudnn")),
+        "attention_impl": (self.attention_impl, (None, "xla", "cudnn", "einsum")),
         "decoder_start": (self.decoder_start, DECODER_STARTS),
     }
     for name, (value, allowed) in checks.items():

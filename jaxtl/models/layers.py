@@ -140,27 +140,33 @@ def make_norm(cfg: TransformerConfig, name: str) -> nn.Module:
 
 
 def attention_impl(cfg: TransformerConfig, dtype: Any) -> str:
-  """The fused attention kernel: ``cfg.attention_impl``, or when that is None,
+  """How attention is computed: ``cfg.attention_impl``, or when that is None,
   cuDNN's flash attention where it applies (a GPU, 16-bit inputs, a head
-  dimension of at most 128 and a multiple of 8), else XLA's.
+  dimension of at most 128 and a multiple of 8), jaxtl's own einsums on a
+  CPU, else XLA's kernel (``jax.nn.dot_product_attention``).
 
   JAX's own default (None) is always XLA, which on a GPU materialises the
   [B, H, T, S] scores; choosing cuDNN here is what makes long sequences fit.
+  On a CPU XLA's kernel, which maps its einsums over a group axis, adds
+  copies that the plain einsums do not: without attention dropout the train
+  step ran 2-10% faster with them (T5-small, BERT-base, MiniLM; README).
   """
   if cfg.attention_impl is not None:
     return cfg.attention_impl
-  if (jax.default_backend() == "gpu" and jnp.dtype(dtype).itemsize == 2
+  backend = jax.default_backend()
+  if (backend == "gpu" and jnp.dtype(dtype).itemsize == 2
       and cfg.head_dim <= 128 and cfg.head_dim % 8 == 0):
     return "cudnn"
-  return "xla"
+  return "einsum" if backend == "cpu" else "xla"
 
 
 class MultiHeadAttention(nn.Module):
   """Multi-head dot-product attention (self- or cross-).
 
-  Uses the fused ``jax.nn.dot_product_attention`` (XLA or cuDNN kernels) and
-  falls back to explicit einsums only when attention weights are needed: for
-  attention dropout in training, or when the caller asks to see them.
+  Uses ``jax.nn.dot_product_attention`` (XLA's or cuDNN's kernel) or its
+  own einsums (:func:`attention_impl`), and the einsums whenever attention
+  weights are needed: for attention dropout in training, or when the caller
+  asks to see them.
   ``causal`` (decoder self-attention) lets cuDNN skip the blocks above the
   diagonal; the mask still carries padding and packed segments.
   """
@@ -251,7 +257,8 @@ class MultiHeadAttention(nn.Module):
 
     use_dropout = cfg.attention_dropout_rate > 0 and not self.deterministic
     weights_BHTS = None
-    if self.return_weights or use_dropout:
+    impl = attention_impl(cfg, q_BTHK.dtype)
+    if self.return_weights or use_dropout or impl == "einsum":
       logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK) * scale
       if bias_BHTS is not None:
         logits_BHTS += bias_BHTS
@@ -264,7 +271,6 @@ class MultiHeadAttention(nn.Module):
       out_BTHK = jnp.einsum("bhts,bshk->bthk", probs_BHTS.astype(cfg.jnp_dtype),
                             v_BSHK)
     else:
-      impl = attention_impl(cfg, q_BTHK.dtype)
       out_BTHK = jax.nn.dot_product_attention(
           q_BTHK, k_BSHK, v_BSHK, bias=bias_BHTS, mask=mask_B1TS, scale=scale,
           is_causal=impl == "cudnn" and self.causal and not self.decode and not self.cross,

@@ -140,8 +140,8 @@ def _mfu(flops_per_s: float, peak: float | None) -> str:
 
 def attention_kernel(cfg: TransformerConfig) -> str:
   """How the train step computes attention: attention dropout needs the
-  probabilities, so it takes the explicit einsum path; else the fused kernel
-  that :func:`jaxtl.models.layers.attention_impl` picks."""
+  probabilities, so it takes the explicit einsum path; else what
+  :func:`jaxtl.models.layers.attention_impl` picks."""
   if cfg.attention_dropout_rate > 0:
     return "explicit (dropout)"
   return layers.attention_impl(cfg, cfg.jnp_dtype)
