@@ -9,7 +9,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxtl"
 # those below it, never one above.
 LAYERS = [
     ("jaxtl.models", "jaxtl.data", "jaxtl.objectives", "jaxtl.convert",
-     "jaxtl.train", "jaxtl.hugepages", "jaxtl.xla_cpu", "jaxtl.startup",
+     "jaxtl.train", "jaxtl.hugepages", "jaxtl.xla_cpu", "jaxtl.compile_cache",
+     "jaxtl.startup",
      "jaxtl.sampling", "jaxtl.console"),
     ("jaxtl.generate", "jaxtl.tasks", "jaxtl.predict", "jaxtl.eval"),
     ("jaxtl.tools", "jaxtl.configs"),

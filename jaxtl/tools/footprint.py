@@ -123,7 +123,8 @@ def pipeline_rows(recipe: str, workdir: str, max_docs: int = 5000,
   pipeline.DataSetup(config, workdir)  # trains and saves the tokenizer: untimed
   data, wall, cpu = _timed(lambda: pipeline.DataSetup(config, workdir))
   tokens = sum(data.num_tokens(s) for s in (data.train_split, data.eval_split))
-  fmt = lambda n, s: f"{n / s:,.0f}"
+  # A few fast batches can take less CPU time than psutil's clock tick.
+  fmt = lambda n, s: f"{n / s:,.0f}" if s > 0 else "n/a (too fast to time)"
   rows = [{"recipe": recipe, "stage": "tokenize + pack", "tokens": f"{tokens:,}",
            "tokens/s": fmt(tokens, wall), "tokens/s per core": fmt(tokens, cpu)}]
   b_tokens = batches * data.batch_size * sum(data.lengths.values())
