@@ -1,5 +1,6 @@
 """BART's noising functions (Lewis et al. 2019): sentence permutation and
-text infilling, on one 1-D sequence of token ids at a time.
+text infilling, on one 1-D sequence of token ids at a time (with array
+operations, no loop over spans: the host pipeline's hot path).
 
 BART's best combination shuffles the sentences of a document, then replaces
 spans whose lengths are drawn from Poisson(3), 30% of the tokens in all, by
@@ -47,11 +48,11 @@ class Infilled:
 
   Attributes:
     inputs: the kept tokens, with one mask token where each span was.
-    spans: per mask token, in order, the ``[start, stop)`` of the original
-      tokens it replaced (``start == stop``: an inserted mask).
+    spans: [masks, 2]: per mask token, in order, the ``[start, stop)`` of
+      the original tokens it replaced (``start == stop``: an inserted mask).
   """
   inputs: np.ndarray
-  spans: list[tuple[int, int]]
+  spans: np.ndarray
 
 
 def infill_span_lengths(num_tokens: int, rng: np.random.Generator,
@@ -72,16 +73,15 @@ def infill_span_lengths(num_tokens: int, rng: np.random.Generator,
   num_masked = int(round(mask_rate * num_tokens))
   if num_masked == 0:
     return np.zeros(0, np.int64)
-  lengths: list[int] = []
-  total = 0
-  while total < num_masked:
-    draws = rng.poisson(mean_span, size=max(8, num_masked))
-    for n in draws:
-      lengths.append(int(min(n, num_masked - total)))
-      total += lengths[-1]
-      if total == num_masked:
-        break
-  out = np.array(lengths, np.int64)
+  # Blocks of draws until their running total covers num_masked; the span
+  # that crosses it is cut to fit, and the rest of its block goes unused.
+  drawn = np.zeros(0, np.int64)
+  while not drawn.size or drawn.sum() < num_masked:
+    drawn = np.concatenate([drawn, rng.poisson(mean_span, size=max(8, num_masked))])
+  total = np.cumsum(drawn)
+  last = int(np.searchsorted(total, num_masked))  # the first to reach it
+  out = drawn[:last + 1].copy()
+  out[last] -= int(total[last]) - num_masked
   gaps = num_tokens - num_masked + 1
   while len(out) > min(num_masked, gaps):  # drop inserted masks first
     zeros = np.flatnonzero(out == 0)
@@ -104,15 +104,15 @@ def text_infill(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int,
   lengths = rng.permutation(infill_span_lengths(len(tokens), rng, mask_rate, mean_span))
   num_kept = len(tokens) - int(lengths.sum())
   gaps = np.sort(rng.choice(num_kept + 1, size=len(lengths), replace=False))
-  inputs, spans, at, kept = [], [], 0, 0
-  for gap, length in zip(gaps, lengths):
-    start = at + (gap - kept)  # keep the tokens up to this gap
-    inputs.append(tokens[at:start])
-    inputs.append(np.array([mask_id], np.int32))
-    spans.append((int(start), int(start + length)))
-    at, kept = start + length, gap
-  inputs.append(tokens[at:])
-  return Infilled(np.concatenate(inputs).astype(np.int32), spans)
+  # Span i starts after the gaps[i] kept tokens before it and the tokens of
+  # the spans before it; its mask goes in front of kept token gaps[i].
+  starts = gaps + np.cumsum(lengths) - lengths
+  masked = np.zeros(len(tokens) + 1, np.int64)
+  np.add.at(masked, starts, 1)
+  np.add.at(masked, starts + lengths, -1)
+  kept = tokens[np.cumsum(masked[:-1]) == 0]
+  inputs = np.insert(kept, gaps, np.int32(mask_id))
+  return Infilled(inputs.astype(np.int32), np.stack([starts, starts + lengths], axis=1))
 
 
 def fill_masks(infilled: Infilled, tokens: np.ndarray, mask_id: int) -> np.ndarray:
