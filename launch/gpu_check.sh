@@ -4,6 +4,8 @@
 #   launch/gpu_check.sh tests              # the GPU-relevant tests
 #   launch/gpu_check.sh bench PRESET...    # each preset beside PyTorch, profiled, one process each
 #   launch/gpu_check.sh profile PRESET...  # jaxtl's step traced; op breakdown printed
+#   launch/gpu_check.sh sweep PRESET       # the step under each XLA flag / setting
+#                                          # of SWEEP below, jaxtl only; a table at the end
 #
 # Packages a GPU image without a package index lacks travel as wheels in
 # .whl/ (gitignored), fetched where pip works with
@@ -71,6 +73,37 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
         | tee -a "$out/profile.log" | grep -vE "^(I|W)[0-9]{4}" | tail -30
       cp "/tmp/prof/$name/op_breakdown.json" "$out/ops_${name}${extra//[^a-z0-9]/_}.json" 2>/dev/null
     done
+    ;;
+  sweep)
+    # One preset's step under each candidate setting, one process each, no
+    # PyTorch and no profile (about 45 s each on an H100), then one table of
+    # step time and MFU per setting. Attention dropout is off throughout
+    # (cuDNN's attention takes none), so every row uses the fused kernel.
+    name=$1
+    base=--model=attention_dropout_rate=0.0
+    [[ $name == t5_* ]] && base=""  # T5's presets have no attention dropout
+    # $SWEEP (space-separated +ITEM strings) replaces the candidates; the
+    # baseline (no item) always runs first.
+    variants=(+XLA_FLAGS=--xla_gpu_enable_cudnn_layer_norm=true
+              +XLA_FLAGS=--xla_gpu_enable_cublaslt=true
+              +JAX_DEFAULT_PRNG_IMPL=unsafe_rbg +--loss_chunk_len=0 +--loss_chunk_len=1024
+              +XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true)
+    [[ -n ${SWEEP:-} ]] && read -ra variants <<<"$SWEEP"
+    items=("$name:$base")
+    for v in "${variants[@]}"; do items+=("$name:$base$v"); done
+    NO_TORCH=1 PROFILE_STEPS=0 BENCH_TIMEOUT=${BENCH_TIMEOUT:-150} "$0" bench "${items[@]}" >/dev/null
+    python3 - "$out/bench.log" "${items[@]}" <<'PY'
+import json, sys
+log, items = ("\n" + open(sys.argv[1]).read()).split("\n=== "), sys.argv[2:]
+print("| setting | step ms | MFU | tokens/s | peak GiB |\n|---|---:|---:|---:|---:|")
+for item in items:
+  runs = [part for part in log if part.startswith(item + "\n")]
+  rows = [json.loads(line) for line in (runs[-1] if runs else "").splitlines()
+          if line.startswith('{"preset"')]
+  r = rows[-1] if rows else {}
+  print(f"| {item} | {r.get('step ms', 'failed')} | {r.get('MFU', '')} | "
+        f"{r.get('tokens/s', '')} | {r.get('peak GiB', '')} |")
+PY
     ;;
   *) echo "unknown stage $stage"; exit 2;;
 esac
