@@ -229,3 +229,15 @@ def test_bad_config_values_name_the_field():
   # A tied head cannot read a [V, 16] table from width 32 without a transform.
   with pytest.raises(ValueError, match="embed_dim=16 .*lm_head_transform=True"):
     TransformerConfig(d_model=32, embed_dim=16)
+
+
+def test_attention_dropout_cost_is_said_only_where_cudnn_would_run(monkeypatch):
+  """Training with attention dropout leaves cuDNN's fused attention unused;
+  the run says so where that kernel would otherwise run (a GPU, 16 bits)."""
+  from jaxtl.models import layers  # pylint: disable=g-import-not-at-top
+  cfg, _ = make("bert", dtype="bfloat16", head_dim=16, attention_dropout_rate=0.1)
+  assert layers.attention_dropout_cost(cfg) is None  # a CPU: the einsums anyway
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert "attention_dropout_rate=0.0" in layers.attention_dropout_cost(cfg)
+  assert layers.attention_dropout_cost(cfg.replace(attention_dropout_rate=0.0)) is None
+  assert layers.attention_dropout_cost(cfg.replace(dtype="float32")) is None

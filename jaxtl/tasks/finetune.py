@@ -30,7 +30,7 @@ from jaxtl import objectives, train
 from jaxtl.data import pipeline, sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.models import TransformerConfig, paths
+from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.models.config import input_side
 from jaxtl.models.heads import TaskModel
 from jaxtl.tasks import examples as examples_lib
@@ -329,6 +329,8 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   trainable, n_params = optim.count_trainable(abstract, freeze)
   logging.info("trainable parameters: %d of %d (%.2f%%)", trainable, n_params,
                100 * trainable / n_params)
+  if (cost := layers.attention_dropout_cost(cfg)) is not None:
+    logging.warning(cost)
   load_pretrained, report = pretrained.params_loader(abstract, init_params,
                                                      config.init_from, dropped)
 

@@ -21,7 +21,7 @@ import ml_collections
 
 from jaxtl import objectives
 from jaxtl.data import pipeline
-from jaxtl.models import TransformerConfig, electra, paths
+from jaxtl.models import TransformerConfig, electra, layers, paths
 from jaxtl.train import loop, optim, perf, pretrained, sharding
 from jaxtl.train import step as step_lib
 
@@ -273,6 +273,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
                "entropy of training tokens %.3f nats", model_cfg.family,
                n_params, data.num_rows(data.train_split),
                data.num_rows(data.eval_split), data.unigram_entropy)
+  if (cost := layers.attention_dropout_cost(model_cfg)) is not None:
+    logging.warning(cost)
   load_params = source_loader(params_shape, source, config.init_from)
   where = lambda k: f"config.stages[{k}]" if config.stages else "config"
   stages = tuple(make_stage(k, steps, c, data, model_cfg, model, params_shape, where(k),
