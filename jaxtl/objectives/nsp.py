@@ -28,14 +28,14 @@ def pair_batch(rows: Rows, rngs: Sequence[np.random.Generator], task: str, lengt
   stacked row (NSP's random B from the row's partner, another row, when
   given). Pairs are drawn row by row; the masking is one batch."""
   framed, labels = [], []
-  for b, rng in enumerate(rngs):
-    row = {k: v[b] for k, v in rows.items()}
+  for i, rng in enumerate(rngs):
+    row = {k: v[i] for k, v in rows.items()}
     docs = sentence_pairs.row_documents(row, tokenizer.eos_id)
     others = (None if partners is None else sentence_pairs.row_documents(
-        {k: v[b] for k, v in partners.items()}, tokenizer.eos_id))
-    a, b_tokens, label = sentence_pairs.sentence_pair(docs, length - 3, task, rng, others)
-    framed.append(sentence_pairs.frame_pair(a, b_tokens, length, cls_id=ids[0],
-                                            sep_id=ids[1], pad_id=tokenizer.pad_id))
+        {k: v[i] for k, v in partners.items()}, tokenizer.eos_id))
+    a, b, label = sentence_pairs.sentence_pair(docs, length - 3, task, rng, others)
+    framed.append(sentence_pairs.frame_pair(a, b, length, cls_id=ids[0], sep_id=ids[1],
+                                            pad_id=tokenizer.pad_id))
     labels.append(label)
   stacked = {k: np.stack([f[k] for f in framed]) for k in framed[0]}
   batch = mlm_batch(stacked, rngs, tokenizer, objective, special_ids)
