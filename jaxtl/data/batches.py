@@ -28,11 +28,6 @@ Row = dict[str, np.ndarray]  # "tokens", "segment_ids", "positions": [L]
 Rows = dict[str, np.ndarray]  # the same, [N, L]
 
 
-def _stack(rows: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-  """Rows (or examples) of one layout, stacked: [B, ...] per key."""
-  return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
-
-
 @dataclasses.dataclass(frozen=True)
 class _Batch:
   """Local batch ``k`` of a :class:`BatchIterator`: a pure function of
@@ -71,12 +66,12 @@ class _Batch:
     if self.partners:
       rows, partners = self._with_partners(ids, rows, rngs)
       if self.make_batch is not None:
-        return self.make_batch(_stack(rows), rngs, _stack(partners))
+        return self.make_batch(row_store.stack(rows), rngs, row_store.stack(partners))
       examples = [self.make_example(row, rng, partner)
                   for row, rng, partner in zip(rows, rngs, partners)]
     else:
       examples = [self.make_example(row, rng) for row, rng in zip(rows, rngs)]
-    return _stack(examples)
+    return row_store.stack(examples)
 
   def _with_partners(self, ids: np.ndarray, rows: list[Row],
                      rngs: list[np.random.Generator]) -> tuple[list[Row], list[Row]]:

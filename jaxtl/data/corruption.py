@@ -161,13 +161,12 @@ def mlm_mask_rows(
                     np.maximum(1, np.rint(mask_rate * candidates)), 0).astype(np.int64)
 
   draws = np.stack([rng.random((3, length)) for rng in rngs])
+  chosen = np.zeros((batch, length), bool)
   if word_starts is None:
     keys = np.where(maskable, draws[:, 0], 2.0)  # unmaskable sort last
-    chosen = np.zeros((batch, length), bool)
     np.put_along_axis(chosen, np.argsort(keys, axis=1),
                       np.arange(length) < budget[:, None], axis=1)
   else:
-    chosen = np.zeros((batch, length), bool)
     for b, rng in enumerate(rngs):
       chosen[b, _choose_words(maskable[b], np.asarray(word_starts[b], bool),
                               int(budget[b]), rng)] = True

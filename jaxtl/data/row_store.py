@@ -29,7 +29,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -274,16 +274,19 @@ class RowStore:
     """:func:`documents_ended` of every row, read ``block`` rows at a time."""
     ended = []
     for start in range(0, len(self), block):
-      rows = self.take(range(start, min(start + block, len(self))))
-      segments = (np.stack([r["segment_ids"] for r in rows])
-                  if self.layout.packing == "pack" else None)
-      ended.append(documents_ended(np.stack([r["tokens"] for r in rows]), segments,
-                                   self.layout.eos_id))
+      rows = self.take_stacked(range(start, min(start + block, len(self))))
+      segments = rows["segment_ids"] if self.layout.packing == "pack" else None
+      ended.append(documents_ended(rows["tokens"], segments, self.layout.eos_id))
     return np.concatenate(ended)
 
   def tokens_array(self) -> np.ndarray:
     """Every row's tokens, [rows, row_length] (for small stores and tests)."""
-    return np.stack([r["tokens"] for r in self.take(range(len(self)))])
+    return self.take_stacked(range(len(self)))["tokens"]
+
+
+def stack(rows: Sequence[Mapping[str, np.ndarray]]) -> Rows:
+  """Rows (or examples) of one layout -> stacked, [B, ...] per key."""
+  return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
 
 
 def unstack(rows: Rows) -> list[Row]:

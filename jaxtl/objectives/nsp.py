@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxtl.data import row_store
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.objectives import sentence_pairs
 from jaxtl.objectives.base import Example, Objective, Prepared, Rows, one_row
@@ -37,7 +38,7 @@ def pair_batch(rows: Rows, rngs: Sequence[np.random.Generator], task: str, lengt
     framed.append(sentence_pairs.frame_pair(a, b, length, cls_id=ids[0], sep_id=ids[1],
                                             pad_id=tokenizer.pad_id))
     labels.append(label)
-  stacked = {k: np.stack([f[k] for f in framed]) for k in framed[0]}
+  stacked = row_store.stack(framed)
   batch = mlm_batch(stacked, rngs, tokenizer, objective, special_ids)
   batch["encoder_token_type_ids"] = stacked["token_types"]
   batch["sentence_labels"] = np.asarray(labels, np.int32)
