@@ -277,12 +277,68 @@ def test_bad_checkpoints_name_every_offending_tensor(tmp_path):
   assert "missing tensors: encoder.layer.1.output.dense.bias" in msg
   assert "unexpected tensors: encoder.layer.0.extra.weight" in msg
   assert "encoder.layer.0.intermediate.dense.weight: expected (64, 32), found (10, 32)" in msg
-  with pytest.raises(FileNotFoundError, match="no config.json"):
+  with pytest.raises(convert.HFFolderError, match="no config.json"):
     convert.import_hf(tmp_path)
   config = json.loads((folder / "config.json").read_text())
   (folder / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
   with pytest.raises(ValueError, match="model_type 'llama' is not supported"):
     convert.import_hf(folder)
+
+
+def _edit_json(file, edit):
+  file.write_text(json.dumps(edit(json.loads(file.read_text()))))
+
+
+def _no_weights(folder):
+  os.remove(folder / "model.safetensors")
+
+
+def _missing_shard(folder):
+  _no_weights(folder)
+  (folder / "model.safetensors.index.json").write_text(json.dumps(
+      {"weight_map": {"embeddings.word_embeddings.weight": "model-00001-of-00002.safetensors"}}))
+
+
+# How a Hugging Face folder breaks, and what the error says: the file and what is wrong.
+BROKEN_FOLDERS = {
+    "config_not_json": (lambda f: (f / "config.json").write_text('{"model_type": "bert",\n  ,}'),
+                        r"config.json: not valid JSON \(line 2 column 3: "),
+    "no_model_type": (lambda f: _edit_json(f / "config.json", lambda c: {
+        k: v for k, v in c.items() if k != "model_type"}),
+                      "config.json: no model_type .*jaxtl converts bart, bert"),
+    "config_field_missing": (lambda f: _edit_json(f / "config.json", lambda c: {
+        k: v for k, v in c.items() if k != "hidden_size"}), "'hidden_size'"),
+    "no_weights": (_no_weights, "bert: no model.safetensors or pytorch_model.bin "
+                                r"\(a Hugging Face folder holds config.json and its weights"),
+    "weights_not_safetensors": (lambda f: (f / "model.safetensors").write_bytes(b"garbage"),
+                                "model.safetensors: not a readable safetensors file"),
+    "missing_shard": (_missing_shard, r"model-00001-of-00002.safetensors: missing, but "
+                                      r".*model.safetensors.index.json lists it"),
+}
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory):
+  folder = tmp_path_factory.mktemp("hf") / "bert"
+  _hf_model("bert", *BERTS[1]).save_pretrained(folder)
+  return folder
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN_FOLDERS))
+def test_a_broken_hugging_face_folder_is_named_with_what_is_wrong(broken, bert_folder,
+                                                                  tmp_path):
+  """As init_from too: a folder with a config.json is a Hugging Face folder,
+  so its error is about that folder, not a missing jaxtl model_config.json."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  folder = tmp_path / "bert"
+  shutil.copytree(bert_folder, folder)
+  damage, message = BROKEN_FOLDERS[broken]
+  damage(folder)
+  assert convert.is_hf_folder(folder)
+  with pytest.raises(convert.HFFolderError, match=message) as e:
+    pretrained.load(str(folder))
+  assert str(folder) in str(e.value) and "\n" not in str(e.value)
 
 
 def test_export_refuses_models_transformers_cannot_express(tmp_path):

@@ -84,34 +84,71 @@ class Imported:
     return SpecialIds.from_hf(self.hf_config)
 
 
+class HFFolderError(ValueError):
+  """A Hugging Face model folder that cannot be read: the message names the
+  file and what is wrong with it."""
+
+
 def is_hf_folder(path: str | os.PathLike) -> bool:
-  """True when ``path`` looks like a Hugging Face model folder."""
-  path = os.fspath(path)
-  return os.path.isfile(os.path.join(path, "config.json")) and any(
-      os.path.isfile(os.path.join(path, f))
-      for f in (_SAFETENSORS, _SAFETENSORS + ".index.json", _TORCH, _TORCH + ".index.json"))
+  """True when ``path`` holds a ``config.json``: a Hugging Face model folder
+  (a jaxtl workdir never has one), even a broken one, so that reading it
+  says what is wrong with it rather than that it is no jaxtl workdir."""
+  return os.path.isfile(os.path.join(os.fspath(path), "config.json"))
+
+
+def _read_json(file: str) -> Any:
+  """A JSON file's contents; an error naming the file when it is not JSON."""
+  try:
+    with open(file, encoding="utf-8") as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise HFFolderError(f"{file}: not valid JSON (line {e.lineno} column "
+                        f"{e.colno}: {e.msg})") from None
+  except UnicodeDecodeError as e:
+    raise HFFolderError(f"{file}: not valid JSON (not UTF-8 text: {e.reason} at "
+                        f"byte {e.start})") from None
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
+  """``config.json``: a JSON object naming its ``model_type``."""
   file = os.path.join(os.fspath(path), "config.json")
   if not os.path.isfile(file):
-    raise FileNotFoundError(f"no config.json in {path}: not a Hugging Face model folder")
-  with open(file, encoding="utf-8") as f:
-    return json.load(f)
+    raise HFFolderError(f"{path}: no config.json (a Hugging Face folder holds "
+                        "config.json and its weights)")
+  hf_config = _read_json(file)
+  if not isinstance(hf_config, dict) or not hf_config.get("model_type"):
+    raise HFFolderError(f"{file}: no model_type (the Hugging Face family; jaxtl "
+                        f"converts {', '.join(sorted(FAMILIES))})")
+  return hf_config
+
+
+def _reason(e: Exception) -> str:
+  """A library's error in a few words: its first line, or its class."""
+  line = str(e).strip().split("\n")[0]
+  return line if line and len(line) <= 120 else type(e).__name__
 
 
 def _load_file(file: str) -> dict[str, np.ndarray]:
   """One weights file as float32 numpy (bf16/fp16 checkpoints are upcast)."""
   if file.endswith(".safetensors"):
+    import safetensors  # pylint: disable=g-import-not-at-top
     from safetensors.flax import load_file  # pylint: disable=g-import-not-at-top
+    try:
+      tensors = load_file(file)
+    except (safetensors.SafetensorError, OSError, ValueError) as e:
+      raise HFFolderError(f"{file}: not a readable safetensors file ({_reason(e)})") from e
     return {k: np.asarray(v.astype(jnp.float32) if jnp.issubdtype(v.dtype, jnp.floating)
-                          else v) for k, v in load_file(file).items()}
+                          else v) for k, v in tensors.items()}
   try:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError(f"reading {file} needs PyTorch (pip install torch); "
                       "a model.safetensors file does not") from e
-  state = torch.load(file, map_location="cpu", weights_only=True)
+  try:
+    state = torch.load(file, map_location="cpu", weights_only=True)
+  except Exception as e:  # pylint: disable=broad-except
+    # No common base: pickle's, zipfile's, struct's, torch's own errors.
+    raise HFFolderError(f"{file}: not a readable PyTorch checkpoint ({_reason(e)})") from e
   return {k: (v.float() if v.is_floating_point() else v).numpy() for k, v in state.items()}
 
 
@@ -124,21 +161,27 @@ def read_tensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
       return _load_file(file)
     index = file + ".index.json"
     if os.path.isfile(index):
-      with open(index, encoding="utf-8") as f:
-        shards = sorted(set(json.load(f)["weight_map"].values()))
+      listing = _read_json(index)
+      if not isinstance(listing, dict) or not isinstance(listing.get("weight_map"), dict):
+        raise HFFolderError(f"{index}: no weight_map (tensor name -> shard file)")
       tensors = {}
-      for shard in shards:
-        tensors.update(_load_file(os.path.join(path, shard)))
+      for shard in sorted(set(listing["weight_map"].values())):
+        shard = os.path.join(path, shard)
+        if not os.path.isfile(shard):
+          raise HFFolderError(f"{shard}: missing, but {index} lists it")
+        tensors.update(_load_file(shard))
       return tensors
-  raise FileNotFoundError(f"no weights in {path}: looked for {_SAFETENSORS}, {_TORCH} "
-                          "and their sharded .index.json forms")
+  raise HFFolderError(f"{path}: no {_SAFETENSORS} or {_TORCH} (a Hugging Face folder "
+                      "holds config.json and its weights, or their sharded "
+                      ".index.json)")
 
 
-def _family(hf_config: dict[str, Any], path: Any) -> Family:
-  model_type = hf_config.get("model_type")
+def _family(hf_config: dict[str, Any], path: str) -> Family:
+  model_type = hf_config["model_type"]
   if model_type not in FAMILIES:
-    raise ValueError(f"{path}: model_type {model_type!r} is not supported; "
-                     f"jaxtl converts {sorted(FAMILIES)}")
+    raise HFFolderError(f"{os.path.join(path, 'config.json')}: model_type "
+                        f"{model_type!r} is not supported; jaxtl converts "
+                        f"{', '.join(sorted(FAMILIES))}")
   return FAMILIES[model_type]
 
 
@@ -190,7 +233,10 @@ def import_hf(path: str | os.PathLike) -> Imported:
   path = os.fspath(path)
   hf_config = read_config(path)
   family = _family(hf_config, path)
-  cfg = family.config_from_hf(hf_config)
+  try:
+    cfg = family.config_from_hf(hf_config)
+  except ValueError as e:  # a field missing or one jaxtl cannot build: say where
+    raise HFFolderError(f"{path}: {e}") from e
   prefix = family.prefix((hf_config.get("architectures") or [""])[0])
   tensors = {k[len(prefix):] if prefix and k.startswith(prefix) else k: v
              for k, v in read_tensors(path).items()}
