@@ -12,13 +12,17 @@ text (one text per line; any other extension, and stdin unless
 hold the task's inputs, in the task's order (default: the task's own names,
 ``text`` / ``text``,``text_pair`` / ``words`` / ``question``,``context``; see
 ``task.json``). Each output row is the input row plus the prediction (JSON
-lines; CSV / TSV when ``--output`` ends so; stdout, ``-``, by default); an
-input that already has a ``label`` (gold) gets ``predicted_label`` etc.
+lines; CSV / TSV when ``--output`` ends so, with every input row's fields
+as columns; stdout, ``-``, by default), one per input row, in order: a
+blank line or an empty cell is predicted as an empty text. When an input
+row already has a field of the prediction's name (a gold ``label``), the
+prediction's fields are ``predicted_label`` etc. on every row.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Collection
 
 from absl import app, flags, logging
 
@@ -63,30 +67,39 @@ def predict_file(workdir: str, input_path: str, output_path: str = "-",
     raise ValueError(f"--text_fields={','.join(columns)}: the task {spec.name!r} "
                      f"takes {len(spec.text_fields)} field(s) {list(spec.text_fields)}")
   rows = rows_lib.read_rows(input_path, fmt)
+  fields = rows_lib.fields_of(rows)
   inputs = [dict(zip(spec.text_fields, values))
             for values in rows_lib.pick(rows, columns, name)]
+  empty = sum(any(isinstance(v, str) and not v.strip() for v in item.values())
+              for item in inputs)
+  if empty:
+    logging.warning("%s: %d row(s) with an empty text (a blank line or cell), "
+                    "each predicted on its empty text", name, empty)
   model = predictor.load(workdir)
-  writer = rows_lib.Writer(output_path)
+  writer = rows_lib.Writer(output_path, columns=fields)
   chunk = 4 * batch_size  # rows between writes; the bar moves per chunk
   try:
     with metrics.progress_bar(total=len(inputs), desc="predict", unit="row") as bar:
       for start in range(0, len(inputs), chunk):
         preds = model.predict(inputs[start:start + chunk], batch_size=batch_size)
         for (_, row), pred in zip(rows[start:start + chunk], preds):
-          writer.write(with_prediction(row, pred))
+          writer.write(with_prediction(row, pred, fields))
         bar.update(len(preds))
   finally:
     writer.close()
   return len(inputs)
 
 
-def with_prediction(row: dict, pred: dict) -> dict:
-  """The input row plus the prediction; when the row already has a field of
-  the same name (a gold ``label``), the prediction's fields are all named
-  ``predicted_*``, so neither is lost."""
-  if any(k in row for k in pred):
-    pred = {f"predicted_{k}": v for k, v in pred.items()}
-  return {**row, **pred}
+def with_prediction(row: dict, pred: dict, fields: Collection[str]) -> dict:
+  """The input row plus the prediction, which never overwrites an input
+  field: when any input row has a field of a prediction's name (``fields``:
+  every input row's; a gold ``label``), the prediction's fields are all
+  named ``predicted_*`` (``predicted_predicted_*`` if those are taken too),
+  on every row alike, so a column means one thing."""
+  prefix = ""
+  while any(prefix + k in fields for k in pred):
+    prefix = "predicted_" + prefix
+  return {**row, **{prefix + k: v for k, v in pred.items()}}
 
 
 def main(argv: list[str]) -> None:

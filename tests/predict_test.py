@@ -1,6 +1,7 @@
 """A fine-tuned model is a complete model: the workdir reloads (jaxtl.load),
 predicts what fine-tuning scored, serves the CLI, and starts another task."""
 
+import csv
 import functools
 import json
 import os
@@ -148,12 +149,12 @@ def test_the_cli_writes_the_rows_plus_label_names(tuned, tmp_path):
 def test_malformed_input_names_the_file_and_line(tuned, tmp_path):
   workdir, _ = tuned
   bad = tmp_path / "bad.jsonl"
-  bad.write_text('{"text": "Who?"}\n\n{"text": "Where\n')
+  bad.write_text('{"text": "Who?"}\n{"text": "Why?"}\n{"text": "Where\n')
   with pytest.raises(ValueError, match=r"bad.jsonl:3: malformed JSON"):
     predict_cli.predict_file(workdir, str(bad))
-  missing = tmp_path / "missing.tsv"
-  missing.write_text("id\ttext\n1\tWho?\n2\t\n")
-  with pytest.raises(ValueError, match=r"missing.tsv:3: no 'text'"):
+  missing = tmp_path / "missing.jsonl"  # (an empty text is a text: predicted)
+  missing.write_text('{"text": "Who?"}\n{"id": 2}\n')
+  with pytest.raises(ValueError, match=r"missing.jsonl:2: no 'text'"):
     predict_cli.predict_file(workdir, str(missing))
   ragged = tmp_path / "ragged.csv"
   ragged.write_text('text,id\n"Who, then?",1\nWhere,2,3\n')
@@ -161,6 +162,30 @@ def test_malformed_input_names_the_file_and_line(tuned, tmp_path):
     rows.read_rows(str(ragged))
   with pytest.raises(ValueError, match=r"input 1: the task 'trec' takes 1 text"):
     jaxtl.load(workdir).predict(["Who?", ("a", "b")])
+
+
+def test_every_row_comes_out_with_its_prediction_in_a_field_of_its_own(tuned, tmp_path):
+  """Blank lines and empty texts are rows; a table has every row's fields;
+  a gold label stays beside the prediction on every row (issue 28)."""
+  workdir, _ = tuned
+  texts = tasks.load_task("trec", "test").texts[:2]
+  expected = [p["label"] for p in jaxtl.load(workdir).predict([*texts, ""])]
+  lines = tmp_path / "in.txt"
+  lines.write_text(f"{texts[0]}\n\n{texts[1]}\n")
+  assert predict_cli.predict_file(workdir, str(lines), str(tmp_path / "out.jsonl")) == 3
+  out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+  assert [(r["text"], r["label"]) for r in out] == [
+      (texts[0], expected[0]), ("", expected[2]), (texts[1], expected[1])]
+  jsonl = tmp_path / "in.jsonl"
+  jsonl.write_text("".join(json.dumps(r) + "\n" for r in [
+      {"text": texts[0]}, {"text": texts[1], "id": 7, "label": "gold"}, {"text": ""}]))
+  assert predict_cli.predict_file(workdir, str(jsonl), str(tmp_path / "out.csv")) == 3
+  with open(tmp_path / "out.csv", newline="", encoding="utf-8") as f:
+    out = list(csv.DictReader(f))
+  assert list(out[0]) == ["text", "id", "label", "predicted_label",
+                          "predicted_probabilities"]
+  assert [(r["id"], r["label"], r["predicted_label"]) for r in out] == [
+      ("", "", expected[0]), ("7", "gold", expected[1]), ("", "", expected[2])]
 
 
 def test_init_from_a_finetuned_workdir_loads_its_backbone_and_a_new_head(tuned, tmp_path):

@@ -7,11 +7,12 @@ Kept apart from the readers (`tasks.py`, `squad.py`) so both can share the
 from __future__ import annotations
 
 import dataclasses
-import gzip
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+
+from jaxtl.data import row_files
 
 ON_ERROR = ("raise", "skip")
 
@@ -126,19 +127,7 @@ def iter_lines(path: str, encoding: str,
 
   Decoding line by line lets an undecodable line be named (or skipped).
   """
-  opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rb") as f:
-    for lineno, raw in enumerate(f, start=1):
-      try:
-        line = raw.decode(encoding)
-      except UnicodeDecodeError as e:
-        rows.bad(f"{path}:{lineno}", f"not valid {encoding} ({e.reason})")
-        continue
-      if lineno == 1:
-        line = line.removeprefix("\ufeff")  # MRPC's header starts with a BOM.
-      line = line.rstrip("\r\n")
-      if line.strip():
-        yield lineno, line
+  return row_files.read_lines(path, rows.bad, encoding=encoding)
 
 
 def sample(examples: Any, n: int, seed: int) -> Any:

@@ -10,16 +10,20 @@ Class labels may be strings or integers of any range: the label set is the
 config's ``labels`` or, read from train, sorted (numerically when every
 label is an integer, so 1..10 keeps its order), and becomes the class ids
 saved with the model (``task.json``), so predictions come back as the
-user's own label names. Every bad row is an error naming file and line, or
-with ``on_error="skip"`` is dropped and recorded.
+user's own label names. A label is its text, stripped, and an integer its
+decimal digits (7 and "7" are one class); nothing else is normalised, so
+one number spelled two ways (1 and "01", "1" and "1.0") is an error at the
+second spelling rather than two classes. Every bad row is an error naming
+file and line, or with ``on_error="skip"`` is dropped and recorded.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +36,7 @@ KINDS = ("classification", "regression", "token_classification", "text_to_text",
          "generation")
 UNLABELLED = ("regression", "generation")  # targets are scores or texts: no label set
 _INTEGER = re.compile(r"-?\d+")
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,13 +83,22 @@ class FileTask:
                        "for sentence pairs (tagging: the one field of words)")
     if not self.label_field:
       raise ValueError("label_field is empty: name the field holding the labels")
+    if len(set(self.columns)) != len(self.columns):
+      raise ValueError(f"columns={self.columns} name a column twice: a row would "
+                       "keep only its last cell of that name")
     if self.label_names and len(self.label_names) != len(self.labels):
       raise ValueError(f"label_names {self.label_names} need the {len(self.labels)} "
                        f"labels {self.labels} they rename")
 
 
 def label_key(value: Any) -> str | None:
-  """A class label as text (7 and "7" are one class); None for a non-label."""
+  """A class label as text; None for a non-label.
+
+  A string is its stripped text and an integer its decimal digits, so 7
+  and "7" are one class; "07" and "7.0" keep their spelling (and are
+  refused beside "7" by :func:`read_split`: the same number spelled twice
+  is more likely a mistake than two classes).
+  """
   if isinstance(value, bool):
     return None
   if isinstance(value, (int, np.integer)):
@@ -101,6 +115,21 @@ def sorted_labels(keys: Sequence[str]) -> tuple[str, ...]:
   if all(_INTEGER.fullmatch(k) for k in distinct):
     return tuple(sorted(distinct, key=int))
   return tuple(sorted(distinct))
+
+
+def _number(key: str) -> decimal.Decimal | None:
+  """The number a label spells ("01", "1.0" and "1e0" all spell 1), if any."""
+  return decimal.Decimal(key) if _NUMBER.fullmatch(key) else None
+
+
+def _first_spellings(keys: Iterable[str]) -> list[str]:
+  """Distinct labels, each number as first spelled: a later "01" beside
+  "1" is then no class, and its row is refused by :func:`_class_ids`."""
+  spelling = {}
+  for key in keys:
+    number = _number(key)
+    spelling.setdefault(key if number is None else number, key)
+  return list(spelling.values())
 
 
 def _words(value: Any) -> list[str] | None:
@@ -173,10 +202,21 @@ def _class_ids(raw: Any, ids: dict[str, int]) -> int | list[int] | str:
   for value in values:
     key = label_key(value)
     if key not in ids:
-      return (f"unknown label {value!r}; the labels are {tuple(ids)}" if key
-              else f"label {value!r} is not a class name or integer")
+      return _unknown_label(value, key, ids)
     out.append(ids[key])
   return out if isinstance(raw, list) else out[0]
+
+
+def _unknown_label(value: Any, key: str | None, ids: dict[str, int]) -> str:
+  """Why a label has no class id, naming the class it re-spells, if any."""
+  if key is None:
+    return f"label {value!r} is not a class name or integer"
+  number = _number(key)
+  same = [k for k in ids if number is not None and _number(k) == number]
+  if same:
+    return (f"label {value!r} is the label {same[0]!r} spelled another way; "
+            "write each class one way")
+  return f"unknown label {value!r}; the labels are {tuple(ids)}"
 
 
 def _label_set(task: FileTask, parsed: list[tuple[str, list[Any], Any]]
@@ -186,7 +226,7 @@ def _label_set(task: FileTask, parsed: list[tuple[str, list[Any], Any]]
     return tuple(label_key(v) or str(v) for v in task.labels)
   keys = [label_key(v) for _, _, raw in parsed
           for v in (raw if isinstance(raw, list) else [raw])]
-  return sorted_labels([k for k in keys if k is not None])
+  return sorted_labels(_first_spellings(k for k in keys if k is not None))
 
 
 def read_split(task: FileTask, path: str, labels: Sequence[str] | None = None, *,

@@ -2,8 +2,10 @@
 plain text.
 
 Every row is read (and checked) before any is predicted, so a malformed
-line fails at once with ``FILE:LINE``, not after an hour of compute. Rows
-keep their own fields, so the output is the input plus the prediction.
+line fails at once with ``FILE:LINE``, not after an hour of compute. Every
+row comes out, in order, blank ones too: a blank line or an empty cell is
+an empty text, not a row to drop. Rows keep their own fields, so the
+output is the input plus the prediction.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from jaxtl.data import row_files
@@ -29,7 +31,8 @@ def format_of(path: str, given: str = "") -> str:
 
 
 def read_rows(path: str, fmt: str = "") -> list[tuple[int, dict[str, Any]]]:
-  """(line number, row) for every non-blank row of ``path`` (``-``: stdin).
+  """(line number, row) for every row of ``path`` (``-``: stdin), blank
+  ones included (the newline that ends the file makes no row).
 
   CSV and TSV take their field names from the header line; a plain-text
   line is one ``text`` field. The first unreadable row is an error naming
@@ -37,22 +40,24 @@ def read_rows(path: str, fmt: str = "") -> list[tuple[int, dict[str, Any]]]:
   """
   fmt = format_of(path, fmt)
   if fmt != "text":
-    return list(row_files.read_rows(path, fmt))
-  f = sys.stdin if path == "-" else open(path, encoding="utf-8", newline="")
-  try:
-    return [(i, {TEXT_FIELD: line.rstrip("\r\n")}) for i, line in enumerate(f, 1)
-            if line.strip()]
-  finally:
-    if f is not sys.stdin:
-      f.close()
+    return list(row_files.read_rows(path, fmt, keep_blank=True))
+  return [(i, {TEXT_FIELD: line})
+          for i, line in row_files.read_lines(path, keep_blank=True)]
+
+
+def fields_of(rows: Iterable[tuple[int, dict[str, Any]]]) -> list[str]:
+  """Every field of any row, in first-seen order: an output table's columns
+  (JSON-lines rows need not share their fields)."""
+  return list(dict.fromkeys(field for _, row in rows for field in row))
 
 
 def pick(rows: Sequence[tuple[int, dict[str, Any]]], fields: Sequence[str],
          name: str) -> list[list[Any]]:
-  """Each row's ``fields``, in order; a missing or empty one names its line."""
+  """Each row's ``fields``, in order; a missing one names its line (an
+  empty one is an empty text)."""
   out = []
   for lineno, row in rows:
-    missing = [f for f in fields if row.get(f) in (None, "")]
+    missing = [f for f in fields if row.get(f) is None]
     if missing:
       raise ValueError(f"{name}:{lineno}: no {', '.join(map(repr, missing))} "
                        f"(the row has {sorted(row)}; pick columns with --text_fields)")
@@ -62,15 +67,19 @@ def pick(rows: Sequence[tuple[int, dict[str, Any]]], fields: Sequence[str],
 
 class Writer:
   """Writes rows as JSON lines, CSV or TSV (by the output's extension;
-  stdout, ``-``, gets JSON lines). A table's columns are the first row's;
-  nested values (probabilities, tags) are JSON in their cell."""
+  stdout, ``-``, gets JSON lines). A table's columns are ``columns`` (every
+  input row's fields: a field only later rows have keeps its column) and
+  then the first row's others (the prediction's); a row without one leaves
+  its cell empty. Nested values (probabilities, tags) are JSON in their cell.
+  """
 
-  def __init__(self, path: str, fmt: str = ""):
+  def __init__(self, path: str, fmt: str = "", columns: Sequence[str] = ()):
     self.fmt = "jsonl" if path == "-" and not fmt else format_of(path, fmt)
     if self.fmt not in ("csv", "tsv"):  # text, Parquet: rows need fields
       self.fmt = "jsonl"
     self.f = sys.stdout if path == "-" else open(path, "w", encoding="utf-8",
                                                   newline="")
+    self.columns = list(columns)
     self._table = None
 
   def write(self, row: dict[str, Any]) -> None:
@@ -78,7 +87,7 @@ class Writer:
       self.f.write(json.dumps(row, ensure_ascii=False) + "\n")
       return
     if self._table is None:
-      self._table = csv.DictWriter(self.f, list(row), extrasaction="ignore",
+      self._table = csv.DictWriter(self.f, list(dict.fromkeys([*self.columns, *row])),
                                    delimiter="\t" if self.fmt == "tsv" else ",")
       self._table.writeheader()
     self._table.writerow({k: v if isinstance(v, (str, int, float)) or v is None
