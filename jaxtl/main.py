@@ -17,7 +17,7 @@ import datetime
 import os
 import shlex
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -61,22 +61,32 @@ def main(argv: list[str]) -> None:
   logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
                jax.device_count(), jax.devices()[0].platform,
                jax.process_index(), jax.process_count())
-  from jaxtl.train import checkpoint, storage, workdir  # pylint: disable=g-import-not-at-top
+  from jaxtl import convert  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import checkpoint, config_checks, identity, storage, workdir  # pylint: disable=g-import-not-at-top
   try:
-    # Held from before config.txt is written: a second run on this workdir
-    # leaves no trace in it.
-    with workdir.owned(FLAGS.workdir, enabled=jax.process_index() == 0):
+    # Before anything touches the workdir: a bad value, or a run that is
+    # not the one the workdir's checkpoints belong to, leaves no trace.
+    config_checks.check_values(FLAGS.config, FLAGS.mode)
+    ident = {"mode": FLAGS.mode, **_identity(FLAGS.config)}
+    identity.check(FLAGS.workdir, ident)
+
+    def on_start() -> None:  # the run's own checks passed: record it
       if jax.process_index() == 0:
+        identity.record(FLAGS.workdir, ident, identity.flatten(FLAGS.config))
         logging.info("config written to %s", write_config(FLAGS.config, FLAGS.workdir))
       if FLAGS.verbose:
         logging.info("config:\n%s", FLAGS.config)
-      _run_mode()
+
+    # Held from before config.txt is written: a second run on this workdir
+    # leaves no trace in it.
+    with workdir.owned(FLAGS.workdir, enabled=jax.process_index() == 0):
+      _run_mode(on_start)
   except train.Preempted as e:  # a clean stop: the same command resumes
     logging.warning("%s", e)
-    sys.exit(train.EXIT_PREEMPTED)
-  except (checkpoint.UnreadableCheckpoints, workdir.WorkdirBusy,
-          workdir.WorkdirConflict, train.ConfigError,
-          network.DataUnavailable) as e:  # the message says it all
+    sys.exit(e.exit_code)
+  except (checkpoint.UnreadableCheckpoints, checkpoint.CheckpointMismatch,
+          workdir.WorkdirBusy, workdir.WorkdirConflict, train.ConfigError,
+          network.DataUnavailable, convert.HFFolderError) as e:  # the message says it all
     logging.error("%s", e)
     sys.exit(1)
   except storage.SaveFailed as e:  # a full or read-only disk
@@ -89,20 +99,29 @@ def main(argv: list[str]) -> None:
     os._exit(EXIT_SAVE_FAILED)  # pylint: disable=protected-access
 
 
-def _run_mode() -> None:
+def _identity(config: Any) -> dict[str, Any]:
+  """The settings this mode binds a workdir's checkpoints to."""
+  from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import pretrain  # pylint: disable=g-import-not-at-top
+  return {"pretrain": pretrain.identity, "finetune": finetune.identity,
+          "study": lambda _: {}}[FLAGS.mode](config)
+
+
+def _run_mode(on_start: Callable[[], None]) -> None:
   from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
   from jaxtl import train
   from jaxtl.tools import transfer_study
   if FLAGS.mode == "study":
+    on_start()
     transfer_study.run_study(FLAGS.config, FLAGS.workdir)
     logging.info("wrote %s/transfer.md and transfer.png", FLAGS.workdir)
   elif FLAGS.mode == "finetune":
-    results = finetune.finetune_and_evaluate(FLAGS.config, FLAGS.workdir)
+    results = finetune.finetune_and_evaluate(FLAGS.config, FLAGS.workdir, on_start)
     best = results["best_dev"]
     logging.info("best dev %s; test %s", "- (none held out: the last epoch)"
                  if best is None else best, results["test"])
   else:
-    metrics = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    metrics = train.train_and_evaluate(FLAGS.config, FLAGS.workdir, on_start)
     logging.info("final eval: %s", metrics)
 
 
@@ -140,5 +159,9 @@ def parse_flags(argv: list[str]) -> list[str]:
 if __name__ == "__main__":
   console.quiet_libraries(sys.argv)
   startup.tune_process()
+  # From here on, SIGTERM and Ctrl-C ask the run to save and stop (a
+  # KeyboardInterrupt inside a compile could crash the process).
+  from jaxtl.train import stopping  # pylint: disable=g-import-not-at-top
+  stopping.install()
   sys.argv = cli.with_recipe_paths(sys.argv)
   app.run(main, flags_parser=parse_flags)

@@ -140,6 +140,57 @@ def test_no_intact_checkpoint_stops_instead_of_starting_over(tmp_path):
       "1.corrupt", "2.corrupt"]
   with pytest.raises(checkpoint.UnreadableCheckpoints, match="no intact checkpoint"):
     checkpoint.load_params(tmp_path / "2.corrupt")
+  # The refusal holds at the next start too: it once began again from step 0.
+  ckpt = checkpoint.Checkpointer(tmp_path, save_every=1, keep=3, async_save=False)
+  with pytest.raises(checkpoint.UnreadableCheckpoints,
+                     match=r"holds only checkpoints an earlier start found damaged "
+                     r"and moved aside \(1.corrupt, 2.corrupt\)"):
+    ckpt.restore_latest(_abstract())
+
+
+def test_a_checkpoint_of_another_model_is_a_mismatch_and_is_left_alone(tmp_path):
+  """A restore into another tree (a changed setting) is not damage: no step
+  is moved aside, none is tried in its place."""
+  _save_steps(tmp_path, (1, 2))
+  before = sorted(p.name for p in tmp_path.iterdir())
+  ckpt = checkpoint.Checkpointer(tmp_path, save_every=1, keep=3, async_save=False)
+  wider = _abstract().replace(params={"w": jax.ShapeDtypeStruct((4, 5), jnp.float32)})
+  with pytest.raises(checkpoint.CheckpointMismatch,
+                     match=r"step 2 .* \(1 parameter\(s\) differ: w: \(4, 3\) there, "
+                     r"\(4, 5\) here\); it was left as it is"):
+    ckpt.restore_latest(wider)
+  other = _abstract().replace(opt_state=(jax.ShapeDtypeStruct((4, 3), jnp.float32),))
+  with pytest.raises(checkpoint.CheckpointMismatch, match="the optimizer state differs"):
+    ckpt.restore_latest(other)
+  assert sorted(p.name for p in tmp_path.iterdir()) == before
+  assert ckpt.restore_latest(_abstract())[2] == 2
+
+
+def test_a_run_that_keeps_a_selected_state_but_chose_none_has_no_model(tmp_path):
+  """A fine-tuning run stopped mid-epoch has checkpoints/ but an empty
+  best/: its newest checkpoint is no one's model, so loading refuses."""
+  _save_steps(tmp_path / "checkpoints", (3,))
+  (tmp_path / checkpoint.BEST_DIR).mkdir()
+  with pytest.raises(checkpoint.NoSelectedModel, match=r"no finished model yet: .*best is "
+                     r"empty.*checkpoints/3, is from the middle of an epoch"):
+    checkpoint.load_selected(tmp_path)
+  shutil.rmtree(tmp_path / checkpoint.BEST_DIR)  # pretraining keeps no best/
+  assert checkpoint.selected_checkpoint(tmp_path) == str(tmp_path / "checkpoints" / "3")
+
+
+def test_a_step_rotated_away_while_it_is_read_is_chosen_again(tmp_path, monkeypatch):
+  """A predict beside a run saving into best/ once called the healthy model
+  corrupt: its chosen step was deleted under it by the run's rotation."""
+  _save_steps(tmp_path / checkpoint.BEST_DIR, (1,), keep=1)
+  read = checkpoint.load_params
+  def rotated_once(step_dir):
+    if step_dir.endswith(os.sep + "1"):  # the run saves step 2, then drops step 1
+      _save_steps(tmp_path / checkpoint.BEST_DIR, (2,), keep=1)
+      assert not os.path.exists(step_dir)
+      raise checkpoint.UnreadableCheckpoints("no intact checkpoint to load")
+    return read(step_dir)
+  monkeypatch.setattr(checkpoint, "load_params", rotated_once)
+  assert float(checkpoint.load_selected(tmp_path)["w"][0, 0]) == 2.0
 
 
 def test_fingerprints_are_exact_and_the_same_on_device_and_host():

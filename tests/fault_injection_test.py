@@ -273,3 +273,154 @@ def test_bad_data_files_and_a_task_longer_than_the_positions_are_named(tmp_path)
   ]
   for proc, message in procs:
     assert message in _fails(proc)
+
+
+# ----------------------------------------------------------------------------
+# Runs that must not damage a good workdir (issue 28): refused before a byte
+# is written, hashed before and after.
+
+
+def _tree_hash(root):
+  """Every file under ``root`` (path and bytes), so that a refused run can be
+  shown to have changed nothing; but the lock, which names its last holder
+  (a run refused once its data was read held it)."""
+  root = pathlib.Path(root)
+  return {str(p.relative_to(root)): p.read_bytes()
+          for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+def test_a_changed_setting_or_a_swapped_workdir_is_refused_before_writing(
+    config_file, baseline, tmp_path):
+  """A fine-tune given the pretraining workdir as its --workdir once moved
+  every checkpoint aside as corrupt; a new tokenizer size once wrote its
+  tokenizer before the refusal (and fine-tuning then read the wrong one)."""
+  workdir = tmp_path / "w"
+  shutil.copytree(baseline[0], workdir)
+  before = _tree_hash(workdir)
+  procs = {
+      "mode: 'pretrain' -> 'finetune'": runs.start(
+          "configs/finetune.py:task=trec", str(workdir), "--mode=finetune",
+          f"--config.init_from={workdir}"),
+      "config.data.tokenizer.vocab_size: 200 -> 300": runs.start(
+          config_file, str(workdir), "--config.data.tokenizer.vocab_size=300"),
+  }
+  for message, proc in procs.items():
+    err = _fails(proc)
+    assert f"{workdir} holds checkpoints of another run" in err and message in err, err[-3000:]
+    assert "Pass another --workdir" in err and "Traceback" not in err
+  assert _tree_hash(workdir) == before
+
+
+def _classification_files(tmp_path):
+  """A vocabulary, a learnable two-label train file and a test file large
+  enough that its evaluation takes a moment."""
+  vocab = tmp_path / "vocab.txt"
+  words = ["good", "fine", "bad", "awful"]
+  vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the",
+                              "film", *words]))
+  rows = [f"the film {w},{'pos' if i < 2 else 'neg'}" for i, w in enumerate(words)]
+  (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(rows * 40) + "\n")
+  (tmp_path / "test.csv").write_text("text,label\n" + "\n".join(rows * 1500) + "\n")
+  return vocab
+
+
+def _finetune(tmp_path, workdir, *flags):
+  vocab = _classification_files(tmp_path)
+  return runs.start(
+      "configs/finetune.py:task=files", str(workdir), "--mode=finetune",
+      f"--config.tokenizer_path={vocab}", "--config.model.num_layers=1",
+      "--config.model.d_model=16", "--config.model.num_heads=2",
+      "--config.model.head_dim=8", "--config.model.mlp_dim=32",
+      "--config.train.batch_size=8", "--config.train.epochs=2",
+      "--config.train.checkpoint_every=0", f"--config.task.train={tmp_path}/train.csv",
+      f"--config.task.test={tmp_path}/test.csv", *flags)
+
+
+def _signal_on(proc, line_part, sig):
+  """Sends ``sig`` once the run logs a line holding ``line_part``; returns
+  (exit code, log)."""
+  seen = []
+  for line in proc.stderr:
+    seen.append(line)
+    if line_part in line:
+      proc.send_signal(sig)
+      break
+  _, rest = proc.communicate(timeout=120)
+  return proc.returncode, "".join(seen) + rest
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+  """A fine-tuning run stopped by SIGTERM in its final test evaluation
+  (checkpoint_every=0: once nothing was saved, and the rerun trained all
+  over again), then rerun: (tmp dir, workdir, first log, second log)."""
+  tmp = tmp_path_factory.mktemp("tuned")
+  workdir = tmp / "w"
+  first = _signal_on(_finetune(tmp, workdir), "the final test evaluation", signal.SIGTERM)
+  proc = _finetune(tmp, workdir)
+  _, second = proc.communicate(timeout=300)
+  assert proc.returncode == 0, second[-3000:]
+  return tmp, workdir, first, second
+
+
+def test_sigterm_in_the_final_test_evaluation_saves_and_the_rerun_only_evaluates(tuned):
+  _, workdir, (code, first), second = tuned
+  assert code == 75, first[-3000:]  # EXIT_PREEMPTED
+  assert "stopped by SIGTERM during the final test evaluation; the trained state" in first
+  steps = runs.checkpoint_steps(workdir)
+  assert f"resumed from checkpoint step {steps[-1]}" in second, second[-3000:]
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").open()]
+  # One fine-tune's whole record (a finished run once kept only its test line).
+  assert [r["step"] for r in records if r["split"] == "train"] == [steps[-1]]
+  assert sum(r["split"] == "test" for r in records) == 1
+  assert {r["split"] for r in records} == {"train", "dev", "test"}
+  assert json.loads((workdir / "results.json").read_text())["test"]["accuracy"] >= 0
+
+
+def test_a_fine_tune_with_another_pooling_or_other_labels_is_refused(tuned, tmp_path):
+  """A changed pooling once had the intact checkpoint renamed corrupt and
+  task.json rewritten, so predict ran the old weights with the new pooling."""
+  tmp, tuned_dir, _, _ = tuned
+  workdir = tmp_path / "w"
+  shutil.copytree(tuned_dir, workdir)
+  before = _tree_hash(workdir)
+  for split in ("train", "test"):
+    (tmp_path / f"{split}.csv").write_text(
+        (tmp / f"{split}.csv").read_text().replace(",neg", ",negative"))
+  procs = {
+      "config.task.pooling: '' -> 'mean'": _finetune(tmp, workdir, "--config.task.pooling=mean"),
+      "label_names: ('neg', 'pos') -> ('negative', 'pos')": _finetune(
+          tmp, workdir, f"--config.task.train={tmp_path}/train.csv",
+          f"--config.task.test={tmp_path}/test.csv"),
+  }
+  for message, proc in procs.items():
+    err = _fails(proc)
+    assert f"{workdir} holds checkpoints of another" in err and message in err, err[-3000:]
+    assert "Traceback" not in err and "unusable" not in err
+  assert _tree_hash(workdir) == before
+
+
+def test_predict_refuses_a_run_stopped_before_it_chose_a_model(tuned, tmp_path):
+  from jaxtl.tasks import predictor  # pylint: disable=g-import-not-at-top
+  _, tuned_dir, _, _ = tuned
+  workdir = tmp_path / "w"
+  shutil.copytree(tuned_dir, workdir)
+  shutil.rmtree(workdir / "best")
+  (workdir / "best").mkdir()
+  with pytest.raises(FileNotFoundError, match="no finished model yet"):
+    predictor.load(str(workdir))
+
+
+def test_ctrl_c_in_the_first_compile_or_in_training_saves_and_resumes_exactly(
+    config_file, baseline, tmp_path):
+  """Ctrl-C once segfaulted in the first compile (rc 139) and saved nothing
+  in training; it now acts as SIGTERM does, with the shell's exit code 130."""
+  workdir = str(tmp_path / "w")
+  code, err = _signal_on(runs.start(config_file, workdir), "model: ", signal.SIGINT)
+  assert code == 130, err[-3000:]
+  assert "stopped by Ctrl-C at step 1 of" in err and runs.checkpoint_steps(workdir) == [1]
+  code, err = runs.interrupt(config_file, workdir, signal.SIGINT, 2 * EVERY)
+  assert code == 130 and "checkpoint saved" in err, err[-3000:]
+  err = runs.run(config_file, workdir)
+  assert "resumed from checkpoint step" in err
+  _assert_same_run(workdir, baseline)

@@ -114,8 +114,9 @@ def test_fine_tuning_for_zero_epochs_names_the_key():
 
 
 def test_checkpoint_every_zero_means_no_periodic_saves_in_pretraining_and_fine_tuning():
-  """One meaning: 0 saves nothing periodically; the run's result is still
-  kept (pretraining: its last step; fine-tuning: best/)."""
+  """One meaning: 0 saves nothing periodically; the run's last state is
+  still saved (a rerun of a finished run only evaluates; fine-tuning's
+  result is in best/)."""
   from jaxtl import train  # pylint: disable=g-import-not-at-top
   from jaxtl.configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
   from jaxtl.configs import pretrain_clm  # pylint: disable=g-import-not-at-top
@@ -125,7 +126,7 @@ def test_checkpoint_every_zero_means_no_periodic_saves_in_pretraining_and_fine_t
   pre.train.checkpoint_every = fine.train.checkpoint_every = 0
   pre_loop, fine_loop = pretrain.loop_config(pre), finetune.loop_config(fine, steps_per_epoch=10)
   assert pre_loop.checkpoint_every == fine_loop.checkpoint_every == 0
-  assert pre_loop.save_last and not fine_loop.save_last  # fine-tuning's result: best/
+  assert pre_loop.save_last and fine_loop.save_last
   fine.train.checkpoint_every = -0.5
   with pytest.raises(train.ConfigError, match=r"config.train.checkpoint_every=-0.5: must be 0"):
     finetune.loop_config(fine, steps_per_epoch=10)

@@ -245,7 +245,8 @@ def finetune_train_config(**overrides: Any) -> ConfigDict:
       log_every=50,  # steps between train-loss lines
       # Epochs between resumable checkpoints (fractions save mid-epoch);
       # 0: none periodically, as in pretraining: the run's result is still
-      # kept (best/: the selected epoch) and SIGTERM still saves.
+      # kept (best/: the selected epoch), the last state is saved at the end
+      # (a rerun only evaluates) and SIGTERM or Ctrl-C still saves.
       checkpoint_every=1.0,
       max_bad_steps=20), overrides)  # consecutive non-finite steps that stop the run
 

@@ -49,6 +49,10 @@ def workdir_tokenizer(workdir: str) -> Tokenizer:
   """The tokenizer a pretraining run trained (or loaded) into its workdir."""
   folder = os.path.join(workdir, TOKENIZER_DIR)
   models = sorted(glob.glob(os.path.join(folder, "*.model")))
+  if len(models) > 1:  # never taken by guess: ids of another vocabulary are garbage
+    raise ValueError(f"{folder} holds {len(models)} tokenizers "
+                     f"({', '.join(map(os.path.basename, models))}): keep the one the "
+                     "run was trained with, or set config.tokenizer_path")
   if models:
     return get_tokenizer(models[0])
   if os.path.isfile(os.path.join(folder, "tokenizer.json")):

@@ -39,7 +39,10 @@ from jaxtl.tasks import file_task, kinds
 from jaxtl.tasks import readers as tasks
 from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.squad import SquadExamples, split_squad_by_article
-from jaxtl.train import checkpoint, optim, pretrain, pretrained, sharding
+from jaxtl.train import checkpoint
+from jaxtl.train import identity as identity_lib
+from jaxtl.train import optim, pretrain, pretrained, sharding, stopping
+from jaxtl.train import workdir as workdir_lib
 
 Array = jax.Array
 
@@ -179,12 +182,13 @@ def trim_padding(batch: Mapping[str, np.ndarray], side: str, multiple: int
 
 def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
             batch_size: int, mesh, side: str = "encoder", multiple: int = 0,
-            desc: str = "predict") -> np.ndarray:
+            desc: str = "predict", interruptible: bool = False) -> np.ndarray:
   """Model outputs (class ids, scores, tag ids or spans) for every row, in order.
 
   Batches are trimmed as in training; per-token outputs are padded back.
   A large split gets a progress bar named ``desc`` on a terminal, cleared
-  when done.
+  when done. ``interruptible``: a stop request (SIGTERM, Ctrl-C) ends it
+  between batches (:func:`jaxtl.train.stopping.check`).
   """
   n = len(arrays["labels"])
   padded = _pad_rows(arrays, batch_size)
@@ -193,6 +197,8 @@ def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
   starts = range(0, len(padded["labels"]), batch_size)
   for i in train.metrics.progress_bar(starts, desc=desc, unit="batch", leave=False,
                                       enabled=jax.process_index() == 0, min_total=8):
+    if interruptible:
+      stopping.check()
     batch = trim_padding({k: v[i:i + batch_size] for k, v in padded.items()}, side,
                          multiple)
     out = np.asarray(eval_fn(params, sharding.shard_batch(batch, mesh)))
@@ -235,6 +241,9 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any, tuple[str
   if config.init_from:
     loaded = pretrained.load(config.init_from, config.tokenizer_path)
     cfg, tok, dropped = loaded.config, loaded.tokenizer, loaded.dropped
+    logging.info("backbone from %s: %s, %d layers, d_model %d, vocab %d (config.model "
+                 "is not used: it shapes a random start only)", config.init_from,
+                 cfg.family, cfg.num_layers, cfg.d_model, cfg.vocab_size)
     params = {paths.BACKBONE: loaded.params, paths.HEAD: loaded.head}
     if cfg.adapter_dim and (adapt.scheme != "adapters"
                             or adapt.adapter_dim != cfg.adapter_dim):
@@ -255,15 +264,62 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any, tuple[str
   return cfg, tok, params, dropped
 
 
+def check_loadable(workdir: str, tok: Tokenizer, spec: task_spec.TaskSpec) -> None:
+  """Refuses (:class:`jaxtl.train.workdir.WorkdirConflict`) a run whose
+  task or tokenizer differs from those a workdir's checkpoints were trained
+  with: the labels read from this run's data, the head, the vocabulary.
+  Reads only; the architecture is checked as it is written
+  (:func:`jaxtl.train.pretrained.save_model_config`)."""
+  if not (workdir_lib.holds_checkpoints(workdir) and task_spec.exists(workdir)):
+    return
+  changed = task_spec.differences(task_spec.load(workdir), spec)
+  try:
+    if pipeline.workdir_tokenizer(workdir).fingerprint() != tok.fingerprint():
+      changed.append(f"tokenizer: {os.path.join(workdir, pipeline.TOKENIZER_DIR)} -> "
+                     "another vocabulary")
+  except FileNotFoundError:
+    pass
+  if changed:
+    raise workdir_lib.WorkdirConflict(
+        f"{workdir} holds checkpoints of another task, and nothing in it was "
+        f"changed: {'; '.join(changed)} ({task_spec.TASK_FILE} records the first). "
+        "Pass another --workdir for this run, or rerun with the data and settings "
+        "it was trained with.")
+
+
 def keep_loadable(workdir: str, cfg: TransformerConfig, tok: Tokenizer,
                   spec: task_spec.TaskSpec) -> None:
   """Writes what reloads the fine-tuned model beside its checkpoints: the
   backbone's architecture, the tokenizer and the task. Done before training,
   so even a stopped run is loadable (``jaxtl.load``, ``init_from``) once it
-  has a checkpoint."""
+  has a checkpoint; once it has one, the task and tokenizer stay as they
+  describe it (:func:`check_loadable` refused any other)."""
   pretrained.save_model_config(cfg, workdir)
-  pipeline.keep_tokenizer(tok, workdir)
-  task_spec.save(spec, workdir)
+  if not (workdir_lib.holds_checkpoints(workdir) and task_spec.exists(workdir)):
+    pipeline.keep_tokenizer(tok, workdir)
+    task_spec.save(spec, workdir)
+
+
+# What a fine-tuning workdir's checkpoints are bound to (jaxtl.train.identity),
+# besides the backbone; the labels read from the data are checked against
+# task.json as well (check_loadable).
+IDENTITY_KEYS = ("init_from", "tokenizer_path", "task.name", "task.kind", "task.labels",
+                 "task.label_words", "task.pooling", "task.text_fields",
+                 "task.label_field", "adapt.scheme")
+_SCHEME_KEYS = {"adapters": ("adapt.adapter_dim",),
+                "lora": ("adapt.lora_rank", "adapt.lora_targets")}
+
+
+def identity(config: Any) -> dict[str, Any]:
+  """The settings a fine-tuning workdir's checkpoints are bound to: the
+  backbone (``init_from``, or ``config.model`` without it), the task and
+  its head, the scheme and what shapes its parameters."""
+  scheme = config.get("adapt", {}).get("scheme")  # a recipe of another mode: none
+  keys = [*IDENTITY_KEYS, *_SCHEME_KEYS.get(scheme, ())]
+  if not config.init_from:
+    keys += ["model"]
+  return identity_lib.pick(config, keys,
+                           skip=[f"model.{k}" for k in pretrained.RUNTIME_FIELDS])
 
 
 def loop_config(config: Any, steps_per_epoch: int) -> train.LoopConfig:
@@ -278,14 +334,17 @@ def loop_config(config: Any, steps_per_epoch: int) -> train.LoopConfig:
   return train.LoopConfig(
       steps=t.epochs * steps_per_epoch, batch_size=t.batch_size, log_every=t.log_every,
       eval_every=steps_per_epoch, checkpoint_every=every,
-      save_last=t.checkpoint_every > 0, keep_checkpoints=1,
+      save_last=True, keep_checkpoints=1,  # a rerun of a finished run only evaluates
       max_bad_steps=t.max_bad_steps, accum_steps=config.optim.accum_steps,
       seed=config.seed).check({"steps": "train.epochs", "accum_steps": "optim.accum_steps"})
 
 
-def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
+def finetune_and_evaluate(config: Any, workdir: str,
+                          on_start: Callable[[], None] = lambda: None) -> dict[str, Any]:
   """Fine-tunes per config in the one training loop; returns (and writes)
-  the results dict."""
+  the results dict. ``on_start`` runs once the run's checks passed, before
+  it writes anything to ``workdir`` (``python -m jaxtl.main`` records the
+  config and the workdir's identity there)."""
   os.makedirs(workdir, exist_ok=True)
   task, adapt = config.task, config.adapt
   if adapt.scheme not in SCHEMES:
@@ -307,6 +366,9 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
                                getattr(splits["train"], "label_names", None),
                                getattr(splits["train"], "text_pairs", None) is not None)
   model = task_spec.task_model(cfg, spec, tok)
+  if jax.process_index() == 0:
+    check_loadable(workdir, tok, spec)
+  on_start()
   if jax.process_index() == 0:
     keep_loadable(workdir, cfg, tok, spec)
   side = input_side(cfg.family)
@@ -339,8 +401,13 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
 
   def scores(params, split):
     preds = predict(eval_fn, params, feats[split].arrays, bs, mesh, side, multiple,
-                    desc=split)
+                    desc=split, interruptible=split == "test")
     return score(task, preds, feats[split], splits[split])
+
+  def test_scores(state):  # of the selected state in best/
+    best = checkpoint.load_params(os.path.join(workdir, checkpoint.BEST_DIR))
+    return scores(jax.device_put(best, jax.tree.map(lambda x: x.sharding, state.params)),
+                  "test")
 
   work = train.Workload(
       model=model, loss_fn=make_task_loss_fn(model),
@@ -351,17 +418,12 @@ def finetune_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
       evaluate=functools.partial(scores, split="dev") if "dev" in feats else None,
       eval_name="dev", select=lambda dev: next(iter(dev.values())),
       prepare=lambda batch: trim_padding(batch, side, multiple),
-      init_params=load_pretrained, steps_per_epoch=steps_per_epoch)
+      init_params=load_pretrained, steps_per_epoch=steps_per_epoch,
+      finish=test_scores if "test" in feats else None)
   out = train.run(work, loop_config(config, steps_per_epoch), tx, schedule, mesh,
                   rules, workdir)
   history = [{"epoch": h.pop("step") // steps_per_epoch, **h} for h in out.history]
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    best_params = jax.device_put(checkpoint.load_params(out.best_dir),
-                                 out.shardings.params)
-    test = scores(best_params, "test")
-  writer = train.MetricsWriter(workdir, enabled=jax.process_index() == 0)
-  writer.write(total, "test", test)
-  writer.close()
+  test = out.final
   results = {"task": task.name, "scheme": adapt.scheme, "init_from": config.init_from,
              "train_examples": len(feats["train"]), "epochs": config.train.epochs,
              "trainable_params": trainable, "total_params": n_params,

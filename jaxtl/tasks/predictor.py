@@ -97,7 +97,8 @@ def load(workdir: str) -> FineTuned:
   spec = task_spec.load(workdir)
   cfg = pretrained.load_model_config(workdir)
   tok = pipeline.workdir_tokenizer(workdir)
-  params = checkpoint.load_params(checkpoint.selected_checkpoint(workdir))
+  pretrained.check_tokenizer(tok, cfg, workdir)
+  params = checkpoint.load_selected(workdir)
   if paths.BACKBONE not in params:
     raise ValueError(f"{workdir}: its checkpoint holds no task model (no "
                      f"{paths.BACKBONE!r} parameters)")

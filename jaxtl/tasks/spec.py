@@ -148,6 +148,18 @@ def task_model(cfg: TransformerConfig, spec: TaskSpec, tok: Tokenizer) -> TaskMo
                    pad_id=tok.pad_id, eos_id=tok.eos_id)
 
 
+# What a spec's checkpoints are bound to: its head's shape and meaning. The
+# rest (max_len, beams, dropout, ...) may change on a resume.
+IDENTITY_FIELDS = ("name", "kind", "label_names", "pooling", "family", "scalar_mix",
+                   "label_words", "text_fields", "scheme")
+
+
+def differences(old: TaskSpec, new: TaskSpec) -> list[str]:
+  """``field: old -> new`` for each identity field that differs."""
+  return [f"{f}: {getattr(old, f)!r} -> {getattr(new, f)!r}" for f in IDENTITY_FIELDS
+          if getattr(old, f) != getattr(new, f)]
+
+
 def save(spec: TaskSpec, workdir: str) -> str:
   """Writes ``workdir/task.json`` (whole or not at all); returns its path."""
   path = os.path.join(workdir, TASK_FILE)

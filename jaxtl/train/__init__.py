@@ -10,11 +10,11 @@ The names most callers need are here; the modules hold the rest:
 :mod:`~jaxtl.train.metrics`, :mod:`~jaxtl.train.perf`.
 """
 
-from jaxtl.train.loop import (EXIT_PREEMPTED, ConfigError, LoopConfig, Outcome, Preempted, Stage,
-                              Workload, run)
+from jaxtl.train.loop import ConfigError, LoopConfig, Outcome, Stage, Workload, run
 from jaxtl.train.metrics import MetricsWriter
 from jaxtl.train.pretrain import model_config_from, train_and_evaluate
 from jaxtl.train.pretrained import load_model_config, save_model_config
+from jaxtl.train.stopping import EXIT_PREEMPTED, Preempted
 from jaxtl.train.step import (TrainState, abstract_sharded_state, abstract_state,
                               create_sharded_state, eval_step, evaluate,
                               jit_train_step, lm_init_inputs, train_step)

@@ -52,6 +52,11 @@ class UnreadableCheckpoints(RuntimeError):
   """Checkpoints exist but none restores intact: the run must not start over."""
 
 
+class CheckpointMismatch(RuntimeError):
+  """A checkpoint holds another model or optimizer than the run builds: a
+  change of settings, not damage, so it is left where it is."""
+
+
 @jax.jit
 def _all_finite(leaves: list[Any]) -> Any:
   return jnp.stack([jnp.isfinite(x).all() for x in leaves]).all()
@@ -187,6 +192,37 @@ def _check_metadata(step_dir: str) -> None:
                          f"({type(e).__name__}: {_first_line(e)})") from e
 
 
+def _layout(tree: Any) -> tuple[dict[str, tuple[int, ...]], list[tuple[int, ...]]]:
+  """(parameter path -> shape, every leaf's shape sorted): what must agree
+  between a checkpoint and the state it restores into. Parameters are
+  compared by name; the optimizer state, whose container names Orbax's
+  metadata spells differently, by its shapes."""
+  params, shapes = {}, []
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    names = [_key_name(k) for k in path]
+    shape = tuple(getattr(leaf, "shape", ()))
+    shapes.append(shape)
+    if names[:1] == ["params"]:
+      params["/".join(names[1:])] = shape
+  return params, sorted(shapes)
+
+
+def layout_mismatch(saved: Any, abstract_state: Any) -> str | None:
+  """Why a checkpoint's arrays (its metadata tree) cannot be the state
+  ``abstract_state`` describes, or None when they fit."""
+  (old, old_shapes), (new, new_shapes) = _layout(saved), _layout(abstract_state)
+  diff = [f"{k}: {old[k] if k in old else 'absent'} there, "
+          f"{new[k] if k in new else 'absent'} here"
+          for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+  if diff:
+    return (f"{len(diff)} parameter(s) differ: {'; '.join(diff[:3])}"
+            f"{' ...' if len(diff) > 3 else ''}")
+  if old_shapes != new_shapes:
+    return (f"the optimizer state differs ({len(old_shapes)} arrays there, "
+            f"{len(new_shapes)} here): another scheme, freezing or optimizer")
+  return None
+
+
 class Checkpointer:
   """Thin wrapper over ``ocp.CheckpointManager`` with jaxtl's item layout."""
 
@@ -270,18 +306,25 @@ class Checkpointer:
     the arrays land in, so restore works on any mesh. A step that fails to
     restore or to verify is moved aside with a warning giving the cause, and
     the previous one is tried; when every step fails, raises
-    :class:`UnreadableCheckpoints`.
+    :class:`UnreadableCheckpoints`, and so does every later start while only
+    moved-aside steps are left. A step of another model or optimizer raises
+    :class:`CheckpointMismatch` and is left as it is.
     """
     problems, steps = [], self.all_steps()
+    set_aside = sorted(n for n in os.listdir(self.directory) if CORRUPT_SUFFIX in n)
+    if not steps and set_aside:  # an earlier start moved every step aside
+      raise UnreadableCheckpoints(
+          f"{self.directory} holds only checkpoints an earlier start found damaged "
+          f"and moved aside ({', '.join(set_aside)}), so this run cannot resume, and "
+          "starting over would overwrite a workdir that held a model. To start "
+          f"over, use a new workdir or move {self.directory} away.")
     for step in reversed(steps):
       try:
-        _check_metadata(os.path.join(self.directory, str(step)))
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state),
-                extra=ocp.args.JsonRestore()))
+        restored = self._restore(step, abstract_state)
         state, extra = restored["state"], dict(restored["extra"])
         problem = _verify(state, extra)
+      except CheckpointMismatch:
+        raise
       except Exception as e:  # pylint: disable=broad-except
         problem = f"{type(e).__name__}: {_first_line(e)}"
       if problem is None:
@@ -300,6 +343,21 @@ class Checkpointer:
           f"{CORRUPT_SUFFIX}). To start over, use a new workdir or move "
           f"{self.directory} away.")
     return None
+
+  def _restore(self, step: int, abstract_state: Any) -> Any:
+    """One step's items, after checking its metadata is readable and its
+    arrays are those ``abstract_state`` holds (:class:`CheckpointMismatch`
+    otherwise: a change of settings is not damage, so nothing is moved)."""
+    _check_metadata(os.path.join(self.directory, str(step)))
+    mismatch = layout_mismatch(
+        _state_metadata(os.path.join(self.directory, str(step))), abstract_state)
+    if mismatch:
+      raise CheckpointMismatch(
+          f"the checkpoint at step {step} in {self.directory} holds another model "
+          f"or optimizer than this run builds ({mismatch}); it was left as it is. "
+          "Rerun with the settings it was trained with, or pass another --workdir.")
+    return self._manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), extra=ocp.args.JsonRestore()))
 
   def wait(self) -> None:
     self._manager.wait_until_finished()
@@ -350,17 +408,55 @@ def find_checkpoint(path: str | os.PathLike) -> str:
 BEST_DIR = "best"  # where the loop keeps the selected state of a run
 
 
+class NoSelectedModel(FileNotFoundError):
+  """A run that keeps a selected state (``best/``) has not chosen one yet."""
+
+
 def selected_checkpoint(path: str | os.PathLike) -> str:
   """The checkpoint that is a workdir's model: the selected state in
-  ``best/`` when the run kept one (fine-tuning), else the newest one.
+  ``best/`` when the run keeps one (fine-tuning), else the newest one.
 
   The newest checkpoint of a fine-tuning run is its last epoch, which may
-  be worse than the epoch the dev score chose and the test was scored on.
+  be worse than the epoch the dev score chose and the test was scored on;
+  before its first evaluation it is a state half-way through an epoch,
+  which is nobody's model: :class:`NoSelectedModel` says so.
   """
-  best = os.path.join(os.path.abspath(os.fspath(path)), BEST_DIR)
-  if os.path.isdir(best) and any(n.isdigit() for n in os.listdir(best)):
+  root = os.path.abspath(os.fspath(path))
+  best = os.path.join(root, BEST_DIR)
+  if not os.path.isdir(best):
+    return find_checkpoint(path)
+  if _step_dirs(best):
     return find_checkpoint(best)
-  return find_checkpoint(path)
+  newest = _step_dirs(os.path.join(root, "checkpoints"))
+  raise NoSelectedModel(
+      f"{root} has no finished model yet: {best} is empty, since the run stopped "
+      "before its first evaluation chose a state"
+      + (f" (its newest checkpoint, {newest[0]}, is from the middle of an epoch)"
+         if newest else "") + ". Rerun the same training command to finish it.")
+
+
+def load_selected(path: str | os.PathLike, attempts: int = 3) -> dict[str, Any]:
+  """:func:`load_params` of :func:`selected_checkpoint`. A run training
+  into the workdir meanwhile may rotate the chosen step away while it is
+  read (keep-last-K, a better ``best/``): then the choice is made again,
+  rather than the vanished step called damaged."""
+  while True:
+    chosen = selected_checkpoint(path)
+    try:
+      return load_params(chosen)
+    except UnreadableCheckpoints:
+      attempts -= 1
+      if os.path.isdir(chosen) or not attempts:
+        raise
+
+
+def _state_metadata(step_dir: str) -> Any:
+  """The tree of a step's saved state, as array metadata (shapes, dtypes)."""
+  reader = ocp.PyTreeCheckpointHandler()
+  try:
+    return reader.metadata(epath.Path(step_dir) / "state")
+  finally:
+    reader.close()
 
 
 def _read_params(step_dir: str) -> dict[str, Any]:
@@ -369,7 +465,7 @@ def _read_params(step_dir: str) -> dict[str, Any]:
   reader = ocp.PyTreeCheckpointHandler()
   try:
     as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                            reader.metadata(state_dir))
+                            _state_metadata(step_dir))
     params = reader.restore(state_dir, args=ocp.args.PyTreeRestore(
         restore_args=as_numpy))["params"]
   finally:

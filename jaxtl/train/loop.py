@@ -21,8 +21,6 @@ import dataclasses
 import itertools
 import logging
 import os
-import signal
-import threading
 import time
 from typing import Any, Callable, Mapping
 
@@ -33,10 +31,11 @@ import optax
 import tqdm
 
 from jaxtl.data import pipeline
-from jaxtl.train import checkpoint, perf, sharding, storage
+from jaxtl.train import checkpoint, perf, sharding, stopping, storage
 from jaxtl.train import metrics as metrics_lib
 from jaxtl.train import step as step_lib
 from jaxtl.train import workdir as workdir_lib
+from jaxtl.train.stopping import Preempted
 
 Array = jax.Array
 Batch = Mapping[str, Any]
@@ -97,6 +96,12 @@ class Workload:
     steps_per_epoch: for the progress display only (0: no epochs).
     flops_per_example, tokens_per_example: for tokens/s and MFU.
     info: written once to the metrics at the start of a fresh run.
+    finish: ``state -> metrics``, run once when training is complete (a
+      fine-tuned model's test score), logged as ``finish_name``. It runs
+      under the loop's stop handling: a stop request during it (it calls
+      :func:`jaxtl.train.stopping.check`) saves the final state first, so
+      the rerun only finishes.
+    finish_name: the split its metrics are logged under.
   """
   model: nn.Module
   weight_fn: Callable[[Batch], Array]
@@ -113,6 +118,8 @@ class Workload:
   flops_per_example: float = 0.0
   tokens_per_example: int = 0
   info: Mapping[str, float] | None = None
+  finish: Callable[[Any], dict[str, float]] | None = None
+  finish_name: str = "test"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,40 +179,7 @@ class Outcome:
   best: float | None  # the best select() score, None without selection
   eval_metrics: dict[str, float]  # the last evaluation's
   best_dir: str | None  # where the best (or last) state was kept
-
-
-class Preempted(RuntimeError):
-  """Training stopped early on SIGTERM, after saving a checkpoint.
-
-  ``python -m jaxtl.main`` then exits with :data:`EXIT_PREEMPTED`, so that a
-  shell chain (``&&``) or a job system does not take the run as finished.
-  """
-
-
-# sysexits.h's EX_TEMPFAIL, "a temporary failure; the user is invited to
-# retry": the same command resumes. launch/slurm.sbatch requeues on it.
-EXIT_PREEMPTED = 75
-
-
-class _SigtermFlag:
-  """Turns SIGTERM (preemption) into a flag the loop checks between steps."""
-
-  def __init__(self):
-    self.flag = False
-    self._previous = None
-
-  def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    return self
-
-  def _handle(self, signum, frame):  # pylint: disable=unused-argument
-    logging.warning("SIGTERM received: saving a checkpoint, then stopping")
-    self.flag = True
-
-  def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+  final: dict[str, float] | None = None  # Workload.finish's metrics
 
 
 def check_bad_steps(bad_steps: Array, limit: int, step: int) -> None:
@@ -245,7 +219,8 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
   Started again on the same workdir it continues from the newest readable
   checkpoint (state, RNG, data position, evaluation history, the train loss
   since the last evaluation) and ends exactly as an uninterrupted run.
-  Raises :class:`Preempted` after a SIGTERM (a checkpoint was saved first).
+  Raises :class:`Preempted` after a SIGTERM or Ctrl-C (a checkpoint was saved
+  first; see :mod:`jaxtl.train.stopping`).
   The workdir is held for the run (:func:`jaxtl.train.workdir.owned`): a
   second run on it fails at once.
   """
@@ -285,8 +260,9 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
     params = work.init_params(jax.device_get(state.params))
     state = state.replace(params=jax.device_put(params, shardings.params))
 
-  writer = metrics_lib.MetricsWriter(workdir, enabled=jax.process_index() == 0,
-                                     keep_through=-1 if restored is None else at)
+  writer = metrics_lib.MetricsWriter(  # a finish record belongs to a run's end
+      workdir, enabled=jax.process_index() == 0,
+      keep_through=-1 if restored is None else at, drop_splits=(work.finish_name,))
   peak = loop.peak_flops or perf.peak_flops_per_device(dtype=work.model.config.dtype)
   start = int(state.step)
   rng_data = np.asarray(jax.random.key_data(step_rng)).tolist()
@@ -297,9 +273,16 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
     writer.write(at, work.eval_name, out)
     return out
 
-  prefetch = bar = p_step = None
+  def save(at: int, force: bool) -> None:  # the window is fetched only to save
+    since = loss_totals(window_since + jax.device_get(window))
+    ckpt.save(at, state, {"data": prefetch.get_state(), "stage": k, "rng": rng_data,
+                          "history": history, "best": best, "train_since": since},
+              force=force)
+
+  prefetch = bar = p_step = final = None
+  window, k, stop = [], 0, None
   try:
-    with _SigtermFlag() as sigterm, jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    with stopping.handled(), jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       if start == 0 and work.info:
         writer.write(0, "info", work.info)
       if start == 0 and loop.eval_at_start and work.evaluate is not None:
@@ -307,9 +290,8 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
       bar = _progress(loop.steps, start, work.steps_per_epoch,
                       enabled=writer.enabled)
       eta = metrics_lib.Eta(loop.steps, start)
-      window, prev_bad, at = [], None, start
+      prev_bad, at, stage = None, start, None
       t_last = t_since = time.perf_counter()
-      k, stage = 0, None
       for at in range(start + 1, loop.steps + 1):
         if stage is None or at > ends[k]:  # the run's first step, or a new stage
           k = bisect.bisect_left(ends, at)
@@ -362,21 +344,31 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
                            force=True)
           window_since, window = [], []
           t_since = t_last = time.perf_counter()
-        last = (at == loop.steps and loop.save_last) or sigterm.flag
-        if last or at % ckpt.save_every == 0:  # the window is fetched only to save
-          since = loss_totals(window_since + jax.device_get(window))
-          ckpt.save(at, state, {"data": prefetch.get_state(), "stage": k,
-                                "rng": rng_data,
-                                "history": history, "best": best,
-                                "train_since": since}, force=last)
-        if sigterm.flag:
-          logging.warning("stopped at step %d after SIGTERM; checkpoint saved", at)
+        stop = stopping.requested()
+        last = (at == loop.steps and loop.save_last) or stop is not None
+        if last or at % ckpt.save_every == 0:
+          save(at, force=last)
+        if stop is not None:
+          logging.warning("stopped at step %d after %s; checkpoint saved", at,
+                          stopping.name(stop))
           break
       bar.close()
       if prev_bad is not None:
         check_bad_steps(prev_bad, loop.max_bad_steps, at)
       if not eval_metrics and start >= loop.steps and work.evaluate is not None:
         eval_metrics = run_eval(loop.steps)  # already trained: just evaluate
+      if work.finish is not None and stop is None:
+        logging.info("trained: the final %s evaluation", work.finish_name)
+        try:
+          final = work.finish(state)
+        except stopping.Interrupted:  # the final state first, so a rerun only finishes
+          stop = stopping.requested()
+          if prefetch is not None:  # else it was restored from its checkpoint
+            save(loop.steps, force=True)
+          logging.warning("stopped by %s during the final %s evaluation; the "
+                          "trained state is saved", stopping.name(stop), work.finish_name)
+        else:
+          writer.write(loop.steps, work.finish_name, final)
   finally:
     with contextlib.ExitStack() as closing:  # each runs, whichever raises
       closing.callback(writer.close)
@@ -387,11 +379,12 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
         closing.callback(prefetch.close)
       if bar is not None:  # also puts the console log handlers back
         closing.callback(bar.close)
-  if sigterm.flag:  # callers (the transfer study) must not go on as if done
-    raise Preempted(f"stopped by SIGTERM at step {at} of {loop.steps} (checkpoint "
-                    f"saved in {workdir}); rerun the same command to resume")
+  if stop is not None:  # callers (the transfer study) must not go on as if done
+    raise Preempted(f"stopped by {stopping.name(stop)} at step {at} of {loop.steps} "
+                    f"(checkpoint saved in {workdir}); rerun the same command to "
+                    "resume", stop)
   return Outcome(state, shardings, history, best, eval_metrics,
-                 best_ckpt.directory if keep_best else None)
+                 best_ckpt.directory if keep_best else None, final)
 
 
 def _restore_position(stages: tuple[Stage, ...], ends: list[int], saved_stage: int,

@@ -63,14 +63,17 @@ class MetricsWriter:
   ``keep_through`` is the step the run goes on from: records after it, which
   a killed run wrote and the resumed one writes again, are dropped first, so
   the file holds one record per step and split (-1: a fresh start, none kept).
+  Records of ``drop_splits`` (the final test score) go too: the run writes
+  them again at its end.
   """
 
-  def __init__(self, workdir: str, enabled: bool = True, keep_through: int = -1):
+  def __init__(self, workdir: str, enabled: bool = True, keep_through: int = -1,
+               drop_splits: tuple[str, ...] = ()):
     self.enabled = enabled
     if not enabled:
       return
     path = os.path.join(workdir, "metrics.jsonl")
-    _truncate_after(path, keep_through)
+    _truncate_after(path, keep_through, drop_splits)
     self._jsonl = open(path, "a")
     self._tb = _summary_writer_class()(os.path.join(workdir, "tensorboard"))
 
@@ -97,8 +100,9 @@ class MetricsWriter:
       self._tb.close()
 
 
-def _truncate_after(path: str, step: int) -> None:
-  """Rewrites ``path`` (atomically) without the records of steps after ``step``."""
+def _truncate_after(path: str, step: int, drop_splits: tuple[str, ...] = ()) -> None:
+  """Rewrites ``path`` (atomically) without the records of steps after
+  ``step`` and those of ``drop_splits``."""
   if not os.path.exists(path):
     return
   with open(path) as f:
@@ -106,7 +110,8 @@ def _truncate_after(path: str, step: int) -> None:
   kept = []
   for line in lines:
     try:
-      if json.loads(line)["step"] <= step:
+      record = json.loads(line)
+      if record["step"] <= step and record["split"] not in drop_splits:
         kept.append(line if line.endswith("\n") else line + "\n")
     except (ValueError, KeyError, TypeError):
       continue  # a line cut short by a kill

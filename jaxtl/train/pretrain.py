@@ -22,6 +22,7 @@ import ml_collections
 from jaxtl import objectives
 from jaxtl.data import pipeline
 from jaxtl.models import TransformerConfig, electra, layers, paths
+from jaxtl.train import identity as identity_lib
 from jaxtl.train import loop, optim, perf, pretrained, sharding
 from jaxtl.train import step as step_lib
 
@@ -211,6 +212,19 @@ def check_same_model(objective: objectives.Objective, run: objectives.Objective)
                      "the objective only between those that train the same model")
 
 
+def identity(config: Any) -> dict[str, Any]:
+  """The settings a pretraining workdir's checkpoints are bound to
+  (:mod:`jaxtl.train.identity`): what it starts from, its objective and
+  tokenizer, and (from scratch) its architecture, without what may change
+  on a resume (dropout, dtype, remat)."""
+  keys = ["init_from", "objective.name", "data.tokenizer.path",
+          "data.tokenizer.vocab_size", "data.tokenizer.model_type"]
+  if not config.init_from:
+    keys += ["model", "vocab_multiple"]
+  return identity_lib.pick(config, keys,
+                           skip=[f"model.{k}" for k in pretrained.RUNTIME_FIELDS])
+
+
 def loop_config(config: Any) -> loop.LoopConfig:
   """The loop's numbers from a pretraining config (all in steps)."""
   t = config.train
@@ -223,13 +237,15 @@ def loop_config(config: Any) -> loop.LoopConfig:
   ).check({"batch_size": "data.batch_size", "accum_steps": "optim.accum_steps"})
 
 
-def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
+def train_and_evaluate(config: Any, workdir: str,
+                       on_start: Callable[[], None] = lambda: None) -> dict[str, float]:
   """Pretrains per ``config`` into ``workdir``; returns the final eval metrics.
 
   Started again on the same workdir, it resumes from the newest readable
   checkpoint: parameters, optimizer state, step, RNG and data position.
+  ``on_start`` runs once the checks that need no data passed, before the
+  run writes anything to ``workdir``.
   """
-  os.makedirs(workdir, exist_ok=True)
   stage_list = stage_configs(config)  # before any work: a bad stage fails now
   numbers = loop_config(config)  # and a bad number
   if config.optim.warmup_steps > numbers.steps:
@@ -237,6 +253,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
                     "the run ends inside its learning-rate warmup",
                     config.optim.warmup_steps, numbers.steps)
   source = load_source(config)
+  on_start()
+  os.makedirs(workdir, exist_ok=True)
   data = pipeline.DataSetup(config, workdir, process_index=jax.process_index(),
                             process_count=jax.process_count(),
                             tokenizer=source.tokenizer if source else None)

@@ -120,6 +120,18 @@ def load_generator_config(workdir: str) -> TransformerConfig:
   return _config_from(values[GENERATOR_KEY])
 
 
+def check_tokenizer(tok: Tokenizer, cfg: TransformerConfig, workdir: str) -> None:
+  """A tokenizer whose ids run past the model's token table is not the one
+  it was trained with: its ids would index garbage (NaN losses, nonsense
+  predictions), so it is an error naming both."""
+  if tok.vocab_size > cfg.vocab_size:
+    raise ValueError(
+        f"the tokenizer ({tok}) has {tok.vocab_size} ids, but the model in {workdir} "
+        f"embeds {cfg.vocab_size} tokens ({MODEL_CONFIG_FILE}): not the tokenizer it "
+        "was trained with. Use the workdir's own tokenizer/ (or the right "
+        "config.tokenizer_path).")
+
+
 @dataclasses.dataclass
 class Pretrained:
   """A loaded model.
@@ -152,7 +164,8 @@ def load(init_from: str, tokenizer_path: str = "") -> Pretrained:
             if k in (paths.POOLER, paths.DISCRIMINATOR_HEAD)}
     return Pretrained(imported.config, tok or get_tokenizer(path), imported.params, head)
   cfg, tok = load_model_config(path), tok or pipeline.workdir_tokenizer(path)
-  params = checkpoint.load_params(checkpoint.selected_checkpoint(path))
+  check_tokenizer(tok, cfg, path)
+  params = checkpoint.load_selected(path)
   if paths.BACKBONE in params:  # a fine-tuning workdir: a TaskModel's tree
     return tuned_backbone(cfg, tok, params)
   if electra.is_electra(params):  # ELECTRA's: the discriminator transfers
@@ -176,7 +189,7 @@ def load_generator(path: str, tokenizer_path: str = "") -> Pretrained:
   cfg = load_generator_config(path)
   tok = (get_tokenizer(sources.expand_path(tokenizer_path)) if tokenizer_path
          else pipeline.workdir_tokenizer(path))
-  params = checkpoint.load_params(checkpoint.selected_checkpoint(path))
+  params = checkpoint.load_selected(path)
   if not electra.is_electra(params):
     raise ValueError(f"{path}'s checkpoint holds no ELECTRA pretrainer (no "
                      f"{' or '.join(electra.PRETRAINING_ONLY)} parameters)")

@@ -1,0 +1,122 @@
+"""A workdir's identity: the settings that make its checkpoints the model
+they are, recorded at the first start and checked at every later one.
+
+The identity is the mode (pretrain, finetune, study) and what defines the
+model and its task: the architecture, the objective, the task's name, kind,
+labels and pooling, the adaptation scheme, the tokenizer, ``init_from``.
+Each workload names its own keys (``pretrain.identity``,
+``finetune.identity``). A start on a workdir that holds checkpoints and
+differs in any of them stops before it writes a byte, listing each key old
+-> new: resuming would fail on every checkpoint, and a fresh start would
+rotate the other run's checkpoints away. Every other setting (steps,
+epochs, learning rate, batch size, logging) may change on a resume; the
+changes are logged.
+
+The record, ``WORKDIR/identity.json``, holds the identity and the flat
+settings of the last accepted start, written whole or not at all, after the
+run's own checks passed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from jaxtl.train import workdir as workdir_lib
+
+IDENTITY_FILE = "identity.json"
+_TASK_FILE = "task.json"  # a fine-tuning workdir's (jaxtl.tasks.spec.TASK_FILE)
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+  """A config (ConfigDict or mapping) as ``{"section.key": value}``, values
+  as JSON has them (tuples as lists)."""
+  out = {}
+  for key, value in (config.items() if hasattr(config, "items") else ()):
+    name = f"{prefix}{key}"
+    if hasattr(value, "items"):
+      out.update(flatten(value, name + "."))
+    else:
+      out[name] = json.loads(json.dumps(value, default=str))
+  return out
+
+
+def pick(config: Any, keys: Iterable[str], skip: Iterable[str] = ()) -> dict[str, Any]:
+  """The flat settings at ``keys`` (a section's name takes all of it),
+  without those in ``skip``."""
+  flat, skip = flatten(config), set(skip)
+  return {k: v for k, v in flat.items()
+          if k not in skip and any(k == p or k.startswith(p + ".") for p in keys)}
+
+
+def _read(workdir: str) -> dict[str, Any] | None:
+  path = os.path.join(workdir, IDENTITY_FILE)
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise workdir_lib.WorkdirConflict(
+        f"{path} is unreadable ({type(e).__name__}: {e}); it records which run "
+        f"{workdir} holds. Restore it, or pass another --workdir.") from e
+
+
+def _recorded_identity(workdir: str) -> dict[str, Any] | None:
+  """The identity a workdir recorded; for one written before identities
+  were recorded, what its files say (a task.json: a fine-tuning run)."""
+  record = _read(workdir)
+  if record is not None:
+    return record.get("identity", {})
+  if not workdir_lib.holds_checkpoints(workdir):
+    return None
+  return {"mode": "finetune" if os.path.isfile(os.path.join(workdir, _TASK_FILE))
+          else "pretrain"}
+
+
+def _show(key: str) -> str:
+  return key if key == "mode" else f"config.{key}"
+
+
+def check(workdir: str, identity: Mapping[str, Any]) -> None:
+  """Raises :class:`jaxtl.train.workdir.WorkdirConflict`, listing each key
+  old -> new, when ``workdir`` holds checkpoints of a run whose identity
+  differs. Reads only."""
+  workdir = os.path.abspath(workdir)
+  old = _recorded_identity(workdir)
+  if old is None or not workdir_lib.holds_checkpoints(workdir):
+    return
+  # A key the record lacks (one added to jaxtl since) is not a change.
+  changed = [f"{_show(k)}: {old[k]!r} -> {identity.get(k)!r}" for k in sorted(old)
+             if (k in identity or k == "mode") and old[k] != identity.get(k)]
+  if changed:
+    raise workdir_lib.WorkdirConflict(
+        f"{workdir} holds checkpoints of another run, and nothing in it was "
+        f"changed: {'; '.join(changed)}. Pass another --workdir for this run, or "
+        f"rerun with the settings {IDENTITY_FILE} records there. (A resume may "
+        "change anything else: steps or epochs, learning rate, batch size, logging.)")
+
+
+def record(workdir: str, identity: Mapping[str, Any], settings: Mapping[str, Any]
+           ) -> None:
+  """Writes ``identity.json`` (whole or not at all) after logging the
+  settings that changed since the last start. Call once the run's checks
+  passed, before it writes anything else."""
+  path = os.path.join(workdir, IDENTITY_FILE)
+  old = _read(workdir)
+  if old is not None and workdir_lib.holds_checkpoints(workdir):
+    before = old.get("settings", {})
+    changed = [f"config.{k}: {before[k]!r} -> {settings[k]!r}"
+               for k in sorted(before.keys() & settings.keys()) if before[k] != settings[k]]
+    if changed:
+      logging.info("resuming with changed settings: %s", "; ".join(changed))
+  new = {"identity": dict(identity), "settings": dict(settings)}
+  if old == new:
+    return
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(new, f, indent=1)
+  os.replace(tmp, path)
