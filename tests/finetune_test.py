@@ -46,12 +46,16 @@ def test_ulmfit_schedules_and_a_regression_and_a_tagging_task(pretrained, tmp_pa
 
 
 def test_without_a_held_out_dev_all_of_train_is_used_and_the_last_epoch_reported(
-    pretrained, tmp_path):
+    pretrained, tmp_path, caplog):
   config = runs.finetune_config(pretrained, "full", dev_fraction=0.0, num_train_examples=0)
   splits = finetune.load_task_splits(config.task, config.seed)
   assert splits["dev"] is None and len(splits["train"]) == 5452  # all of TREC train
   config.task.num_train_examples = 48
-  results = finetune.finetune_and_evaluate(config, str(tmp_path))
+  config.model.num_layers = 7  # not used with init_from, and the log says so
+  with caplog.at_level("INFO"):
+    results = finetune.finetune_and_evaluate(config, str(tmp_path))
+  assert (f"backbone from {pretrained}: encoder, 2 layers, d_model 32, vocab 896 "
+          "(config.model is not used") in caplog.text
   assert results["best_dev"] is None and "accuracy" in results["test"]
   assert [set(h) for h in results["history"]] == [{"epoch", "train_loss",
                                                     "train_seconds"}] * 2

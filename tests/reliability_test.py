@@ -130,3 +130,49 @@ def test_checkpoint_every_zero_means_no_periodic_saves_in_pretraining_and_fine_t
   fine.train.checkpoint_every = -0.5
   with pytest.raises(train.ConfigError, match=r"config.train.checkpoint_every=-0.5: must be 0"):
     finetune.loop_config(fine, steps_per_epoch=10)
+
+
+def test_two_tokenizers_in_a_workdir_or_one_past_the_embedding_are_refused(tmp_path):
+  """A refused run once left a second tokenizer beside the first; the
+  loader took sorted()[0], and fine-tuning then read ids past its 2,048-row
+  embedding (NaN losses, blamed on the learning rate)."""
+  import types  # pylint: disable=g-import-not-at-top
+  from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
+  from jaxtl.models import TransformerConfig  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  folder = tmp_path / pipeline.TOKENIZER_DIR
+  folder.mkdir()
+  for name in ("spm_unigram_2000.model", "spm_unigram_10000.model"):
+    (folder / name).write_bytes(b"")
+  with pytest.raises(ValueError, match=r"holds 2 tokenizers \(spm_unigram_10000.model, "
+                     r"spm_unigram_2000.model\): keep the one"):
+    pipeline.workdir_tokenizer(str(tmp_path))
+  tok = types.SimpleNamespace(vocab_size=10000)
+  with pytest.raises(ValueError, match=r"has 10000 ids, but the model in .* embeds 2048 "
+                     r"tokens .*not the tokenizer it was trained with"):
+    pretrained.check_tokenizer(tok, TransformerConfig(vocab_size=2048), str(tmp_path))
+
+
+def test_an_identity_is_checked_only_against_a_workdir_with_checkpoints(tmp_path, caplog):
+  """Keys of the identity refuse a start (old -> new); any other setting
+  changes on a resume, and the log says which."""
+  from jaxtl.train import identity  # pylint: disable=g-import-not-at-top
+  ident = {"mode": "finetune", "task.pooling": "", "task.labels": []}
+  identity.check(str(tmp_path), {**ident, "task.pooling": "mean"})  # empty: any run
+  identity.record(str(tmp_path), ident, {"optim.lr": 1e-3, "train.epochs": 3})
+  identity.check(str(tmp_path), {**ident, "task.pooling": "mean"})  # no checkpoints yet
+  (tmp_path / "checkpoints" / "10").mkdir(parents=True)
+  identity.check(str(tmp_path), ident)
+  with pytest.raises(workdir.WorkdirConflict,
+                     match=r"holds checkpoints of another run, and nothing in it was "
+                     r"changed: mode: 'finetune' -> 'pretrain'; config.task.pooling: '' -> "
+                     r"'mean'\. Pass another --workdir"):
+    identity.check(str(tmp_path), {**ident, "mode": "pretrain", "task.pooling": "mean"})
+  with caplog.at_level("INFO"):
+    identity.record(str(tmp_path), ident, {"optim.lr": 5e-4, "train.epochs": 3})
+  assert "resuming with changed settings: config.optim.lr: 0.001 -> 0.0005" in caplog.text
+  # A workdir from before identities were recorded: its files tell the mode.
+  old = tmp_path / "old"
+  (old / "checkpoints" / "5").mkdir(parents=True)
+  with pytest.raises(workdir.WorkdirConflict, match=r"mode: 'pretrain' -> 'finetune'"):
+    identity.check(str(old), ident)
