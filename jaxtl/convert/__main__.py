@@ -77,4 +77,4 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
   from jaxtl import console  # pylint: disable=g-import-not-at-top
   console.quiet_libraries(sys.argv)
-  app.run(main)
+  console.run(main)

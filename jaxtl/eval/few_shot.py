@@ -217,9 +217,8 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=g-import-not-at-top
   from jaxtl import console, startup  # pylint: disable=g-import-not-at-top
   console.quiet_libraries(sys.argv)
   startup.tune_process()
   _define_flags()
-  app.run(main)
+  console.run(main)

@@ -105,6 +105,30 @@ def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
   return {"train": train_ex, "dev": dev_ex, "test": test_ex}
 
 
+def splits_note(task: Any, splits: Mapping[str, Any]) -> str | None:
+  """One line on a split the run goes without and how to add it, or None.
+
+  Without dev there is no selection (the last epoch is the model); without
+  test, dev is what is reported as the test score; without both, only the
+  training loss is.
+  """
+  files = task.name == file_task.TASK_NAME
+  add = {"dev": "--config.task.dev=FILE or --config.task.dev_fraction=0.1" if files
+              else "--config.task.dev_fraction=0.1",
+         "test": "--config.task.test=FILE or --config.task.test_fraction=0.1" if files
+                 else "a task with a test split"}
+  dev, test = splits["dev"], splits["test"]
+  if dev is None and test is None:
+    return ("no dev or test split: the last epoch is the model and only its "
+            f"training loss is reported (add {add['dev']}; {add['test']})")
+  if dev is None:
+    return f"no dev split: the last epoch is the model (add {add['dev']})"
+  if test is dev and files:
+    return ("no test split: the dev split's scores are reported as the test's "
+            f"(add {add['test']})")
+  return None
+
+
 def _builtin_splits(task: Any, seed: int) -> dict[str, Any]:
   """A built-in task's splits.
 
@@ -252,7 +276,9 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any, tuple[str
                       config.init_from, cfg.adapter_dim, adapt.scheme)
   else:
     if not config.tokenizer_path:
-      raise ValueError("random init needs config.tokenizer_path (or set init_from)")
+      raise ValueError("config.init_from is empty: set --config.init_from=MODEL (a "
+                       "jaxtl workdir or a Hugging Face folder), or for a random "
+                       "start --config.tokenizer_path=VOCAB")
     tok = get_tokenizer(sources.expand_path(config.tokenizer_path))
     cfg, params = train.model_config_from(config, tok.vocab_size), None
   cfg = cfg.replace(dropout_rate=adapt.dropout_rate,
@@ -355,6 +381,8 @@ def finetune_and_evaluate(config: Any, workdir: str,
       f"the max_len of config.init_from={config.init_from}" if config.init_from
       else "config.model.max_len")
   splits = load_task_splits(task, config.seed)
+  if (note := splits_note(task, splits)) is not None:
+    logging.info("%s", note)
   kind = kinds.get(task.kind)
   feats = {k: kind.encode(v, tok, task, cfg) for k, v in splits.items()
            if v is not None}

@@ -22,6 +22,7 @@ from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig
 from jaxtl.models.heads import POOLINGS, TASK_KINDS, TaskModel, default_pooling
 from jaxtl.tasks import features as task_features
+from jaxtl.tasks import file_task
 
 TASK_FILE = "task.json"
 
@@ -59,6 +60,9 @@ class TaskSpec:
     length_multiple: Batches are cut to their longest row rounded up to this.
     max_target_len: generation: output tokens (with EOS) trained on and written.
     num_beams: generation: beam search width (T5; 1: greedy).
+    columns: The columns of the user's files that fed ``text_fields``, in
+      order (``task=files``: ``config.task.text_fields``), which ``predict``
+      reads by default; empty: the ``text_fields`` names.
   """
   name: str
   kind: str
@@ -77,6 +81,7 @@ class TaskSpec:
   length_multiple: int = 16
   max_target_len: int = 32
   num_beams: int = 1
+  columns: tuple[str, ...] = ()
 
   @property
   def is_pair(self) -> bool:
@@ -132,7 +137,8 @@ def from_config(config: Any, family: str, label_names: tuple[str, ...] | None,
       metrics=task.metrics, doc_stride=task.doc_stride,
       max_answer_tokens=task.max_answer_tokens,
       length_multiple=config.train.length_multiple,
-      max_target_len=task.max_target_len, num_beams=task.num_beams)
+      max_target_len=task.max_target_len, num_beams=task.num_beams,
+      columns=tuple(task.text_fields) if task.name == file_task.TASK_NAME else ())
 
 
 def task_model(cfg: TransformerConfig, spec: TaskSpec, tok: Tokenizer) -> TaskModel:

@@ -172,7 +172,7 @@ def attention_maps(workdir: str, text: str, out_dir: str) -> list[str]:
 
 
 def main(argv: Sequence[str]) -> None:
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import app, flags  # pylint: disable=g-import-not-at-top
   command = argv[1] if len(argv) > 1 else ""
   f = flags.FLAGS
   if command == "probe":
@@ -183,14 +183,15 @@ def main(argv: Sequence[str]) -> None:
     for path in attention_maps(f.init_from, f.text, f.out):
       print(path)
   else:
-    raise SystemExit("usage: python -m jaxtl.tools.analysis {probe,attention} --init_from=DIR ...")
+    raise app.UsageError(f"unknown analysis {command!r}: jaxtl analysis "
+                         "{probe,attention} --init_from=DIR ...")
 
 
 if __name__ == "__main__":
   from jaxtl import console, startup  # pylint: disable=g-import-not-at-top
   console.quiet_libraries(sys.argv)
   startup.tune_process()
-  from absl import app, flags  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string("init_from", None, "A jaxtl pretraining workdir or a Hugging Face folder.")
   flags.DEFINE_string("task", "trec", "probe: trec, sst2, cola, mrpc, rte, imdb or pos.")
   flags.DEFINE_string("text", "What is the capital of France?", "attention: the text.")
@@ -198,4 +199,4 @@ if __name__ == "__main__":
   flags.DEFINE_integer("max_len", 64, "Tokens per example.")
   flags.DEFINE_integer("max_examples", 2000, "Examples per split for probing.")
   flags.mark_flag_as_required("init_from")
-  app.run(main)
+  console.run(main)

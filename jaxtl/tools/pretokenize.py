@@ -73,6 +73,6 @@ def _define_flags() -> None:
 
 
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=g-import-not-at-top
+  from jaxtl import console  # pylint: disable=g-import-not-at-top
   _define_flags()
-  app.run(main)
+  console.run(main)

@@ -93,10 +93,13 @@ def _config_from(values: dict[str, Any]) -> TransformerConfig:
 
 def _read_model_config(workdir: str) -> dict[str, Any]:
   path = os.path.join(workdir, MODEL_CONFIG_FILE)
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"{workdir}: no such folder; a model is a jaxtl "
+                            "workdir or a Hugging Face model folder")
   if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: init_from must be a jaxtl "
-                            "pretraining or fine-tuning workdir or a Hugging Face "
-                            "model folder")
+    raise FileNotFoundError(f"{workdir}: not a model: a jaxtl pretraining or "
+                            f"fine-tuning workdir has {MODEL_CONFIG_FILE} (is its run "
+                            "started?), a Hugging Face model folder config.json")
   with open(path) as f:
     return json.load(f)
 

@@ -11,7 +11,9 @@ multi-process run, process 0 holds it for all.
 
 Taking the lock also proves the workdir and its checkpoint folders
 writable before any work starts (a real write: a full or read-only disk
-fails now, naming the folder, not at the first save).
+fails now, naming the folder, not at the first save). A workdir the run
+made that holds nothing but the lock when the run fails is removed: a
+mistaken command leaves no empty folder behind.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ def owned(workdir: str, *, enabled: bool = True) -> Iterator[None]:
       if path in _held:
         _held[path][1] -= 1
     return
+  created = not os.path.exists(path)
   _check_writable(path)  # creates it
   fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
   try:
@@ -94,6 +97,11 @@ def owned(workdir: str, *, enabled: bool = True) -> Iterator[None]:
   _held[path] = [fd, 1]
   try:
     yield
+  except BaseException:
+    if created and os.listdir(path) == [LOCK_FILE]:  # a run that failed at its start
+      os.remove(os.path.join(path, LOCK_FILE))     # leaves no empty workdir behind
+      os.rmdir(path)
+    raise
   finally:
     _held[path][1] -= 1
     if _held[path][1] == 0:
