@@ -174,3 +174,15 @@ def test_eta_goes_to_the_console_not_to_the_files(tmp_path, caplog):
   assert "step 50/400 train (ETA 1:02:05): loss=2.5" in caplog.text
   record = json.loads((tmp_path / "metrics.jsonl").read_text())
   assert record == {"step": 50, "split": "train", "loss": 2.5}
+
+
+def test_a_missing_package_is_named_with_the_pip_command_that_installs_it():
+  missing = ModuleNotFoundError("No module named 'datasets'", name="datasets")
+  assert console.describe(missing) == ("this needs the package 'datasets', which is "
+                                       "not installed: pip install datasets")
+  tfds = ModuleNotFoundError("No module named 'tensorflow_datasets.core'",
+                             name="tensorflow_datasets.core")
+  assert console.describe(tfds).endswith("pip install 'jaxtl[tfds]'")
+  # A library's own message, already naming the command, is kept.
+  assert console.describe(ImportError("pyarrow is needed: pip install pyarrow")) == \
+      "pyarrow is needed: pip install pyarrow"
