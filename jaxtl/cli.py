@@ -10,36 +10,58 @@
   jaxtl generate | convert | benchmark | analysis  (their own flags)
 
 Each subcommand runs its module as ``python -m <module>`` would, so the two
-spellings take the same flags. ``--config`` takes a config file path, or the
+spellings take the same flags; ``jaxtl --help`` says what each does,
+``jaxtl recipes`` lists the recipes and ``jaxtl config RECIPE`` their keys. ``--config`` takes a config file path, or the
 name of a recipe shipped in :mod:`jaxtl.configs` (``pretrain_clm``,
 ``configs/pretrain_clm.py``), optionally with ``:key=value,...``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
 import os
 import runpy
 import sys
 
-from jaxtl import console
+from jaxtl import console, recipes
 
-# subcommand -> (module, arguments put before the user's)
-COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "pretrain": ("jaxtl.main", ("--mode=pretrain",)),
-    "finetune": ("jaxtl.main", ("--mode=finetune",)),
-    "study": ("jaxtl.main", ("--mode=study",)),
-    "generate": ("jaxtl.generate", ()),
-    "convert": ("jaxtl.convert", ()),
-    "predict": ("jaxtl.predict", ()),
-    "prompt": ("jaxtl.eval.few_shot", ()),
-    "lm_eval": ("jaxtl.eval.lm_eval_adapter", ("--model=jaxtl",)),
-    "benchmark": ("jaxtl.tools.benchmark", ()),
-    "analysis": ("jaxtl.tools.analysis", ()),
-    "pretokenize": ("jaxtl.tools.pretokenize", ()),
+@dataclasses.dataclass(frozen=True)
+class Command:
+  """A subcommand: the module it runs (None: answered here), the flags put
+  before the user's, and what it does, in one line for ``jaxtl --help``."""
+  module: str | None
+  preset: tuple[str, ...]
+  summary: str
+
+
+COMMANDS: dict[str, Command] = {
+    "pretrain": Command("jaxtl.main", ("--mode=pretrain",),
+                        "pretrain a model on text (MLM, causal LM, span, ELECTRA, BART, ...)"),
+    "finetune": Command("jaxtl.main", ("--mode=finetune",),
+                        "adapt a model to a labeled task: a shipped one or your own files"),
+    "study": Command("jaxtl.main", ("--mode=study",),
+                     "the transfer study: pretrain two models, adapt them every way"),
+    "predict": Command("jaxtl.predict", (), "a fine-tuned model's predictions for a file"),
+    "generate": Command("jaxtl.generate", (), "write text with a causal LM or a T5"),
+    "convert": Command("jaxtl.convert", (), "export a model as a Hugging Face folder"),
+    "prompt": Command("jaxtl.eval.few_shot", (), "zero- and few-shot prompting on tasks"),
+    "lm_eval": Command("jaxtl.eval.lm_eval_adapter", ("--model=jaxtl",),
+                       "EleutherAI's lm-evaluation-harness on a jaxtl model"),
+    "benchmark": Command("jaxtl.tools.benchmark", (),
+                         "time the train step (--torch: against PyTorch)"),
+    "analysis": Command("jaxtl.tools.analysis", (), "probe layers, draw attention maps"),
+    "pretokenize": Command("jaxtl.tools.pretokenize", (),
+                           "tokenize a corpus once into shards for pretraining"),
+    "recipes": Command(None, (), "list the shipped recipes"),
+    "config": Command(None, (), "print a recipe's keys and defaults: jaxtl config "
+                      "RECIPE[:ARGS] [--filter=PREFIX]"),
 }
 
-RECIPES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-
+# What each training command's help says about its recipes.
+MODE_RECIPES = {"pretrain": ("pretrain_", "ulmfit:stage=lm"),
+                "finetune": ("finetune", "ulmfit:stage=classifier"),
+                "study": ("transfer_study", "")}
 
 def recipe_path(value: str) -> str:
   """A ``--config`` value with a shipped recipe's name made into its path.
@@ -53,13 +75,12 @@ def recipe_path(value: str) -> str:
     return value
   name = os.path.basename(path)
   name = name[:-3] if name.endswith(".py") else name
-  shipped = os.path.join(RECIPES_DIR, f"{name}.py")
-  if os.path.dirname(path) in ("", "configs", "jaxtl/configs") and os.path.isfile(shipped):
+  shipped = os.path.join(recipes.RECIPES_DIR, f"{name}.py")
+  if (os.path.dirname(path) in ("", "configs", "jaxtl/configs") and os.path.isfile(shipped)
+      and name not in recipes.HELPERS):
     return shipped + sep + arg
-  recipes = sorted(n[:-3] for n in os.listdir(RECIPES_DIR)
-                   if n.endswith(".py") and not n.startswith("_"))
   console.exit_mistake(f"--config={value}: no such file, and {name!r} is not a shipped "
-                   f"recipe (known: {', '.join(recipes)})")
+                       f"recipe (known: {', '.join(recipes.names())})")
 
 
 def with_recipe_paths(argv: list[str]) -> list[str]:
@@ -73,9 +94,45 @@ def with_recipe_paths(argv: list[str]) -> list[str]:
   return out
 
 
+def _version() -> str:
+  try:
+    return importlib.metadata.version("jaxtl")
+  except importlib.metadata.PackageNotFoundError:  # run from a clone, not installed
+    return "(not installed)"
+
+
 def _usage() -> str:
-  return ("usage: jaxtl {" + ",".join(COMMANDS) + "} [flags]\n"
-          "       jaxtl COMMAND --help  for a command's flags")
+  width = max(map(len, COMMANDS))
+  return "\n".join(
+      [f"usage: jaxtl COMMAND [flags]   (jaxtl {_version()}; jaxtl COMMAND --help: "
+       "its flags)", "", "commands:"]
+      + [f"  {name:<{width}}  {c.summary}" for name, c in COMMANDS.items()])
+
+
+def _mode_help(command: str) -> str:
+  """A training command's own help: its usage, its recipes, where its keys are."""
+  prefix, extra = MODE_RECIPES[command]
+  names = [n for n in recipes.names() if n.startswith(prefix)] + ([extra] if extra else [])
+  return (f"usage: jaxtl {command} --config=RECIPE[:ARGS] --workdir=DIR "
+          "[--config.KEY=VALUE ...] [--verbose]\n"
+          f"  {COMMANDS[command].summary}\n"
+          f"  recipes: {', '.join(names)} (jaxtl recipes; or a config file of your own)\n"
+          "  keys: jaxtl config RECIPE[:ARGS] [--filter=PREFIX] (e.g. --config.optim.lr=1e-4)\n"
+          "  rerun the same command on the same --workdir to resume; Ctrl-C saves and stops\n"
+          "  multi-host: --multiprocess (launch/ has SLURM and TPU scripts)")
+
+
+def _show_config(args: list[str]) -> None:
+  """``jaxtl config RECIPE[:ARGS] [--filter=PREFIX]``."""
+  spec = next((a for a in args if not a.startswith("--")), "")
+  prefix = next((a.split("=", 1)[1] for a in args if a.startswith("--filter=")), "")
+  if not spec:
+    console.exit_mistake("usage: jaxtl config RECIPE[:ARGS] [--filter=PREFIX] "
+                         "(jaxtl recipes lists them)")
+  try:
+    print(recipes.table(recipes.load(recipe_path(spec)), prefix))
+  except Exception as e:  # pylint: disable=broad-except  # a recipe's own error
+    console.fail(e)
 
 
 def run(argv: list[str] | None = None) -> None:
@@ -84,16 +141,27 @@ def run(argv: list[str] | None = None) -> None:
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
     print(_usage())
     raise SystemExit(0 if len(argv) >= 2 else 2)
+  if argv[1] == "--version":
+    print(f"jaxtl {_version()}")
+    return
   command, rest = argv[1], argv[2:]
   if command not in COMMANDS:
     console.exit_mistake(f"unknown command {command!r}; the commands: "
-                         f"{', '.join(COMMANDS)} (jaxtl COMMAND --help for its flags)")
-  module, preset = COMMANDS[command]
+                         f"{', '.join(COMMANDS)} (jaxtl --help says what each does)")
+  console.set_program(f"jaxtl {command}")
+  if command == "recipes":
+    print(recipes.listing())
+    return
+  if command == "config":
+    _show_config(rest)
+    return
+  if command in MODE_RECIPES and {"-h", "--help", "--helpshort"} & set(rest):
+    print(_mode_help(command))
+    return
   # Recipe names work for every command that takes --config (main does
   # this itself too, for python -m jaxtl.main).
-  console.set_program(f"jaxtl {command}")
-  sys.argv = [f"jaxtl {command}", *preset, *with_recipe_paths(rest)]
-  runpy.run_module(module, run_name="__main__", alter_sys=True)
+  sys.argv = [f"jaxtl {command}", *COMMANDS[command].preset, *with_recipe_paths(rest)]
+  runpy.run_module(COMMANDS[command].module, run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

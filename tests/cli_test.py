@@ -56,3 +56,29 @@ def test_the_wheel_ships_only_the_jaxtl_package():
   packages = setuptools.find_packages(str(REPO), include=find["include"])
   assert packages and all(p == "jaxtl" or p.startswith("jaxtl.") for p in packages)
   assert "jaxtl.configs" in packages
+
+
+def test_the_command_line_explains_itself(capsys):
+  """Each command has a line in --help, the recipes theirs (helpers
+  left out), a training command its own help, a recipe its keys."""
+  with pytest.raises(SystemExit) as stop:
+    cli.run(["jaxtl", "--help"])
+  assert stop.value.code == 0
+  out = capsys.readouterr().out
+  assert all(f"  {name}" in out for name in cli.COMMANDS) and "jaxtl 0.1.0" in out
+  cli.run(["jaxtl", "recipes"])
+  out = capsys.readouterr().out
+  assert "finetune_minilm     Fine-tune a pretrained Hugging Face BERT" in out
+  assert "common" not in out and "  models" not in out
+  assert "general-domain causal LM of pretrain_clm (stage 1)" in out  # ulmfit's sentence
+  cli.run(["jaxtl", "pretrain", "--help"])
+  out = capsys.readouterr().out
+  assert out.startswith("usage: jaxtl pretrain --config=RECIPE") and "pretrain_mlm" in out
+  assert "finetune_minilm" not in out
+  cli.run(["jaxtl", "config", "finetune:task=files", "--filter=task.t"])
+  lines = capsys.readouterr().out.splitlines()
+  assert "--config.task.text_fields=('text',)  (tuple)" in lines
+  assert all(line.startswith("--config.task.t") for line in lines)
+  with pytest.raises(SystemExit) as stop:
+    cli.run(["jaxtl", "config", "finetune", "--filter=nope"])
+  assert stop.value.code == 2 and "no key starts so" in capsys.readouterr().err

@@ -89,7 +89,9 @@ def test_a_stage_override_is_named_by_its_stage():
 
 
 def test_a_config_of_another_mode_is_named():
-  with pytest.raises(ConfigError, match="no data section: --mode=pretrain"):
+  with pytest.raises(ConfigError, match=r"no data section, and `jaxtl pretrain` .*: it "
+                     r"is a finetune recipe: run it with `jaxtl finetune`"):
     config_checks.check_values(_config("finetune"), "pretrain")
-  with pytest.raises(ConfigError, match="no task section: --mode=finetune"):
+  with pytest.raises(ConfigError, match=r"no task section, .*it is a pretrain recipe: "
+                     r"run it with `jaxtl pretrain`"):
     config_checks.check_values(_config("pretrain_clm"), "finetune")

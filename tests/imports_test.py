@@ -14,7 +14,7 @@ LAYERS = [
      "jaxtl.sampling", "jaxtl.console"),
     ("jaxtl.generate", "jaxtl.tasks", "jaxtl.predict", "jaxtl.eval"),
     ("jaxtl.tools", "jaxtl.configs"),
-    ("jaxtl.main", "jaxtl.cli"),
+    ("jaxtl.main", "jaxtl.cli", "jaxtl.recipes"),
 ]
 
 

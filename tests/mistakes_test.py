@@ -13,7 +13,9 @@ MISSING = "/nonexistent/jaxtl-model"
 # (the command's arguments, what its one line must say)
 CASES = [
     (["pretrain", "--config=finetune", "--workdir={tmp}/a"],
-     "jaxtl pretrain: config has no data section: --mode=pretrain runs configs/pretrain_*.py"),
+     "jaxtl pretrain: this config has no data section, and `jaxtl pretrain` (--mode="
+     "pretrain) runs configs/pretrain_*.py: it is a finetune recipe: run it with "
+     "`jaxtl finetune`"),
     (["pretrain", "--config=pretrain_clm", "--workdir={tmp}/b", "--config.optim.lrr=1"],
      "jaxtl pretrain: bad flag or config override: 'lrr'; Did you mean \"lr\""),
     (["finetune", "--config=finetune:task=trec", "--workdir={tmp}/c",
@@ -23,7 +25,7 @@ CASES = [
     (["finetune", "--config=finetune:task=trec", "--workdir={tmp}/e"],
      "jaxtl finetune: config.init_from is empty: set --config.init_from=MODEL"),
     (["study", "--config=pretrain_clm", "--workdir={tmp}/f"],
-     "jaxtl study: config has no pretrain section"),
+     "jaxtl study: this config has no pretrain section"),
     (["predict", f"--workdir={MISSING}", "--input=-"], f"jaxtl predict: {MISSING}/task.json"),
     (["generate", f"--checkpoint={MISSING}", "--prompt=Hi"], f"jaxtl generate: {MISSING}: no such"),
     (["prompt", f"--checkpoint={MISSING}", "--task=trec"], f"jaxtl prompt: {MISSING}: no such"),

@@ -185,8 +185,11 @@ def _runs(config: Any, mode: str) -> list[tuple[str, Any]]:
   sections, recipes = MODES[mode]
   for section in sections:
     if section not in config:
-      raise ConfigError(f"config has no {section} section: --mode={mode} runs "
-                        f"{recipes}; pass the --mode that matches --config")
+      fits = [m for m, (needs, _) in MODES.items() if all(s in config for s in needs)]
+      run_it = (f"it is a {fits[0]} recipe: run it with `jaxtl {fits[0]}` (--mode="
+                f"{fits[0]})" if fits else "pass the --mode that matches --config")
+      raise ConfigError(f"this config has no {section} section, and `jaxtl {mode}` "
+                        f"(--mode={mode}) runs {recipes}: {run_it}")
   if mode != "study":
     return [("", config)]
   return [("", {"study": config.study}), ("finetune.", config.finetune),
