@@ -86,6 +86,7 @@ def quiet_libraries(argv: list[str]) -> bool:
 # A user's mistake is one line and exit 2, in every command.
 
 EXIT_MISTAKE = 2  # the shell's code for a misused command (bad flags, input)
+EXIT_INTERRUPTED = 130  # the shell's code for a Ctrl-C (128 + SIGINT)
 
 # What a mistake raises: a bad value or key, a file that is not there or not
 # what it should be, an optional package that is not installed.
@@ -153,13 +154,17 @@ def fail(e: BaseException) -> NoReturn:
 
 
 def one_line_mistakes(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
-  """``main`` with :data:`MISTAKES` reported by :func:`fail`."""
+  """``main`` with :data:`MISTAKES` reported by :func:`fail`, and a Ctrl-C
+  (where no handler saves a run) one line and exit 130."""
   @functools.wraps(main)
   def wrapped(argv: list[str]) -> Any:
     try:
       return main(argv)
     except (app.UsageError, *MISTAKES) as e:
       fail(e)
+    except KeyboardInterrupt:  # Ctrl-C in a command with nothing to save
+      sys.stderr.write(f"\n{program()}: stopped (Ctrl-C)\n")
+      sys.exit(EXIT_INTERRUPTED)
   return wrapped
 
 

@@ -325,6 +325,9 @@ def test_one_file_alone_trains_and_predict_reads_its_columns(vocab, tmp_path):
   assert results["test"] is None and results["best_dev"] is None
   assert results["history"][0]["train_loss"] > 0
   assert json.loads((tmp_path / "w" / "results.json").read_text())["test"] is None
+  records = [json.loads(line) for line in (tmp_path / "w" / "metrics.jsonl").open()]
+  train = [r for r in records if r["split"] == "train"]
+  assert train and all("perplexity" not in r for r in train)  # a class distribution's
   from jaxtl import predict  # pylint: disable=g-import-not-at-top
   out = tmp_path / "out.jsonl"
   assert predict.predict_file(str(tmp_path / "w"), str(path), str(out)) == 24

@@ -77,6 +77,14 @@ def make_task_loss_fn(model: TaskModel) -> Callable:
   return loss_fn
 
 
+def task_summary(sums: Mapping[str, float]) -> dict[str, float]:
+  """A head's training metrics: loss, accuracy and the loss weight, but no
+  perplexity, which a class or tag distribution does not have."""
+  out = objectives.summarize(sums)
+  del out["perplexity"]
+  return out
+
+
 def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
   """train / dev / test Examples, of a built-in task or (``task=files``) of
   the user's files (:func:`jaxtl.tasks.file_task.load_splits`).
@@ -447,7 +455,8 @@ def finetune_and_evaluate(config: Any, workdir: str,
       eval_name="dev", select=lambda dev: next(iter(dev.values())),
       prepare=lambda batch: trim_padding(batch, side, multiple),
       init_params=load_pretrained, steps_per_epoch=steps_per_epoch,
-      finish=test_scores if "test" in feats else None)
+      finish=test_scores if "test" in feats else None,
+      summarize=None if kind.make_loss is not None else task_summary)  # generation: an LM's
   out = train.run(work, loop_config(config, steps_per_epoch), tx, schedule, mesh,
                   rules, workdir)
   history = [{"epoch": h.pop("step") // steps_per_epoch, **h} for h in out.history]

@@ -102,6 +102,8 @@ class Workload:
       :func:`jaxtl.train.stopping.check`) saves the final state first, so
       the rerun only finishes.
     finish_name: the split its metrics are logged under.
+    summarize: a window's summed step metrics -> the logged ones (None:
+      :func:`jaxtl.objectives.summarize`, an LM's, with perplexity).
   """
   model: nn.Module
   weight_fn: Callable[[Batch], Array]
@@ -120,6 +122,7 @@ class Workload:
   info: Mapping[str, float] | None = None
   finish: Callable[[Any], dict[str, float]] | None = None
   finish_name: str = "test"
+  summarize: Callable[[Mapping[str, float]], dict[str, float]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,7 +323,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
           now = time.perf_counter()
           summary = metrics_lib.summarize_train(
               host, now - t_last, stage.batch_size, stage.flops_per_example, peak,
-              stage.tokens_per_example)
+              stage.tokens_per_example, work.summarize)
           writer.write(at, "train", summary, total=loop.steps, eta=eta(at))
           bar.set_postfix(loss=f"{summary['loss']:.3f}", refresh=False)
           window_since.extend(host)

@@ -25,10 +25,11 @@ import sys
 import threading
 from collections.abc import Iterator
 
+from jaxtl.console import EXIT_INTERRUPTED  # the shell's code for a Ctrl-C
+
 # sysexits.h's EX_TEMPFAIL, "a temporary failure; the user is invited to
 # retry": the same command resumes. launch/slurm.sbatch requeues on it.
 EXIT_PREEMPTED = 75
-EXIT_INTERRUPTED = 130  # the shell's code for a Ctrl-C (128 + SIGINT)
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _requested: list[int] = []  # the signals received, in order
