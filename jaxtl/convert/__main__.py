@@ -10,13 +10,22 @@ sentence head, DistilBertForMaskedLM without token types, RobertaForMaskedLM
 with ``--model_type=roberta``; an ELECTRA pretrainer's discriminator
 ElectraForPreTraining, and with ``--generator`` its generator
 ElectraForMaskedLM). A fine-tuning workdir (one with a
-``task.json``) becomes the task class computing what its head computes
-(BertForSequenceClassification, GPT2ForTokenClassification, ...; see
-:mod:`jaxtl.convert.task`), from the parameters in its ``best/``, with its
-labels in ``config.json``. Either way ``config.json`` + ``model.safetensors``
-are written, and the tokenizer beside them: ``tokenizer.json`` for
-WordPiece/BPE tokenizers, the SentencePiece model as ``spiece.model`` (what
-``T5Tokenizer`` reads; other classes need their own tokenizer files).
+``task.json``) becomes the stock task class where one computes what its head
+computes (BertForSequenceClassification for BERT's pooler, the token
+classifiers, QA heads and LMs), else the stock backbone plus jaxtl's head in
+``modeling_jaxtl.py`` (mean, last, first or concat pooling, a scalar mix,
+adapters, heads on T5's encoder; see :mod:`jaxtl.convert.task`), from the
+parameters in its ``best/``, with its labels in ``config.json``. That one
+loads with ``trust_remote_code=True``, e.g. the default finetune_minilm's:
+
+  from transformers import pipeline
+  classify = pipeline("text-classification", model="/tmp/sst2_hf",
+                      trust_remote_code=True)
+
+Either way ``config.json`` + ``model.safetensors`` are written, and the
+tokenizer beside them: ``tokenizer.json`` for WordPiece/BPE tokenizers, the
+SentencePiece model as ``spiece.model`` (what ``T5Tokenizer`` reads; other
+classes need their own tokenizer files).
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ def main(argv: list[str]) -> None:
   from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
   from jaxtl import convert  # pylint: disable=g-import-not-at-top
   from jaxtl.convert.electra import GENERATOR_CLASS  # pylint: disable=g-import-not-at-top
+  from jaxtl.convert import remote_code  # pylint: disable=g-import-not-at-top
   from jaxtl.convert.family import SpecialIds  # pylint: disable=g-import-not-at-top
   from jaxtl.data.tokenizer_files import save_tokenizer  # pylint: disable=g-import-not-at-top
   from jaxtl.tasks import predictor, spec  # pylint: disable=g-import-not-at-top
@@ -71,7 +81,9 @@ def main(argv: list[str]) -> None:
                        f"config.objective.generator_scale): {e}") from e
     tokenizer = loaded.tokenizer
   save_tokenizer(tokenizer, FLAGS.out, sentencepiece_name="spiece.model")
-  logging.info("wrote %s to %s", arch, FLAGS.out)
+  logging.info("wrote %s to %s%s", arch, FLAGS.out,
+               " (load it with trust_remote_code=True)" if arch in remote_code.CLASSES
+               else "")
 
 
 if __name__ == "__main__":

@@ -122,6 +122,10 @@ FAMILY = Family(
     tasks={"text_to_text": "BartForConditionalGeneration",
            "generation": "BartForConditionalGeneration"},
     special_ids=special_ids,
+    # Its other task heads read the encoder, which transformers keeps as a
+    # class of its own (with the shared table as its embed_tokens).
+    head_backbone="transformers.models.bart.modeling_bart.BartEncoder",
+    head_backbone_names=(("shared.", "embed_tokens."), ("encoder.", "")),
     # The stacks' views of the shared table, and a tied head.
     tied={"encoder.embed_tokens.weight": "shared.weight",
           "decoder.embed_tokens.weight": "shared.weight",

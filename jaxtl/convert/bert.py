@@ -134,6 +134,6 @@ FAMILY = Family(
            "regression": "BertForSequenceClassification",
            "token_classification": "BertForTokenClassification",
            "span_qa": "BertForQuestionAnswering"},
-    sequence_pooling=("pooler", "dense + tanh over [CLS] (the pooler), then the "
-                      "classifier"),
+    # Dense + tanh over [CLS] (the pooler), then the classifier.
+    sequence_pooling="pooler",
 )

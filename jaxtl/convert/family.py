@@ -38,9 +38,9 @@ class Family:
     tasks: A fine-tuned model's class per jaxtl task kind
       (:data:`jaxtl.models.heads.TASK_KINDS`); kinds not listed have no
       Hugging Face class computing what jaxtl's head computes.
-    sequence_pooling: The jaxtl pooling that this family's sequence
-      classifier computes, and how HF describes it, for the error when a
-      model was fine-tuned with another one.
+    sequence_pooling: The jaxtl pooling that this family's stock sequence
+      classifier computes (a model fine-tuned with another one exports with
+      jaxtl's head class, :mod:`jaxtl.convert.remote_code`).
     head_transforms: Per class, a function ``(params, head) -> (params,
       head)`` that rewrites parameters into the class's form before export
       (GPT-2's bias-free ``score``); it must keep the class's outputs equal.
@@ -50,6 +50,14 @@ class Family:
       tokenizer's special ids (T5's, BART's, GPT-2's); None where the class fixes
       them (RoBERTa's pad 1, which its positions count from) or jaxtl
       writes none.
+    head_backbone: The stock class under a task head that only jaxtl's
+      modeling file computes (:mod:`jaxtl.convert.remote_code`); default
+      ``base_architecture``. An encoder-decoder's task heads read its encoder
+      alone (``T5EncoderModel``); a dotted path names a class that
+      ``transformers`` does not export at its top level.
+    head_backbone_names: ``(old, new)`` name prefixes that turn the ``base``
+      group's tensor names into ``head_backbone``'s, where they differ
+      (BART's encoder holds the shared table as ``embed_tokens``).
     exported_unasked: Whether an export may pick this family by itself
       (RoBERTa: no; a jaxtl encoder is BERT-like unless RoBERTa is asked for,
       since RoBERTa's checkpoints pair with its own byte-level tokenizer).
@@ -68,11 +76,13 @@ class Family:
   exported_unasked: bool = True
   ignored: tuple[str, ...] = ()
   tasks: dict[str, str] = dataclasses.field(default_factory=dict)
-  sequence_pooling: tuple[str, str] = ("", "")
+  sequence_pooling: str = ""
   head_transforms: dict[str, Callable[[Any, Any], tuple[Any, Any]]] = dataclasses.field(
       default_factory=dict)
   head_shapes: Callable[[TransformerConfig], dict[str, tuple[int, ...]]] | None = None
   special_ids: Callable[[TransformerConfig, SpecialIds], dict[str, Any]] | None = None
+  head_backbone: str = ""
+  head_backbone_names: tuple[tuple[str, str], ...] = ()
 
   def prefix(self, architecture: str) -> str:
     """Where ``architecture``'s checkpoints keep the base model's tensors."""

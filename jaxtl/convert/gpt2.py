@@ -141,7 +141,8 @@ FAMILY = Family(
            "regression": "GPT2ForSequenceClassification",
            "token_classification": "GPT2ForTokenClassification",
            "span_qa": "GPT2ForQuestionAnswering"},
-    sequence_pooling=("last", "the last token that is not pad_token_id"),
+    # The last token that is not pad_token_id.
+    sequence_pooling="last",
     head_transforms={"GPT2ForSequenceClassification": fold_score_bias},
     special_ids=special_ids,
 )

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -328,7 +329,7 @@ def hf_config(config: TransformerConfig, model_type: str | None = None) -> dict[
   return _check_exportable(export_family(config, model_type), config)
 
 
-def _flat_tree(params: Any, head: Any) -> dict[str, np.ndarray]:
+def flat_tree(params: Any, head: Any) -> dict[str, np.ndarray]:
   """Backbone and ``head/...`` parameters as one flat, unscanned numpy dict."""
   flat = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(
       jax.device_get(params), sep="/").items()}
@@ -351,8 +352,8 @@ def _richest_architecture(family: Family, have: set[str]) -> str:
           else family.base_architecture)
 
 
-def _label_fields(flat: dict[str, np.ndarray], label_names: tuple[str, ...]
-                  ) -> dict[str, Any]:
+def label_fields(flat: dict[str, np.ndarray], label_names: tuple[str, ...]
+                 ) -> dict[str, Any]:
   """``num_labels``, ``id2label`` and ``label2id`` for the classifier's outputs."""
   n = flat[paths.join(paths.HEAD, paths.HEAD_OUT, paths.KERNEL)].shape[-1]
   if label_names and len(label_names) != n:
@@ -370,7 +371,9 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
               label_names: tuple[str, ...] = (),
               config_fields: dict[str, Any] | None = None,
               model_type: str | None = None,
-              special_ids: SpecialIds | None = None) -> str:
+              special_ids: SpecialIds | None = None,
+              extra_rules: Sequence[rules.Rule] = (),
+              files: Mapping[str, str] | None = None) -> str:
   """Writes ``config.json`` + ``model.safetensors`` for ``transformers``.
 
   Args:
@@ -392,6 +395,9 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
       decoder's start, BART's BOS; GPT-2's EOS, BOS and pad); default:
       jaxtl's tokenizers' pad 0 and EOS 1 for encoder-decoders. The family
       decides which it writes (RoBERTa's pad stays 1).
+    extra_rules: Tensors beyond the class's own, under the names given (the
+      adapters of an LM that jaxtl's modeling file loads).
+    files: More files to write beside them, by name (that modeling file).
 
   Returns:
     The architecture written.
@@ -400,10 +406,10 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   params, head = nn.unbox(params), nn.unbox(head or {})  # as model.init returns them
   config, params = layers.without_lora(config, params)
-  family = export_family(config, model_type, _flat_tree(params, head), architecture)
+  family = export_family(config, model_type, flat_tree(params, head), architecture)
   hf_config = _check_exportable(family, config)
   table = family.rules(config)
-  have = _complete_groups(table, _flat_tree(params, head))
+  have = _complete_groups(table, flat_tree(params, head))
   if architecture is None:
     architecture = _richest_architecture(family, have)
   if architecture not in family.architectures:
@@ -411,14 +417,14 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
                      f"{sorted(family.architectures)}")
   if architecture in family.head_transforms:
     params, head = family.head_transforms[architecture](params, head)
-  flat = _flat_tree(params, head)
+  flat = flat_tree(params, head)
   groups = family.architectures[architecture]
   if architecture == family.base_architecture and not set(groups) <= have:
     log.warning("%s without %s (the model has none): transformers initialises "
                 "it at random", architecture, sorted(set(groups) - have))
     groups = tuple(g for g in groups if g in have)
   table = [r for r in table if r.group in groups]
-  extra = sorted(set(flat) - {r.jax for r in table}
+  extra = sorted(set(flat) - {r.jax for r in table} - {r.jax for r in extra_rules}
                  - {r.jax for r in family.rules(config) if r.group not in groups})
   if extra:
     raise ValueError(f"parameters with no place in a {architecture} checkpoint "
@@ -427,19 +433,21 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
   in_base = {r.hf for r in table if r.group in family.base_groups}
   prefix = family.prefix(architecture)
   tensors = {(prefix + k if k in in_base else k): v for k, v in tensors.items()}
+  tensors.update(rules.dump(extra_rules, flat))
   hf_config["architectures"] = [architecture]
   if special_ids is not None and family.special_ids is not None:
     hf_config.update(family.special_ids(config, special_ids))
   if set(groups) & _LABEL_GROUPS:
-    hf_config.update(_label_fields(flat, tuple(label_names)))
+    hf_config.update(label_fields(flat, tuple(label_names)))
   hf_config.update(config_fields or {})
-  _write_folder(os.fspath(path), hf_config, tensors)
+  write_folder(os.fspath(path), hf_config, tensors, files)
   return architecture
 
 
-def _write_folder(path: str, hf_config: dict[str, Any],
-                  tensors: dict[str, np.ndarray]) -> None:
-  """Writes into a temporary folder first, then moves each file in place."""
+def write_folder(path: str, hf_config: dict[str, Any], tensors: dict[str, np.ndarray],
+                 files: Mapping[str, str] | None = None) -> None:
+  """Writes ``config.json``, ``model.safetensors`` and ``files`` (name -> text)
+  into a temporary folder first, then moves each file in place."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   os.makedirs(path, exist_ok=True)
   tmp = tempfile.mkdtemp(dir=path, prefix=".export-")
@@ -447,7 +455,10 @@ def _write_folder(path: str, hf_config: dict[str, Any],
     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
       json.dump(hf_config, f, indent=2, sort_keys=True)
     save_file(tensors, os.path.join(tmp, _SAFETENSORS), metadata={"format": "pt"})
-    for name in ("config.json", _SAFETENSORS):
+    for name, text in (files or {}).items():
+      with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+        f.write(text)
+    for name in ("config.json", _SAFETENSORS, *(files or {})):
       os.replace(os.path.join(tmp, name), os.path.join(path, name))
   finally:
     shutil.rmtree(tmp, ignore_errors=True)

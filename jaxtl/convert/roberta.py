@@ -83,6 +83,6 @@ FAMILY = Family(
            "regression": "RobertaForSequenceClassification",
            "token_classification": "RobertaForTokenClassification",
            "span_qa": "RobertaForQuestionAnswering"},
-    sequence_pooling=("pooler", "dense + tanh over <s> (classifier.dense), then "
-                      "classifier.out_proj"),
+    # Dense + tanh over <s> (classifier.dense), then classifier.out_proj.
+    sequence_pooling="pooler",
 )

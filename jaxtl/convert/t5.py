@@ -121,6 +121,9 @@ FAMILY = Family(
            "generation": "T5ForConditionalGeneration",
            "token_classification": "T5ForTokenClassification"},
     special_ids=special_ids_to_hf,
+    # Its other task heads (a classifier over pooled states, span QA) read the
+    # encoder, whose names in T5EncoderModel are the base group's.
+    head_backbone="T5EncoderModel",
     # The stacks' own views of the shared table; a tied head is the table too
     # (an untied one has its own rule, which takes precedence).
     tied={"encoder.embed_tokens.weight": "shared.weight",
