@@ -111,10 +111,74 @@ def test_long_texts_are_split(shakespeare_lines, tmp_path):
   giant = list(tokenizers._training_sentences(["a " + word], 4192))
   assert all(len(c.encode("utf-8")) <= 4192 for c in giant)
   assert giant[0] == "a" and "".join(giant[1:]) == word
+  verse = "\n".join(shakespeare_lines)  # one paragraph: cut between lines
+  chunks = list(tokenizers._training_sentences([verse], 4192))
+  assert len(chunks) > 3 and "\n".join(chunks) == verse
+  assert list(tokenizers._training_sentences(["a\nb \n\n \n c\n"], 4192)) == [
+      "a\nb", "c"]
   tok = tokenizers.train_sentencepiece(
       [text], tmp_path / "long", vocab_size=300, num_sentinels=3)
   assert tok.vocab_size == 300 and tok.num_sentinels == 3
   assert tok.decode(tok.encode(shakespeare_lines[0])) == shakespeare_lines[0]
+
+
+def _play(speeches: int = 120, seed: int = 0) -> str:
+  """A synthetic play: speeches of a few lines, a blank line between them."""
+  rng = np.random.default_rng(seed)
+  parts = (["the cat", "a dog", "my friend", "the king", "our teacher"],
+           ["sees", "likes", "finds", "calls", "follows"],
+           ["the moon.", "a river!", "the house?", "an old song.", "the market,"])
+  line = lambda: " ".join(rng.choice(p) for p in parts)
+  return "\n\n".join(
+      f"{rng.choice(['KING', 'QUEEN', 'FOOL'])}:\n"
+      + "\n".join(line() for _ in range(rng.integers(1, 4)))
+      for _ in range(speeches)) + "\n"
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_trained_tokenizer_keeps_line_breaks_and_tabs(model_type, tmp_path):
+  tok = tokenizers.train_sentencepiece(
+      [_play()], tmp_path / "play", vocab_size=60, model_type=model_type,
+      num_sentinels=3)
+  newline = tok.processor.piece_to_id("\n")
+  assert newline != tok.unk_id and tok.decode([newline]) == "\n"
+  assert tok.word_starts[newline]  # the word after it has no U+2581
+  text = ("KING:\nthe cat sees the moon.\n\nFOOL:\na dog\tfinds a river!\n"
+          "my friend calls the house?\n")
+  ids = tok.encode(text)
+  assert ids.count(newline) == text.count("\n") and tok.unk_id not in ids
+  assert tok.decode(ids) == text
+  assert tok.decode(tok.encode("\n\nthe king:")) == "\n\nthe king:"
+  # Spaces are still folded: runs become one, the ends go.
+  assert tok.decode(tok.encode("  the cat  sees ")) == "the cat sees"
+
+
+def test_byte_level_bpe_keeps_line_breaks():
+  gpt2 = tokenizer_files.get_tokenizer(datadir.require_data("tokenizers",
+                                                            "gpt2_vocab.json"))
+  text = "KING:\nthe cat  sees the moon.\n\n\tFOOL:\n"
+  assert gpt2.decode(gpt2.encode(text)) == text
+
+
+def test_clm_recipe_rows_keep_the_line_breaks_of_the_source(tmp_path):
+  """The CLM recipe reads tiny Shakespeare as TFDS gives it, one document
+  of the whole text; a text file read whole stands in for it here."""
+  from jaxtl.configs import pretrain_clm  # pylint: disable=import-outside-toplevel
+  from jaxtl.data import pipeline  # pylint: disable=import-outside-toplevel
+  corpus = tmp_path / "play.txt"
+  corpus.write_text(_play(), encoding="utf-8")
+  config = pretrain_clm.get_config()
+  with config.unlocked():
+    config.data.source.update(kind="text", name="", manual_dir="", paragraphs=True)
+    config.data.source.files = dict(train=[str(corpus)], validation=[str(corpus)])
+  config.data.tokenizer.update(vocab_size=200)
+  config.data.update(seq_len=32, batch_size=2)
+  setup = pipeline.DataSetup(config, str(tmp_path / "wd"))
+  tok = setup.tokenizer
+  rows = setup.rows_tokens("train")
+  text = tok.decode(rows.ravel().tolist())
+  assert "\n\n" in text and text.count("\n") > rows.shape[0]
+  assert text == _play()[:len(text)]  # every row, as the source has it
 
 
 def test_bad_model_type(tmp_path):

@@ -37,6 +37,13 @@ _T5_SENTINELS = 100
 
 # SentencePiece's default max_sentence_length, in bytes.
 _MAX_SENTENCE_BYTES = 4192
+# Whitespace a jaxtl-trained model keeps as pieces of their own, so a text
+# keeps its lines (verse, a play's speeches) and tabs: SentencePiece's
+# default normalizer (nmt_nfkc) turns both into spaces, and a model trained
+# on Shakespeare then writes one endless line.
+KEPT_WHITESPACE = ("\n", "\t")
+# Where a text's paragraphs end: the units a tokenizer is trained on.
+_BLANK_LINE = re.compile(r"\n\s*\n")
 # Fixed thread count for training: unigram scores depend on how the work is
 # split among threads, so a machine-dependent count would break determinism.
 _TRAIN_THREADS = 16
@@ -265,54 +272,72 @@ class SentencePieceTokenizer(Tokenizer):
     return self._controls
 
   def _word_start_table(self) -> np.ndarray:
-    # SentencePiece marks the pieces that follow a space with U+2581; ids
-    # past its pieces (T5's virtual sentinels) are special anyway.
+    # SentencePiece marks the pieces that follow a space with U+2581; a line
+    # break or tab piece begins a word as a space would (the word after it
+    # has no U+2581). Ids past its pieces (T5's virtual sentinels) are
+    # special anyway.
     table = np.ones(self.vocab_size, dtype=bool)
     pieces = self._sp.id_to_piece(list(range(self._num_pieces)))
-    table[:self._num_pieces] = [p.startswith(WORD_START) for p in pieces]
+    table[:self._num_pieces] = [p.startswith((WORD_START, *KEPT_WHITESPACE))
+                                for p in pieces]
     return table
 
 
-def _split_long(line: str, max_bytes: int) -> Iterator[str]:
-  """Cuts `line` at spaces into chunks of at most `max_bytes` UTF-8 bytes."""
+def _utf8_len(text: str) -> int:
+  return len(text.encode("utf-8"))
+
+
+def _cut_characters(text: str, max_bytes: int) -> Iterator[str]:
+  """Cuts `text` between characters into chunks of at most `max_bytes`."""
+  data = text.encode("utf-8")
+  start = 0
+  while start < len(data):
+    end = min(start + max_bytes, len(data))
+    while end < len(data) and data[end] & 0xC0 == 0x80:
+      end -= 1  # Never cut inside a multi-byte character.
+    yield data[start:end].decode("utf-8")
+    start = end
+
+
+def _cut(text: str, max_bytes: int, separators: str = "\n ") -> Iterator[str]:
+  """Cuts `text` into chunks of at most `max_bytes` UTF-8 bytes: between
+  lines where it can, else between words, else between characters."""
+  if len(text) * 4 <= max_bytes or _utf8_len(text) <= max_bytes:
+    yield text
+    return
+  if not separators:
+    yield from _cut_characters(text, max_bytes)
+    return
+  sep = separators[0]
   chunk: list[str] = []
   size = 0
-  for word in line.split():
-    n = len(word.encode("utf-8"))
-    if n > max_bytes:  # A single giant "word": cut it by characters.
-      if chunk:
-        yield " ".join(chunk)
-        chunk, size = [], 0
-      data = word.encode("utf-8")
-      start = 0
-      while start < len(data):
-        end = min(start + max_bytes, len(data))
-        while end < len(data) and data[end] & 0xC0 == 0x80:
-          end -= 1  # Never cut inside a multi-byte character.
-        yield data[start:end].decode("utf-8")
-        start = end
-      continue
+  for part in text.split(sep):
+    n = _utf8_len(part)
     if chunk and size + 1 + n > max_bytes:
-      yield " ".join(chunk)
+      yield sep.join(chunk)
       chunk, size = [], 0
+    if n > max_bytes:
+      yield from _cut(part, max_bytes, separators[1:])
+      continue
     size += n + (1 if chunk else 0)
-    chunk.append(word)
+    chunk.append(part)
   if chunk:
-    yield " ".join(chunk)
+    yield sep.join(chunk)
 
 
 def _training_sentences(texts: Iterable[str], max_bytes: int
                         ) -> Iterator[str]:
-  """Yields non-empty lines of `texts`, cut to fit SentencePiece's limit."""
+  """Yields the paragraphs of `texts`, cut to fit SentencePiece's limit.
+
+  A paragraph (text between blank lines) keeps its line breaks: the model
+  must see the words that start a line, which carry no U+2581, as they are
+  encoded later. A one-line document (WikiText's) is one paragraph.
+  """
   for text in texts:
-    for line in text.splitlines():
-      line = line.strip()
-      if not line:
-        continue
-      if len(line) * 4 <= max_bytes or len(line.encode("utf-8")) <= max_bytes:
-        yield line
-      else:
-        yield from _split_long(line, max_bytes)
+    for paragraph in _BLANK_LINE.split(text):
+      for sentence in _cut(paragraph.strip(), max_bytes):
+        if sentence := sentence.strip():
+          yield sentence
 
 
 def _sample_sentences(sentences: Iterable[str], max_sentences: int,
@@ -365,14 +390,21 @@ def train_sentencepiece(
   """Trains a SentencePiece model on `texts` with jaxtl's special ids.
 
   Ids: pad=0, eos=1, unk=2, bos=3, then user-defined `[MASK]`, `[CLS]`,
-  `[SEP]` and `<extra_id_0>`..`<extra_id_{num_sentinels-1}>`. The result has
-  exactly `vocab_size` pieces, specials included (SentencePiece's hard vocab
-  limit is kept, so a corpus too small for the size is an error rather than
-  a silently smaller vocabulary). Texts are split into lines, and lines
-  longer than SentencePiece's 4192-byte sentence limit are cut at spaces.
-  Training is deterministic: input order is kept (a seeded reservoir sample
-  when there are more than `max_sentences` lines) and the thread count is
-  fixed.
+  `[SEP]`, `<extra_id_0>`..`<extra_id_{num_sentinels-1}>` and the line
+  break and tab pieces (`KEPT_WHITESPACE`). The result has exactly
+  `vocab_size` pieces, specials included (SentencePiece's hard vocab limit
+  is kept, so a corpus too small for the size is an error rather than a
+  silently smaller vocabulary).
+
+  Decoding gives back the text's line breaks and tabs: the normalizer is
+  NFKC without nmt_nfkc's folding of them into spaces. Runs of spaces still
+  become one, and a text's leading and trailing spaces go: keeping them
+  would cost WikiText, whose lines start and end with a space, two pieces a
+  line. Texts are split into paragraphs at blank lines, their line breaks
+  kept, and paragraphs longer than SentencePiece's 4192-byte sentence limit
+  are cut between lines, then words. Training is deterministic: input order
+  is kept (a seeded reservoir sample when there are more than
+  `max_sentences` paragraphs) and the thread count is fixed.
 
   Args:
     texts: Documents to learn from.
@@ -380,7 +412,7 @@ def train_sentencepiece(
     vocab_size: Total number of pieces.
     model_type: "unigram" or "bpe".
     num_sentinels: Number of T5 sentinel pieces to reserve.
-    max_sentences: Cap on training lines.
+    max_sentences: Cap on training paragraphs.
     character_coverage: Fraction of characters the vocabulary must cover.
     seed: Seed for the sentence sample and SentencePiece's own randomness.
 
@@ -394,7 +426,7 @@ def train_sentencepiece(
     raise ValueError("num_sentinels must be >= 0 and max_sentences > 0, got "
                      f"{num_sentinels} and {max_sentences}")
   symbols = [MASK_PIECE, CLS_PIECE, SEP_PIECE] + [
-      f"<extra_id_{i}>" for i in range(num_sentinels)]
+      f"<extra_id_{i}>" for i in range(num_sentinels)] + list(KEPT_WHITESPACE)
   reserved = 4 + len(symbols)
   if vocab_size <= reserved:
     raise ValueError(
@@ -419,6 +451,10 @@ def train_sentencepiece(
         pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>",
         bos_piece="<s>",
         user_defined_symbols=symbols,
+        # nmt_nfkc would turn line breaks into spaces while training, so the
+        # words that start a line would get no pieces of their own.
+        normalization_rule_name="nfkc",
+        remove_extra_whitespaces=True,
         hard_vocab_limit=True,
         input_sentence_size=0,  # We already sampled.
         shuffle_input_sentence=False,
@@ -438,8 +474,10 @@ def train_sentencepiece(
   if directory:
     os.makedirs(directory, exist_ok=True)
   sp = spm.SentencePieceProcessor(model_proto=writer.data)
+  # One line a piece: the line break and tab pieces are written escaped.
+  escape = str.maketrans({"\n": "\\n", "\t": "\\t"})
   vocab_lines = [
-      f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n"
+      f"{sp.id_to_piece(i).translate(escape)}\t{sp.get_score(i):g}\n"
       for i in range(sp.get_piece_size())]
   _write_atomically(f"{prefix}.vocab", "".join(vocab_lines).encode("utf-8"))
   _write_atomically(f"{prefix}.model", writer.data)
