@@ -68,7 +68,7 @@ def recipe_path(value: str) -> str:
 
   An existing file always wins, so users' own config files work unchanged;
   otherwise ``NAME``, ``NAME.py`` and ``configs/NAME.py`` name
-  ``jaxtl/configs/NAME.py``.
+  the shipped ``configs/NAME.py`` (the package ``jaxtl.configs``).
   """
   path, sep, arg = value.partition(":")
   if os.path.isfile(path):

@@ -7,12 +7,15 @@ can be written without reading the source.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 from collections.abc import Iterator
 from typing import Any
 
-RECIPES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-# Modules of jaxtl/configs that build recipes but are none.
+# The package jaxtl.configs: the top-level configs/ of a clone (an editable
+# install maps it there), or where a wheel put it.
+RECIPES_DIR = os.path.dirname(importlib.util.find_spec("jaxtl.configs").origin)
+# Modules of configs/ that build recipes but are none.
 HELPERS = ("common", "models")
 
 

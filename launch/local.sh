@@ -10,8 +10,8 @@ Usage: launch/local.sh RECIPE WORKDIR [OVERRIDE...]
 Runs `python -m jaxtl.main --config=configs/RECIPE.py --workdir=WORKDIR OVERRIDE...`
 from the repository root, as one process on this machine.
 
-  RECIPE    pretrain_mlm | pretrain_clm | pretrain_span (or any jaxtl/configs/*.py),
-            also as jaxtl/configs/NAME.py, a path to a config file, or with a config
+  RECIPE    pretrain_mlm | pretrain_clm | pretrain_span (or any configs/*.py),
+            also as configs/NAME.py, a path to a config file, or with a config
             argument: pretrain_mlm:model=bert_mini
   WORKDIR   checkpoints, metrics and caches; a relative path is taken from the
             directory you call this script from
@@ -45,13 +45,13 @@ shift 2
 config_file=${recipe_spec%%:*}
 config_arg=""
 [[ $recipe_spec == *:* ]] && config_arg=":${recipe_spec#*:}"
-[[ $config_file == */* ]] || config_file="jaxtl/configs/${config_file%.py}.py"
+[[ $config_file == */* ]] || config_file="configs/${config_file%.py}.py"
 if [[ -f $REPO/$config_file ]]; then
   :  # relative to the repo root, where we are about to cd
 elif [[ -f $config_file ]]; then
   config_file="$(cd "$(dirname "$config_file")" && pwd)/$(basename "$config_file")"
 else
-  die "no config file '$config_file' (see $REPO/jaxtl/configs/)"
+  die "no config file '$config_file' (see $REPO/configs/)"
 fi
 
 # We cd to the repo root below (so `-m jaxtl.main` finds the package without

@@ -23,7 +23,7 @@ workers of the TPU VM TPU_NAME in ZONE.
                 Needed once per new TPU VM and after code changes (when
                 copying).
   --setup-only  the same, without training afterwards.
-  RECIPE        pretrain_mlm | pretrain_clm | pretrain_span (or jaxtl/configs/NAME.py,
+  RECIPE        pretrain_mlm | pretrain_clm | pretrain_span (or configs/NAME.py,
                 NAME:arg)
   WORKDIR       must be visible to every worker with the same name: a gs://
                 bucket path (best; the TPU VM's service account needs write
@@ -118,7 +118,7 @@ shift 2
 config_file=${recipe%%:*}
 config_arg=""
 [[ $recipe == *:* ]] && config_arg=":${recipe#*:}"
-[[ $config_file == */* ]] || config_file="jaxtl/configs/${config_file%.py}.py"
+[[ $config_file == */* ]] || config_file="configs/${config_file%.py}.py"
 # Catch typos here rather than on every worker (only for files in this repo).
 [[ $config_file == /* || -f $REPO/$config_file ]] || die "no config file '$config_file' in $REPO"
 [[ $workdir == gs://* || $workdir == /* ]] \

@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 import tomllib
+import zipfile
 
 import pytest
 import setuptools
@@ -20,7 +21,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 def test_recipe_names_resolve_to_the_shipped_file(value, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)  # not the repository: no configs/ beside us
   path, _, arg = cli.recipe_path(value + ":model=bert_mini").partition(":")
-  assert path == str(REPO / "jaxtl" / "configs" / "pretrain_clm.py") and arg == "model=bert_mini"
+  assert path == str(REPO / "configs" / "pretrain_clm.py") and arg == "model=bert_mini"
 
 
 def test_a_users_own_file_wins(tmp_path, monkeypatch):
@@ -50,12 +51,26 @@ def test_the_command_runs_a_module_with_its_flags():
   assert "--checkpoint: A jaxtl workdir" in out.stdout + out.stderr  # absl's --help
 
 
-def test_the_wheel_ships_only_the_jaxtl_package():
-  find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
-      "packages"]["find"]
-  packages = setuptools.find_packages(str(REPO), include=find["include"])
-  assert packages and all(p == "jaxtl" or p.startswith("jaxtl.") for p in packages)
-  assert "jaxtl.configs" in packages
+def test_the_wheel_ships_the_jaxtl_package_with_the_top_level_recipes(tmp_path):
+  """configs/ is the one home of the recipes, installed as jaxtl.configs: a
+  wheel holds them, and its jaxtl finds them away from the clone."""
+  setup = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+  found = setuptools.find_packages(str(REPO), include=["jaxtl*"])
+  assert sorted(setup["packages"]) == sorted([*found, "jaxtl.configs"])
+  assert setup["package-dir"] == {"jaxtl.configs": "configs"}
+  assert not (REPO / "jaxtl" / "configs").exists()  # one copy
+  subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
+                  str(tmp_path), str(REPO)], check=True, capture_output=True, timeout=300)
+  wheel = zipfile.ZipFile(next(tmp_path.glob("jaxtl-*.whl")))
+  names = wheel.namelist()
+  assert "jaxtl/configs/pretrain_clm.py" in names and "jaxtl/configs/common.py" in names
+  assert not [n for n in names if n.startswith("configs/")]
+  wheel.extractall(tmp_path / "site")
+  out = subprocess.run(  # the wheel's jaxtl, from a folder that is not the clone
+      [sys.executable, "-m", "jaxtl.cli", "config", "pretrain_clm", "--filter=train.steps"],
+      cwd=tmp_path, capture_output=True, text=True, timeout=120,
+      env={**os.environ, "PYTHONPATH": str(tmp_path / "site"), "JAXTL_HUGE_PAGES": "0"})
+  assert out.stdout.strip() == "--config.train.steps=400  (int)", out.stderr[-2000:]
 
 
 def test_the_command_line_explains_itself(capsys):

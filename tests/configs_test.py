@@ -24,10 +24,10 @@ import datadir
 import runs
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-RECIPES = sorted(p.stem for p in (REPO / "jaxtl" / "configs").glob("pretrain_*.py"))
+RECIPES = sorted(p.stem for p in (REPO / "configs").glob("pretrain_*.py"))
 # Every recipe (a configs/*.py with get_config), and the arguments it is
 # checked with besides its defaults.
-ALL_RECIPES = sorted(p.stem for p in (REPO / "jaxtl" / "configs").glob("*.py")
+ALL_RECIPES = sorted(p.stem for p in (REPO / "configs").glob("*.py")
                      if "def get_config(" in p.read_text())
 FINETUNE_TASKS = ("trec", "sst2", "stsb", "pos", "squad")
 RECIPE_ARGS = {

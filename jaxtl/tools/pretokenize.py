@@ -3,7 +3,7 @@ r"""Tokenizes a recipe's corpus once, into ArrayRecord shards a run reads.
   jaxtl pretokenize --config=pretrain_mixed --out=DIR \
       [--splits=train,validation] [--num_shards=4]
 
-(or ``python -m jaxtl.tools.pretokenize --config=jaxtl/configs/pretrain_mixed.py``:
+(or ``python -m jaxtl.tools.pretokenize --config=configs/pretrain_mixed.py``:
 that spelling takes a config file's path, not a recipe's name), then
   jaxtl pretrain --config=pretrain_mixed --workdir=W \
       --config.data.source.kind=pretokenized --config.data.source.data_dir=DIR
