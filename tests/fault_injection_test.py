@@ -373,6 +373,8 @@ def test_sigterm_in_the_final_test_evaluation_saves_and_the_rerun_only_evaluates
   # One fine-tune's whole record (a finished run once kept only its test line).
   assert [r["step"] for r in records if r["split"] == "train"] == [steps[-1]]
   assert sum(r["split"] == "test" for r in records) == 1
+  keys = [(r["split"], r["step"]) for r in records]
+  assert len(keys) == len(set(keys)), keys  # the rerun's evaluation is not logged twice
   assert {r["split"] for r in records} == {"train", "dev", "test"}
   assert json.loads((workdir / "results.json").read_text())["test"]["accuracy"] >= 0
 

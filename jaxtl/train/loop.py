@@ -359,7 +359,8 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
       if prev_bad is not None:
         check_bad_steps(prev_bad, loop.max_bad_steps, at)
       if not eval_metrics and start >= loop.steps and work.evaluate is not None:
-        eval_metrics = run_eval(loop.steps)  # already trained: just evaluate
+        # Already trained: just evaluate (its record is in metrics.jsonl).
+        eval_metrics = work.evaluate(state.params)
       if work.finish is not None and stop is None:
         logging.info("trained: the final %s evaluation", work.finish_name)
         try:
