@@ -13,7 +13,7 @@ import pytest
 
 from jaxtl import convert
 from jaxtl.models import electra, heads, paths
-from jaxtl.train import checkpoint, pretrained, storage
+from jaxtl.train import checkpoint, fingerprints, pretrained, storage
 from jaxtl import train
 
 import runs
@@ -196,14 +196,14 @@ def test_a_step_rotated_away_while_it_is_read_is_chosen_again(tmp_path, monkeypa
 def test_fingerprints_are_exact_and_the_same_on_device_and_host():
   tree = {"w": np.random.RandomState(0).normal(size=(5, 7)).astype(np.float32),
           "b": np.arange(6, dtype=np.int32), "h": jnp.ones((3, 2), jnp.bfloat16)}
-  host = checkpoint.fingerprints(jax.tree.map(np.asarray, tree))
-  assert checkpoint.fingerprints(jax.tree.map(jnp.asarray, tree)) == host
+  host = fingerprints.fingerprints(jax.tree.map(np.asarray, tree))
+  assert fingerprints.fingerprints(jax.tree.map(jnp.asarray, tree)) == host
   flipped = np.array(tree["w"])
   flipped.view(np.uint32)[2, 3] ^= 1 << 30
-  assert checkpoint.fingerprints({**tree, "w": flipped})["w"] != host["w"]
+  assert fingerprints.fingerprints({**tree, "w": flipped})["w"] != host["w"]
   swapped = np.array(tree["w"])
   swapped[[0, 1]] = swapped[[1, 0]]
-  assert checkpoint.fingerprints({**tree, "w": swapped})["w"] != host["w"]
+  assert fingerprints.fingerprints({**tree, "w": swapped})["w"] != host["w"]
 
 
 def test_refuses_to_save_non_finite_params(tmp_path):
