@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
-from collections.abc import Iterator
 from typing import Any
 
 # The package jaxtl.configs: the top-level configs/ of a clone (an editable
@@ -52,21 +51,14 @@ def load(spec: str) -> Any:
   return values.config
 
 
-def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-  for key, value in node.items():
-    if hasattr(value, "items"):
-      yield from _leaves(value, f"{prefix}{key}.")
-    else:
-      yield f"{prefix}{key}", value
-
-
 def table(config: Any, prefix: str = "") -> str:
   """``--config.KEY=VALUE  (type)`` per key under ``prefix``: what the
   command line overrides, in the form it takes."""
-  rows = [(k, v) for k, v in _leaves(config) if k.startswith(prefix)]
+  from jaxtl.train.identity import leaves  # pylint: disable=g-import-not-at-top
+  rows = [(k, v) for k, v in leaves(config) if k.startswith(prefix)]
   if not rows:
     raise ValueError(f"--filter={prefix}: no key starts so; the sections: "
-                     f"{', '.join(sorted({k.split('.')[0] for k, _ in _leaves(config)}))}")
+                     f"{', '.join(sorted({k.split('.')[0] for k, _ in leaves(config)}))}")
   width = max(len(f"--config.{k}={v!r}") for k, v in rows)
   return "\n".join(f"{f'--config.{k}={v!r}':<{width}}  ({type(v).__name__})"
                    for k, v in rows)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import math
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import ml_collections
 
+from jaxtl.train.identity import leaves
 from jaxtl.train.loop import ConfigError
 
 # Sections each mode's config must have, and the recipes that have them.
@@ -170,12 +171,12 @@ def check_values(config: Any, mode: str) -> None:
   pretraining stage with its overrides: their runs start hours into a study.
   """
   for where, run in _runs(config, mode):
-    leaves = dict(_leaves(run, where))
-    _check(leaves)
+    named = _named(run, where)
+    _check(named)
     for k, stage in enumerate(run.get("stages") or ()):
       if _is_section(stage):  # else pretrain.stage_configs names the stage
         overrides = {s: stage[s] for s in ("data", "objective") if s in stage}
-        _check({**leaves, **dict(_leaves(overrides, f"{where}stages[{k}]."))})
+        _check({**named, **_named(overrides, f"{where}stages[{k}].")})
 
 
 def _runs(config: Any, mode: str) -> list[tuple[str, Any]]:
@@ -200,15 +201,9 @@ def _is_section(value: Any) -> bool:
   return isinstance(value, (Mapping, ml_collections.ConfigDict))
 
 
-def _leaves(node: Any, where: str, prefix: str = ""
-            ) -> Iterator[tuple[str, tuple[str, Any]]]:
-  """(key, (the name it is shown by, value)) of every leaf under ``node``."""
-  for name, value in node.items():
-    key = f"{prefix}{name}"
-    if _is_section(value):
-      yield from _leaves(value, where, f"{key}.")
-    else:
-      yield key, (f"config.{where}{key}", value)
+def _named(node: Any, where: str) -> dict[str, tuple[str, Any]]:
+  """key -> (the name it is shown by, value) of every leaf under ``node``."""
+  return {key: (f"config.{where}{key}", value) for key, value in leaves(node)}
 
 
 def _check(leaves: Mapping[str, tuple[str, Any]]) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from jaxtl.train import workdir as workdir_lib
@@ -31,17 +31,20 @@ IDENTITY_FILE = "identity.json"
 _TASK_FILE = "task.json"  # a fine-tuning workdir's (jaxtl.tasks.spec.TASK_FILE)
 
 
-def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
-  """A config (ConfigDict or mapping) as ``{"section.key": value}``, values
-  as JSON has them (tuples as lists)."""
-  out = {}
-  for key, value in (config.items() if hasattr(config, "items") else ()):
-    name = f"{prefix}{key}"
+def leaves(config: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+  """``("section.key", value)`` for every leaf of a config (a ConfigDict or
+  a mapping), in order: the one walk of a config's keys."""
+  for key, value in config.items():
     if hasattr(value, "items"):
-      out.update(flatten(value, name + "."))
+      yield from leaves(value, f"{prefix}{key}.")
     else:
-      out[name] = json.loads(json.dumps(value, default=str))
-  return out
+      yield f"{prefix}{key}", value
+
+
+def flatten(config: Any) -> dict[str, Any]:
+  """A config as ``{"section.key": value}``, values as JSON has them
+  (tuples as lists)."""
+  return {k: json.loads(json.dumps(v, default=str)) for k, v in leaves(config)}
 
 
 def pick(config: Any, keys: Iterable[str], skip: Iterable[str] = ()) -> dict[str, Any]:
