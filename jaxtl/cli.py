@@ -24,6 +24,8 @@ import os
 import runpy
 import sys
 
+from absl import flags
+
 from jaxtl import console, recipes
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +133,7 @@ def _show_config(args: list[str]) -> None:
                          "(jaxtl recipes lists them)")
   try:
     print(recipes.table(recipes.load(recipe_path(spec)), prefix))
-  except Exception as e:  # pylint: disable=broad-except  # a recipe's own error
+  except (flags.Error, *console.MISTAKES) as e:  # a recipe's own error, a bad prefix
     console.fail(e)
 
 

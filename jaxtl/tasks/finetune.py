@@ -298,14 +298,15 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any, tuple[str
   return cfg, tok, params, dropped
 
 
-def check_loadable(workdir: str, tok: Tokenizer, spec: task_spec.TaskSpec) -> None:
+def check_loadable(workdir: str, tok: Tokenizer, spec: task_spec.TaskSpec) -> bool:
   """Refuses (:class:`jaxtl.train.workdir.WorkdirConflict`) a run whose
   task or tokenizer differs from those a workdir's checkpoints were trained
   with: the labels read from this run's data, the head, the vocabulary.
-  Reads only; the architecture is checked as it is written
+  Returns whether the workdir's task and tokenizer are bound to checkpoints
+  already. Reads only; the architecture is checked as it is written
   (:func:`jaxtl.train.pretrained.save_model_config`)."""
   if not (workdir_lib.holds_checkpoints(workdir) and task_spec.exists(workdir)):
-    return
+    return False
   changed = task_spec.differences(task_spec.load(workdir), spec)
   try:
     if pipeline.workdir_tokenizer(workdir).fingerprint() != tok.fingerprint():
@@ -319,17 +320,18 @@ def check_loadable(workdir: str, tok: Tokenizer, spec: task_spec.TaskSpec) -> No
         f"changed: {'; '.join(changed)} ({task_spec.TASK_FILE} records the first). "
         "Pass another --workdir for this run, or rerun with the data and settings "
         "it was trained with.")
+  return True
 
 
 def keep_loadable(workdir: str, cfg: TransformerConfig, tok: Tokenizer,
-                  spec: task_spec.TaskSpec) -> None:
+                  spec: task_spec.TaskSpec, bound: bool = False) -> None:
   """Writes what reloads the fine-tuned model beside its checkpoints: the
   backbone's architecture, the tokenizer and the task. Done before training,
   so even a stopped run is loadable (``jaxtl.load``, ``init_from``) once it
-  has a checkpoint; once it has one, the task and tokenizer stay as they
-  describe it (:func:`check_loadable` refused any other)."""
+  has a checkpoint. ``bound`` (:func:`check_loadable`: the workdir's task
+  and tokenizer describe its checkpoints already): they stay as they are."""
   pretrained.save_model_config(cfg, workdir)
-  if not (workdir_lib.holds_checkpoints(workdir) and task_spec.exists(workdir)):
+  if not bound:
     pipeline.keep_tokenizer(tok, workdir)
     task_spec.save(spec, workdir)
 
@@ -402,11 +404,10 @@ def finetune_and_evaluate(config: Any, workdir: str,
                                getattr(splits["train"], "label_names", None),
                                getattr(splits["train"], "text_pairs", None) is not None)
   model = task_spec.task_model(cfg, spec, tok)
-  if jax.process_index() == 0:
-    check_loadable(workdir, tok, spec)
+  bound = jax.process_index() == 0 and check_loadable(workdir, tok, spec)
   on_start()
   if jax.process_index() == 0:
-    keep_loadable(workdir, cfg, tok, spec)
+    keep_loadable(workdir, cfg, tok, spec, bound)
   side = input_side(cfg.family)
   bs, multiple = config.train.batch_size, config.train.length_multiple
   steps_per_epoch = len(feats["train"]) // bs

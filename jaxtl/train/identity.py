@@ -68,14 +68,13 @@ def _read(workdir: str) -> dict[str, Any] | None:
         f"{workdir} holds. Restore it, or pass another --workdir.") from e
 
 
-def _recorded_identity(workdir: str) -> dict[str, Any] | None:
-  """The identity a workdir recorded; for one written before identities
-  were recorded, what its files say (a task.json: a fine-tuning run)."""
+def _recorded_identity(workdir: str) -> dict[str, Any]:
+  """The identity a workdir with checkpoints recorded; for one written
+  before identities were recorded, what its files say (a task.json: a
+  fine-tuning run)."""
   record = _read(workdir)
   if record is not None:
     return record.get("identity", {})
-  if not workdir_lib.holds_checkpoints(workdir):
-    return None
   return {"mode": "finetune" if os.path.isfile(os.path.join(workdir, _TASK_FILE))
           else "pretrain"}
 
@@ -89,9 +88,9 @@ def check(workdir: str, identity: Mapping[str, Any]) -> None:
   old -> new, when ``workdir`` holds checkpoints of a run whose identity
   differs. Reads only."""
   workdir = os.path.abspath(workdir)
-  old = _recorded_identity(workdir)
-  if old is None or not workdir_lib.holds_checkpoints(workdir):
+  if not workdir_lib.holds_checkpoints(workdir):
     return
+  old = _recorded_identity(workdir)
   # A key the record lacks (one added to jaxtl since) is not a change.
   changed = [f"{_show(k)}: {old[k]!r} -> {identity.get(k)!r}" for k in sorted(old)
              if (k in identity or k == "mode") and old[k] != identity.get(k)]
