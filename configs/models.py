@@ -7,6 +7,9 @@ means "take it from the tokenizer".
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import ml_collections
 
 _BERT = dict(family="encoder", position="learned", type_vocab_size=2,
@@ -58,16 +61,24 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def fields() -> dict[str, tuple[Any, str]]:
+  """Every TransformerConfig field: its default as a config holds it, and
+  its meaning (the field's metadata, the one place it is written).
+
+  ``vocab_size`` 0 takes it from the tokenizer; ``attention_impl`` None
+  becomes "", since None is not a type ml_collections can check overrides
+  against.
+  """
+  from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top
+  config_value = {"vocab_size": 0, "attention_impl": ""}
+  return {f.name: (config_value.get(f.name, f.default), f.metadata["meaning"])
+          for f in dataclasses.fields(TransformerConfig)}
+
+
 def get_model_config(name: str) -> ml_collections.ConfigDict:
   """A preset as a ConfigDict with every TransformerConfig field present."""
-  from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top
-  import dataclasses  # pylint: disable=g-import-not-at-top
-
   if name not in PRESETS:
     raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
-  values = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+  values = {key: default for key, (default, _) in fields().items()}
   values.update(PRESETS[name])
-  values["vocab_size"] = 0
-  # None is not a type ml_collections can check overrides against.
-  values["attention_impl"] = values["attention_impl"] or ""
   return ml_collections.ConfigDict(values)

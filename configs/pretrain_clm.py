@@ -4,7 +4,7 @@ Command (JAXTL_DATA_DIR set: TFDS prepares tiny_shakespeare offline from
 $JAXTL_DATA_DIR/tiny_shakespeare; unset: TFDS downloads it, and without
 network the run stops within seconds, saying so):
 
-  python -m jaxtl.main --config=configs/pretrain_clm.py --workdir=/tmp/clm
+  jaxtl pretrain --config=pretrain_clm --workdir=/tmp/clm
 
 Hardware / time: 2-core CPU, about 7 minutes (419 s at 1.1 steps/s, with the
 test suite sharing the cores), measured 2026-11-21.
@@ -14,11 +14,11 @@ steps, against a unigram entropy of 6.04 nats for the training tokens
 
 Data: TFDS gives each split as one document, the whole text, which is cut
 into rows with its line breaks and the blank lines between speeches, so
-``python -m jaxtl.generate --checkpoint=/tmp/clm --prompt="ROMEO:"
+``jaxtl generate --checkpoint=/tmp/clm --prompt="ROMEO:"
 --temperature=0.8`` writes a speech in lines. (``--config.data.packing=pack``
 would keep only each split's first row: it truncates documents to a row.)
 
-Variants: ``--config=configs/pretrain_clm.py:model=gpt2_small`` (GPU).
+Variants: ``--config=pretrain_clm:model=gpt2_small`` (GPU).
 """
 
 from jaxtl.configs import common

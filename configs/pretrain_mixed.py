@@ -1,13 +1,13 @@
 r"""Causal or masked LM pretraining on the whole offline English corpus.
 
-This is the pretraining half of the transfer study (``configs/transfer_study.py``):
+This is the pretraining half of the transfer study (``transfer_study``):
 a small model that has read enough text for its representations to help a
 labeled task. Commands:
 
-  JAXTL_DATA_DIR=../shared/data python -m jaxtl.main \
-    --config=configs/pretrain_mixed.py:objective=clm --workdir=/tmp/mix_clm
-  JAXTL_DATA_DIR=../shared/data python -m jaxtl.main \
-    --config=configs/pretrain_mixed.py:objective=mlm --workdir=/tmp/mix_mlm
+  JAXTL_DATA_DIR=../shared/data jaxtl pretrain \
+    --config=pretrain_mixed:objective=clm --workdir=/tmp/mix_clm
+  JAXTL_DATA_DIR=../shared/data jaxtl pretrain \
+    --config=pretrain_mixed:objective=mlm --workdir=/tmp/mix_mlm
 
 Data (about 25M words): IMDB unlabeled + train reviews, WikiText-2 test and
 tiny Shakespeare for training; WikiText-2 valid for validation. One 8k

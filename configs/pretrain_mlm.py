@@ -3,7 +3,7 @@ r"""Masked LM pretraining (BERT style) on IMDB reviews from local JSON lines.
 Command:
 
   JAXTL_DATA_DIR=../shared/data \
-  python -m jaxtl.main --config=configs/pretrain_mlm.py --workdir=/tmp/mlm
+  jaxtl pretrain --config=pretrain_mlm --workdir=/tmp/mlm
 
 Data: $JAXTL_DATA_DIR/imdb/{unsup,train}.jsonl.gz (75,000 reviews) for
 training, test.jsonl.gz for validation. A unigram sentencepiece vocabulary

@@ -3,7 +3,7 @@ r"""T5 span-corruption pretraining on WikiText-2 from local text files.
 Command:
 
   JAXTL_DATA_DIR=../shared/data \
-  python -m jaxtl.main --config=configs/pretrain_span.py --workdir=/tmp/span
+  jaxtl pretrain --config=pretrain_span --workdir=/tmp/span
 
 Data: only WikiText-2's valid and test splits exist offline, so this recipe
 trains on test.txt (245k words) and validates on valid.txt (217k words).

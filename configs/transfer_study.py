@@ -2,13 +2,13 @@ r"""The transfer study: pretrain a causal and a masked LM, then adapt to TREC-6.
 
 Command (one run does everything; started again it resumes):
 
-  JAXTL_DATA_DIR=../shared/data python -m jaxtl.main --mode=study \
-    --config=configs/transfer_study.py --workdir=/tmp/study
+  JAXTL_DATA_DIR=../shared/data jaxtl study \
+    --config=transfer_study --workdir=/tmp/study
 
 Writes transfer.md (test accuracy per backbone, init, scheme and number of
 labeled examples), transfer.png (learning curves) and transfer.json.
 
-Stages, on a 2-core CPU: two pretraining runs of ``configs/pretrain_mixed.py``
+Stages, on a 2-core CPU: two pretraining runs of ``pretrain_mixed``
 (a GPT-style and a BERT-style model, 4 layers of width 128, on the mixed
 offline corpus; the MLM run reuses the CLM run's tokenizer), then one
 fine-tuning run per cell: {clm, mlm} x {pretrained, random} x {full,
@@ -23,7 +23,7 @@ CPU time (2 cores): about 26 min (clm, 3,000 steps) and 52 min (mlm,
 default grid is 576 runs, about 8 hours. The full-fine-tuning half for one
 backbone (48 runs) takes about an hour. The MLM gets 4x the CLM's steps
 because each of its steps has 15% of the prediction targets: at 3,000 steps
-it transferred +1.3 points at 500 labels, at 12,000 +10.9 (README).
+it transferred +1.3 points at 500 labels, at 12,000 +10.9 (docs: studies/transfer-study).
 
 A quicker look: ``--config.study.recipes='("full",)'``,
 ``--config.study.models='("clm",)'``, ``--config.study.seeds='(0,)'``,

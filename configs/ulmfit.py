@@ -36,7 +36,7 @@ follows its depth).
 Hardware / time (gpt2_tiny, TREC, 2-core CPU shared with a test run,
 2026-11-22): stage 1 577 s, stage 2 154 s (TREC test-question loss 6.53 ->
 3.29 nats), stage 3 261 s. Expected: TREC-6 test accuracy 83.8% (macro-F1
-84.1), one seed; 81.4% without stage 2. README "ULMFiT, as published"
+84.1), one seed; 81.4% without stage 2. docs: studies/ulmfit
 compares it with milder classifier settings (86.0% from the same stage 2).
 """
 

@@ -103,7 +103,7 @@ def _version() -> str:
     return "(not installed)"
 
 
-def _usage() -> str:
+def usage() -> str:
   width = max(map(len, COMMANDS))
   return "\n".join(
       [f"usage: jaxtl COMMAND [flags]   (jaxtl {_version()}; jaxtl COMMAND --help: "
@@ -111,7 +111,7 @@ def _usage() -> str:
       + [f"  {name:<{width}}  {c.summary}" for name, c in COMMANDS.items()])
 
 
-def _mode_help(command: str) -> str:
+def mode_help(command: str) -> str:
   """A training command's own help: its usage, its recipes, where its keys are."""
   prefix, extra = MODE_RECIPES[command]
   names = [n for n in recipes.names() if n.startswith(prefix)] + ([extra] if extra else [])
@@ -141,7 +141,7 @@ def run(argv: list[str] | None = None) -> None:
   """Console-script entry point."""
   argv = list(sys.argv if argv is None else argv)
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
-    print(_usage())
+    print(usage())
     raise SystemExit(0 if len(argv) >= 2 else 2)
   if argv[1] == "--version":
     print(f"jaxtl {_version()}")
@@ -158,7 +158,7 @@ def run(argv: list[str] | None = None) -> None:
     _show_config(rest)
     return
   if command in MODE_RECIPES and {"-h", "--help", "--helpshort"} & set(rest):
-    print(_mode_help(command))
+    print(mode_help(command))
     return
   # Recipe names work for every command that takes --config (main does
   # this itself too, for python -m jaxtl.main).

@@ -24,11 +24,15 @@ def names() -> list[str]:
                 if n.endswith(".py") and not n.startswith("_") and n[:-3] not in HELPERS)
 
 
+def docstring(name: str) -> str:
+  """A recipe's docstring, read from its file (nothing is imported)."""
+  with open(os.path.join(RECIPES_DIR, f"{name}.py"), encoding="utf-8") as f:
+    return ast.get_docstring(ast.parse(f.read())) or ""
+
+
 def summary(name: str) -> str:
   """The first sentence of a recipe's docstring."""
-  with open(os.path.join(RECIPES_DIR, f"{name}.py"), encoding="utf-8") as f:
-    doc = ast.get_docstring(ast.parse(f.read())) or ""
-  paragraph = " ".join(doc.strip().split("\n\n")[0].split()).replace("``", "")
+  paragraph = " ".join(docstring(name).strip().split("\n\n")[0].split()).replace("``", "")
   return paragraph.split(". ")[0].rstrip(".")
 
 
@@ -51,14 +55,28 @@ def load(spec: str) -> Any:
   return values.config
 
 
+# Columns of ``table``: a longer assignment (a list of paths) overflows its
+# column rather than pushing every meaning off the screen.
+MAX_COLUMN = 48
+
+
+def _columns(cells: list[tuple[str, ...]]) -> list[str]:
+  """Cells aligned in columns at most MAX_COLUMN wide (the last unpadded)."""
+  widths = [max((len(c) for c in column if len(c) <= MAX_COLUMN), default=0)
+            for column in zip(*cells)]
+  return ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1]
+          for row in cells]
+
+
 def table(config: Any, prefix: str = "") -> str:
-  """``--config.KEY=VALUE  (type)`` per key under ``prefix``: what the
-  command line overrides, in the form it takes."""
-  from jaxtl.train.identity import leaves  # pylint: disable=g-import-not-at-top
-  rows = [(k, v) for k, v in leaves(config) if k.startswith(prefix)]
-  if not rows:
+  """``--config.KEY=VALUE  (type)  meaning`` per key under ``prefix``: what
+  the command line overrides, in the form it takes, and what it does."""
+  from jaxtl.configs import common  # pylint: disable=g-import-not-at-top
+  rows = common.describe(config, strict=False)  # a user's own file may add keys
+  picked = [row for row in rows if row[0].startswith(prefix)]
+  if not picked:
     raise ValueError(f"--filter={prefix}: no key starts so; the sections: "
-                     f"{', '.join(sorted({k.split('.')[0] for k, _ in leaves(config)}))}")
-  width = max(len(f"--config.{k}={v!r}") for k, v in rows)
-  return "\n".join(f"{f'--config.{k}={v!r}':<{width}}  ({type(v).__name__})"
-                   for k, v in rows)
+                     f"{', '.join(sorted({k.split('.')[0] for k, _, _ in rows}))}")
+  return "\n".join(line.rstrip() for line in _columns(
+      [(f"--config.{k}={v!r}", f"({type(v).__name__})", meaning)
+       for k, v, meaning in picked]))

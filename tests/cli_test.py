@@ -5,6 +5,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import zipfile
 
@@ -12,6 +13,8 @@ import pytest
 import setuptools
 
 from jaxtl import cli
+import datadir
+import runs
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -53,7 +56,8 @@ def test_the_command_runs_a_module_with_its_flags():
 
 def test_the_wheel_ships_the_jaxtl_package_with_the_top_level_recipes(tmp_path):
   """configs/ is the one home of the recipes, installed as jaxtl.configs: a
-  wheel holds them, and its jaxtl finds them away from the clone."""
+  wheel holds them, and a fresh virtualenv with it installed, away from the
+  clone, pretrains with a recipe named on its command line."""
   setup = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
   found = setuptools.find_packages(str(REPO), include=["jaxtl*"])
   assert sorted(setup["packages"]) == sorted([*found, "jaxtl.configs"])
@@ -61,16 +65,44 @@ def test_the_wheel_ships_the_jaxtl_package_with_the_top_level_recipes(tmp_path):
   assert not (REPO / "jaxtl" / "configs").exists()  # one copy
   subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
                   str(tmp_path), str(REPO)], check=True, capture_output=True, timeout=300)
-  wheel = zipfile.ZipFile(next(tmp_path.glob("jaxtl-*.whl")))
-  names = wheel.namelist()
+  wheel = next(tmp_path.glob("jaxtl-*.whl"))
+  names = zipfile.ZipFile(wheel).namelist()
   assert "jaxtl/configs/pretrain_clm.py" in names and "jaxtl/configs/common.py" in names
   assert not [n for n in names if n.startswith("configs/")]
-  wheel.extractall(tmp_path / "site")
-  out = subprocess.run(  # the wheel's jaxtl, from a folder that is not the clone
-      [sys.executable, "-m", "jaxtl.cli", "config", "pretrain_clm", "--filter=train.steps"],
-      cwd=tmp_path, capture_output=True, text=True, timeout=120,
-      env={**os.environ, "PYTHONPATH": str(tmp_path / "site"), "JAXTL_HUGE_PAGES": "0"})
-  assert out.stdout.strip() == "--config.train.steps=400  (int)", out.stderr[-2000:]
+  # A fresh virtualenv: the wheel installed by pip, its dependencies seen
+  # through a .pth (this one's site-packages, whose editable jaxtl is not
+  # activated there: a .pth's own .pth files are not read).
+  venv = tmp_path / "venv"
+  subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                 timeout=120)
+  fresh = venv / "bin" / "python"
+  site = subprocess.run([str(fresh), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                         "['purelib'])"], capture_output=True, text=True, check=True).stdout
+  pathlib.Path(site.strip(), "deps.pth").write_text(
+      sysconfig.get_paths()["purelib"] + "\n")
+  subprocess.run([sys.executable, "-m", "pip", "--python", str(fresh), "install", "-q",
+                  "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True,
+                 timeout=300)
+  env = {**os.environ, "JAXTL_HUGE_PAGES": "0", "XLA_FLAGS": runs.XLA_FLAGS,
+         "JAX_PLATFORMS": "cpu"}
+  where = subprocess.run([str(fresh), "-c", "import jaxtl; print(jaxtl.__file__)"],
+                         cwd=tmp_path, capture_output=True, text=True, env=env, check=True)
+  assert where.stdout.startswith(str(venv)), where.stdout  # not the clone's
+  out = subprocess.run([str(venv / "bin" / "jaxtl"), "config", "pretrain_clm",
+                        "--filter=train.steps"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120, env=env)
+  assert out.stdout.startswith("--config.train.steps=400  (int)"), out.stderr[-2000:]
+  if datadir.data_dir() is None or not (datadir.data_dir() / "tiny_shakespeare").is_dir():
+    return  # the recipe's corpus is not here: the run is tested where it is
+  run = subprocess.run(
+      [str(venv / "bin" / "jaxtl"), "pretrain", "--config=pretrain_clm",
+       f"--workdir={tmp_path / 'clm'}", "--config.train.steps=2",
+       "--config.train.eval_every=2", "--config.data.max_docs=1",
+       "--config.model.num_layers=1"],
+      cwd=tmp_path, capture_output=True, text=True, timeout=600,
+      env={**env, "JAXTL_DATA_DIR": str(datadir.data_dir())})
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert (tmp_path / "clm" / "checkpoints" / "2").is_dir()
 
 
 def test_the_command_line_explains_itself(capsys):
@@ -92,7 +124,8 @@ def test_the_command_line_explains_itself(capsys):
   assert "finetune_minilm" not in out
   cli.run(["jaxtl", "config", "finetune:task=files", "--filter=task.t"])
   lines = capsys.readouterr().out.splitlines()
-  assert "--config.task.text_fields=('text',)  (tuple)" in lines
+  assert ("--config.task.text_fields=('text',)  (tuple)  the input fields: one, two "
+          "for pairs; tagging: the words list") in lines  # with its meaning
   assert all(line.startswith("--config.task.t") for line in lines)
   with pytest.raises(SystemExit) as stop:
     cli.run(["jaxtl", "config", "finetune", "--filter=nope"])

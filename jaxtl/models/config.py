@@ -33,6 +33,12 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DECODER_STARTS = ("pad", "eos")
 
 
+def _field(default: Any, meaning: str) -> Any:
+  """A field's default and what it means, in one line: ``jaxtl config``
+  shows it beside the key (jaxtl.configs.common.describe)."""
+  return dataclasses.field(default=default, metadata={"meaning": meaning})
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
   """Architecture hyper-parameters shared by the three model families.
@@ -40,54 +46,65 @@ class TransformerConfig:
   ``family`` picks the stack: ``encoder`` (BERT, bidirectional),
   ``decoder`` (GPT-2, causal) or ``encoder_decoder`` (T5).
   """
-  family: str = "encoder"
-  vocab_size: int = 32000
-  d_model: int = 512
-  # >0 and != d_model: tokens, positions and token types are embedded (and
-  # normed) at this width E and projected up to d_model (ELECTRA's
-  # embedding_size, ALBERT's factorised table); the tied LM head's
-  # transform maps back to E. 0: d_model.
-  embed_dim: int = 0
-  num_heads: int = 8
-  head_dim: int = 64
-  mlp_dim: int = 2048
-  num_layers: int = 6
-  num_decoder_layers: int = 0  # encoder_decoder only; 0 means num_layers.
-  max_len: int = 512  # size of the learned position table.
-  position: str = "learned"  # "learned" (BERT, GPT-2) or "relative" (T5).
-  relative_buckets: int = 32
-  relative_max_distance: int = 128
-  type_vocab_size: int = 0  # >0 adds token-type (segment A/B) embeddings.
-  # >0 adds BERT's sentence-pair head (pooler + classifier on [CLS]) for
-  # next-sentence / sentence-order prediction: 2 classes.
-  sentence_classes: int = 0
-  activation: str = "gelu"  # gelu | gelu_new | relu | silu
-  gated_mlp: bool = False  # T5 v1.1 gated-GELU.
-  norm: str = "layernorm"  # layernorm | rmsnorm
-  norm_eps: float = 1e-12
-  pre_norm: bool = True  # False: post-LN (BERT).
-  embed_norm: bool = False  # norm right after the embeddings (BERT).
-  use_bias: bool = True  # biases in dense layers (T5 has none).
-  scale_attention: bool = True  # 1/sqrt(head_dim); T5 folds it into init.
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.0
-  tie_embeddings: bool = True
-  scale_tied_logits: bool = False  # T5 v1.0: hidden * d_model**-0.5 first.
-  lm_head_transform: bool = False  # BERT: dense + act + norm before logits.
-  lm_head_bias: bool = False
-  decoder_start: str = "pad"  # encoder_decoder: of DECODER_STARTS
-  init_std: float = 0.02
-  dtype: str = "float32"  # compute dtype.
-  param_dtype: str = "float32"
-  scan_layers: bool = False
-  remat: str = "none"
-  attention_impl: str | None = None  # None (auto) | "xla" | "cudnn" | "einsum"
-  # Parameter-efficient adaptation (0 = off).
-  adapter_dim: int = 0  # Houlsby bottleneck after attention and MLP.
-  lora_rank: int = 0
-  lora_alpha: float = 16.0  # LoRA update scale is alpha / rank.
-  lora_dropout: float = 0.0
-  lora_targets: tuple[str, ...] = (paths.QUERY, paths.VALUE)  # of paths.PROJECTIONS
+  family: str = _field("encoder", "the stack: encoder (BERT) | decoder (GPT-2) | "
+                       "encoder_decoder (T5, BART)")
+  vocab_size: int = _field(32000, "token vocabulary size; 0 in a config: the tokenizer's")
+  d_model: int = _field(512, "hidden width of every layer")
+  # Tokens, positions and token types are embedded (and normed) at width E
+  # and projected up to d_model (ELECTRA's embedding_size, ALBERT's
+  # factorised table); the tied LM head's transform maps back to E.
+  embed_dim: int = _field(0, "embedding width E, projected up to d_model; 0: d_model")
+  num_heads: int = _field(8, "attention heads per layer")
+  head_dim: int = _field(64, "width of each attention head")
+  mlp_dim: int = _field(2048, "hidden width of each MLP block")
+  num_layers: int = _field(6, "layers (the encoder's, for encoder_decoder)")
+  num_decoder_layers: int = _field(0, "encoder_decoder: the decoder's layers; 0: num_layers")
+  max_len: int = _field(512, "longest input: the size of the learned position table")
+  position: str = _field("learned", "positions: learned (BERT, GPT-2) | relative (T5)")
+  relative_buckets: int = _field(32, "relative positions: buckets of the attention bias")
+  relative_max_distance: int = _field(128, "relative positions: distances from this on "
+                                      "share the last bucket")
+  type_vocab_size: int = _field(0, "token types (segments A/B) embedded; 0: none")
+  # The head is BERT's pooler + classifier on [CLS]: next-sentence or
+  # sentence-order prediction.
+  sentence_classes: int = _field(0, "classes of a sentence-pair pretraining head (2); 0: none")
+  activation: str = _field("gelu", "MLP activation: gelu | gelu_new | relu | silu")
+  gated_mlp: bool = _field(False, "gated MLP (T5 v1.1's gated GELU)")
+  norm: str = _field("layernorm", "normalisation: layernorm | rmsnorm")
+  norm_eps: float = _field(1e-12, "epsilon of every norm")
+  pre_norm: bool = _field(True, "norm before each block (GPT-2, T5); False: after it (BERT)")
+  embed_norm: bool = _field(False, "norm right after the embeddings (BERT)")
+  use_bias: bool = _field(True, "biases in dense layers (T5 has none)")
+  scale_attention: bool = _field(True, "scale attention scores by 1/sqrt(head_dim) "
+                                 "(T5 folds it into init)")
+  dropout_rate: float = _field(0.1, "dropout on activations while training")
+  attention_dropout_rate: float = _field(0.0, "dropout on attention weights while training")
+  tie_embeddings: bool = _field(True, "the LM head reuses the token embedding table")
+  scale_tied_logits: bool = _field(False, "T5 v1.0: scale hidden states by d_model**-0.5 "
+                                   "before the tied head")
+  lm_head_transform: bool = _field(False, "dense + activation + norm before the LM "
+                                   "logits (BERT)")
+  lm_head_bias: bool = _field(False, "an output bias on the LM logits")
+  decoder_start: str = _field("pad", "encoder_decoder: the decoder's first token: pad "
+                              "(T5) | eos (BART)")
+  init_std: float = _field(0.02, "standard deviation of initial weights")
+  dtype: str = _field("float32", "compute dtype: float32 | bfloat16")
+  param_dtype: str = _field("float32", "dtype the parameters are stored in")
+  scan_layers: bool = _field(False, "compile one layer and scan it (faster compiles)")
+  remat: str = _field("none", "activations recomputed in the backward pass (less "
+                      "memory): none | full | dots | dots_no_batch")
+  attention_impl: str | None = _field(None, "attention kernel: xla | cudnn | einsum; "
+                                      "None (\"\" in a config): automatic")
+  # Parameter-efficient adaptation (0 = off); fine-tuning sets them from
+  # config.adapt.
+  adapter_dim: int = _field(0, "bottleneck width of adapters after attention and "
+                            "MLP; 0: none")
+  lora_rank: int = _field(0, "rank of LoRA updates; 0: none")
+  lora_alpha: float = _field(16.0, "LoRA's scale: updates are multiplied by alpha / rank")
+  lora_dropout: float = _field(0.0, "dropout on LoRA's input")
+  lora_targets: tuple[str, ...] = _field((paths.QUERY, paths.VALUE),
+                                         "projections LoRA adapts: of query, key, "
+                                         "value, out")
 
   def __post_init__(self):
     checks = {

@@ -1,0 +1,152 @@
+"""A Sphinx extension that writes the pages generated from the code.
+
+At ``builder-inited`` it writes, before Sphinx reads any page:
+
+- ``reference/recipes.md``: every shipped recipe and its docstring;
+- ``reference/config/<recipe>.md``: every key of the recipe, its type,
+  default and meaning (``jaxtl.configs.common.describe``; a key without a
+  meaning raises, which fails the build);
+- ``reference/cli.md``: ``jaxtl --help`` and every command's own flags, as
+  the commands print them;
+- ``benchmarks.md`` and its plots: ``launch/benchmark_results.md``.
+
+None of these files is committed (``.gitignore``), so none can drift from
+what it describes. A file is rewritten only when its text changes, which
+keeps incremental builds incremental.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent import futures
+from typing import Any
+
+import benchmarks_page
+
+DOCS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(DOCS)
+
+
+def write(relpath: str, text: str) -> None:
+  """``text`` into ``docs/relpath``, unless it holds it already."""
+  path = os.path.join(DOCS, relpath)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      if f.read() == text:
+        return
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(text)
+
+
+def cell(value: Any) -> str:
+  """A value as a Markdown table cell: code, with pipes escaped."""
+  text = repr(value).replace("|", "\\|")
+  return f"`{text}`" if text else ""
+
+
+# ----------------------------------------------------------------------------
+# Recipes and their keys.
+
+
+def recipes_page() -> str:
+  from jaxtl import recipes  # pylint: disable=g-import-not-at-top
+  lines = ["# Recipes", "",
+           "The recipes that ship with jaxtl (`jaxtl recipes` lists them). Give one",
+           "to a command by name, `--config=NAME` or `--config=NAME:ARGS`; each",
+           "recipe's page lists every key it sets.", ""]
+  for name in recipes.names():
+    lines += [f"## {name}", "", f"{recipes.summary(name)}. Keys: [{name}](config/{name}.md).",
+              "", "```text", recipes.docstring(name).rstrip(), "```", ""]
+  return "\n".join(lines)
+
+
+def config_page(name: str) -> str:
+  """One recipe's keys, as a table."""
+  from jaxtl import recipes  # pylint: disable=g-import-not-at-top
+  from jaxtl.configs import common  # pylint: disable=g-import-not-at-top
+  rows = common.describe(recipes.load(os.path.join(recipes.RECIPES_DIR, f"{name}.py")))
+  lines = [f"# {name}", "", f"{recipes.summary(name)}.", "",
+           f"Every key of `--config={name}` with its default arguments, as "
+           f"`jaxtl config {name}` prints them; override any with "
+           "`--config.KEY=VALUE`. The recipe itself: [recipes](../recipes.md).", "",
+           "| key | type | default | meaning |", "|---|---|---|---|"]
+  lines += [f"| `{key}` | {type(value).__name__} | {cell(value)} | {meaning} |"
+            for key, value, meaning in rows]
+  return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------
+# The command line.
+
+
+def _help(args: list[str]) -> str:
+  """What ``jaxtl ARGS`` prints, without the absl footer and file headers."""
+  out = subprocess.run([sys.executable, "-m", "jaxtl.cli", *args], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300, check=False).stdout
+  keep = []
+  for line in out.splitlines():
+    if line.startswith("Try --helpfull") or line.rstrip().endswith(".py:"):
+      continue
+    keep.append(line.rstrip())
+  return "\n".join(keep).strip()
+
+
+def _flags(command: str) -> str:
+  """The flag block of ``jaxtl COMMAND --helpshort``."""
+  text = _help([command, "--helpshort"])
+  return text.split("\nflags:\n", 1)[-1].strip() if "\nflags:\n" in text else ""
+
+
+def cli_page() -> str:
+  from jaxtl import cli  # pylint: disable=g-import-not-at-top
+  commands = [c for c, spec in cli.COMMANDS.items() if spec.module]
+  with futures.ThreadPoolExecutor(4) as pool:
+    flag_blocks = dict(zip(commands, pool.map(
+        lambda c: _flags("pretrain" if c in cli.MODE_RECIPES else c), commands)))
+  lines = ["# Command line", "",
+           "Every command of `jaxtl`, with the flags it takes, as the commands print",
+           "them. `jaxtl COMMAND --help` shows the same; each command is also",
+           "`python -m MODULE`.", "", "```text", cli.usage(), "```", ""]
+  for command, spec in cli.COMMANDS.items():
+    lines += [f"## jaxtl {command}", "", f"{spec.summary[0].upper()}{spec.summary[1:]}.", ""]
+    if command in cli.MODE_RECIPES:
+      lines += ["```text", cli.mode_help(command), "```", "",
+                "Its flags (shared by `pretrain`, `finetune` and `study`):", ""]
+    elif spec.module is None:
+      continue
+    else:
+      lines += [f"Module: `python -m {spec.module}`.", ""]
+    if command == "lm_eval":
+      lines += ["Takes the flags of EleutherAI's `lm_eval` (`lm_eval --help`); jaxtl",
+                "sets `--model=jaxtl` and reads `--model_args=checkpoint=WORKDIR`.", ""]
+      continue
+    lines += ["```text", flag_blocks[command] or "(no flags)", "```", ""]
+  return "\n".join(lines)
+
+
+def generate(app: Any = None) -> None:  # pylint: disable=unused-argument
+  """Writes every generated page (Sphinx's builder-inited hook)."""
+  from jaxtl import recipes  # pylint: disable=g-import-not-at-top
+  write("reference/recipes.md", recipes_page())
+  for name in recipes.names():
+    write(f"reference/config/{name}.md", config_page(name))
+  write("reference/cli.md", cli_page())
+  page, figures = benchmarks_page.render(os.path.join(ROOT, "launch", "benchmark_results.md"))
+  for relpath, data in figures.items():
+    path = os.path.join(DOCS, relpath)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+      f.write(data)
+  write("benchmarks.md", page)
+
+
+def setup(app: Any) -> dict[str, Any]:
+  app.connect("builder-inited", generate)
+  return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":
+  generate()
