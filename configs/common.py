@@ -164,8 +164,7 @@ def mesh_config() -> Keys:
 def objective_config() -> Keys:
   """The pretraining objective and its corruption rates."""
   return dict(
-      name=Key("clm", "pretraining objective: clm | mlm | mlm_nsp | mlm_sop | span | "
-                      "electra | bart | prefix_lm | prefix_lm_encdec"),
+      name=Key("clm", "pretraining objective: " + " | ".join(objectives.REGISTRY)),
       mask_rate=Key(0.15, "mlm, electra: share of tokens chosen for prediction"),
       mask_token_rate=Key(0.8, "mlm: share of the chosen tokens replaced by [MASK]"),
       random_token_rate=Key(0.1, "mlm: share of the chosen tokens replaced by a "

@@ -114,3 +114,12 @@ def test_the_benchmarks_page_draws_the_newest_rows_per_device():
   assert all(f"]({name})" in page for name in figures)
   assert all(svg.startswith(b"<?xml") for svg in figures.values())
   assert page.count("### Run ") == len(runs_)
+
+
+def test_the_own_data_guide_runs_as_written(data_dir, tmp_path):
+  datadir.require_data("glue")
+  pytest.importorskip("datasets")
+  run_page(DOCS / "guides" / "own-data.md", tmp_path)
+  for run in ("reviews", "questions", "nli", "rte"):
+    assert (tmp_path / "runs" / run / "results.json").is_file(), run
+  assert (tmp_path / "predicted.jsonl").read_text().count("\n") == 1
