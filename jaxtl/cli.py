@@ -45,7 +45,7 @@ COMMANDS: dict[str, Command] = {
     "study": Command("jaxtl.main", ("--mode=study",),
                      "the transfer study: pretrain two models, adapt them every way"),
     "predict": Command("jaxtl.predict", (), "a fine-tuned model's predictions for a file"),
-    "generate": Command("jaxtl.generate", (), "write text with a causal LM or a T5"),
+    "generate": Command("jaxtl.generate", (), "write text with a causal LM, a T5 or a BART"),
     "convert": Command("jaxtl.convert", (), "export a model as a Hugging Face folder"),
     "prompt": Command("jaxtl.eval.few_shot", (), "zero- and few-shot prompting on tasks"),
     "lm_eval": Command("jaxtl.eval.lm_eval_adapter", ("--model=jaxtl",),

@@ -344,7 +344,7 @@ def _define_flags() -> None:
   flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass.")
   flags.DEFINE_float("repetition_penalty", 1.0, "> 1 discourages repeats.")
   flags.DEFINE_integer("num_return_sequences", 1, "Outputs per prompt.")
-  flags.DEFINE_integer("num_beams", 1, "Beam search width (T5).")
+  flags.DEFINE_integer("num_beams", 1, "Beam search width (T5, BART).")
   flags.DEFINE_float("length_penalty", 1.0, "Beam score / length**this.")
   flags.DEFINE_integer("seed", 0, "Sampling seed.")
 

@@ -29,12 +29,11 @@ CONFIG_FILE = "config.txt"
 # sysexits.h's EX_IOERR: a checkpoint could not be written (the log says
 # where and why); the same command resumes from the last one written.
 EXIT_SAVE_FAILED = 74
-config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
-                                lock_config=True)
+config_flags.DEFINE_config_file("config", None, "A recipe's name (jaxtl recipes) or a "
+                                "config file, optionally with :ARGS.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics and caches go here.")
 flags.DEFINE_enum("mode", "pretrain", ["pretrain", "finetune", "study"],
-                  "pretrain: configs/pretrain_*.py; finetune: configs/finetune.py; "
-                  "study: configs/transfer_study.py.")
+                  "What to run (set by jaxtl pretrain | finetune | study).")
 flags.DEFINE_bool("multiprocess", False, "Call jax.distributed.initialize() "
                   "(set automatically on SLURM / TPU pods by the launch scripts).")
 # Where the cluster environment (SLURM, Cloud TPU, MPI) cannot tell JAX, e.g.

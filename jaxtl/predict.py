@@ -6,7 +6,7 @@ r"""Predict with a fine-tuned model: a file (or stdin) in, predictions out.
     --text_fields=sentence1,sentence2 --output=out.tsv
   echo "Who wrote Hamlet?" | jaxtl predict --workdir=workdirs/trec_full --input=-
 
-``--input``: CSV, TSV (header line naming the columns), JSON lines, or plain
+``--input``: CSV, TSV (header line naming the columns), JSON lines, Parquet, or plain
 text (one text per line; any other extension, and stdin unless
 ``--input_format`` says otherwise). ``--text_fields`` names the columns that
 hold the task's inputs, in the task's order (default: the columns the model
@@ -37,7 +37,7 @@ def _define_flags() -> None:
   flags.DEFINE_string("output", "-", "Where predictions go (- for stdout).")
   flags.DEFINE_list("text_fields", [], "The input columns holding the task's "
                     "texts, in the task's order (default: the task's field names).")
-  flags.DEFINE_enum("input_format", "", ["", "csv", "tsv", "jsonl", "text"],
+  flags.DEFINE_enum("input_format", "", ["", "csv", "tsv", "jsonl", "parquet", "text"],
                     "Default: by --input's extension (plain text otherwise).")
   flags.DEFINE_integer("batch_size", 32, "Rows per forward pass.")
 

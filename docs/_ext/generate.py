@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from concurrent import futures
 from typing import Any
 
@@ -82,48 +83,51 @@ def config_page(name: str) -> str:
 # The command line.
 
 
-def _help(args: list[str]) -> str:
-  """What ``jaxtl ARGS`` prints, without the absl footer and file headers."""
-  out = subprocess.run([sys.executable, "-m", "jaxtl.cli", *args], capture_output=True,
+def _help(module: str, args: list[str]) -> str:
+  """What ``python -m MODULE ARGS`` prints, without absl's footer and file
+  headers."""
+  out = subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
                        text=True, cwd=ROOT, timeout=300, check=False).stdout
-  keep = []
-  for line in out.splitlines():
-    if line.startswith("Try --helpfull") or line.rstrip().endswith(".py:"):
-      continue
-    keep.append(line.rstrip())
+  keep = [line.rstrip() for line in out.splitlines()
+          if not line.startswith("Try --helpfull") and not line.rstrip().endswith(".py:")]
   return "\n".join(keep).strip()
 
 
-def _flags(command: str) -> str:
-  """The flag block of ``jaxtl COMMAND --helpshort``."""
-  text = _help([command, "--helpshort"])
-  return text.split("\nflags:\n", 1)[-1].strip() if "\nflags:\n" in text else ""
+def _flags(module: str) -> str:
+  """The flag block of a command's ``--helpshort``."""
+  text = _help(module, ["--helpshort"])
+  block = text.split("\nflags:\n", 1)[1] if "\nflags:\n" in text else ""
+  return textwrap.dedent(block).strip("\n")
 
 
 def cli_page() -> str:
   from jaxtl import cli  # pylint: disable=g-import-not-at-top
-  commands = [c for c, spec in cli.COMMANDS.items() if spec.module]
+  modules = sorted({spec.module for spec in cli.COMMANDS.values()
+                    if spec.module and spec.module != "jaxtl.eval.lm_eval_adapter"})
   with futures.ThreadPoolExecutor(4) as pool:
-    flag_blocks = dict(zip(commands, pool.map(
-        lambda c: _flags("pretrain" if c in cli.MODE_RECIPES else c), commands)))
+    flag_blocks = dict(zip(modules, pool.map(_flags, modules)))
   lines = ["# Command line", "",
            "Every command of `jaxtl`, with the flags it takes, as the commands print",
            "them. `jaxtl COMMAND --help` shows the same; each command is also",
            "`python -m MODULE`.", "", "```text", cli.usage(), "```", ""]
   for command, spec in cli.COMMANDS.items():
     lines += [f"## jaxtl {command}", "", f"{spec.summary[0].upper()}{spec.summary[1:]}.", ""]
-    if command in cli.MODE_RECIPES:
-      lines += ["```text", cli.mode_help(command), "```", "",
-                "Its flags (shared by `pretrain`, `finetune` and `study`):", ""]
-    elif spec.module is None:
+    if spec.module is None:
       continue
+    if command in cli.MODE_RECIPES:
+      lines += ["```text", cli.mode_help(command), "```", ""]
+      if command != "pretrain":
+        lines += ["Flags: those of [jaxtl pretrain](#jaxtl-pretrain).", ""]
+        continue
+      lines += ["Flags (`pretrain`, `finetune` and `study` share them; the command sets",
+                "`--mode`):", ""]
     else:
       lines += [f"Module: `python -m {spec.module}`.", ""]
     if command == "lm_eval":
       lines += ["Takes the flags of EleutherAI's `lm_eval` (`lm_eval --help`); jaxtl",
                 "sets `--model=jaxtl` and reads `--model_args=checkpoint=WORKDIR`.", ""]
       continue
-    lines += ["```text", flag_blocks[command] or "(no flags)", "```", ""]
+    lines += ["```text", flag_blocks[spec.module] or "(no flags)", "```", ""]
   return "\n".join(lines)
 
 
