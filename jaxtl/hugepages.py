@@ -7,7 +7,7 @@ common default) they are faulted in 4 KiB at a time: about 195,000 page
 faults per MiniLM fine-tuning step on a CPU, a quarter of the process's CPU
 time spent in the kernel. glibc's ``glibc.malloc.hugetlb=1`` tunable makes
 malloc ask for huge pages, which cuts the faults 300-fold and the step by a
-quarter or more (see the README's Performance section). Tunables are read
+quarter or more (docs/studies/performance.md). Tunables are read
 only when a process starts, so the command-line entry points re-execute
 themselves once with it set; importing jaxtl as a library never does.
 

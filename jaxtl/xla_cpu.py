@@ -8,7 +8,7 @@ YNNPACK's fusions off for oneDNN's matmuls (which use AMX) took the step
 from 1.93-2.00 s to about 1.67 s (issue 19). So an entry point picks the
 flags for the CPU it finds (:func:`apply`, called by
 :func:`jaxtl.startup.tune_process` before JAX starts its CPU client, which
-reads ``XLA_FLAGS`` once). The README's Performance section has the
+reads ``XLA_FLAGS`` once). docs/studies/performance.md has the
 measurements behind each rule.
 
 A user's own ``XLA_FLAGS`` naming any of these flags wins, and

@@ -27,8 +27,10 @@ sys.path.insert(0, str(DOCS / "_ext"))
 import benchmarks_page  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Appended to every training command: a few steps, not three epochs.
+# (One padded length, 32, so one compiled step per mode; no periodic checkpoints.)
 TINY = {"finetune": ("--config.train.epochs=1 --config.task.num_train_examples=48 "
-                     "--config.task.max_eval_examples=16 --config.task.max_len=32"),
+                     "--config.task.max_eval_examples=16 --config.task.max_len=32 "
+                     "--config.train.length_multiple=32 --config.train.checkpoint_every=0"),
         "pretrain": "--config.train.steps=2 --config.train.eval_every=2"}
 # Lines the test environment has done already (install) or must not undo.
 SKIP = ("pip install", "export JAXTL_DATA_DIR=")

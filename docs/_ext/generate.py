@@ -42,10 +42,14 @@ def write(relpath: str, text: str) -> None:
     f.write(text)
 
 
+def escaped(text: str) -> str:
+  """``text`` with its pipes escaped, for a Markdown table cell."""
+  return text.replace("|", "\\|")
+
+
 def cell(value: Any) -> str:
   """A value as a Markdown table cell: code, with pipes escaped."""
-  text = repr(value).replace("|", "\\|")
-  return f"`{text}`" if text else ""
+  return f"`{escaped(repr(value))}`"
 
 
 # ----------------------------------------------------------------------------
@@ -74,7 +78,7 @@ def config_page(name: str) -> str:
            f"`jaxtl config {name}` prints them; override any with "
            "`--config.KEY=VALUE`. The recipe itself: [recipes](../recipes.md).", "",
            "| key | type | default | meaning |", "|---|---|---|---|"]
-  lines += [f"| `{key}` | {type(value).__name__} | {cell(value)} | {meaning} |"
+  lines += [f"| `{key}` | {type(value).__name__} | {cell(value)} | {escaped(meaning)} |"
             for key, value, meaning in rows]
   return "\n".join(lines) + "\n"
 

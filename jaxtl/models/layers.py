@@ -149,7 +149,7 @@ def attention_impl(cfg: TransformerConfig, dtype: Any) -> str:
   [B, H, T, S] scores; choosing cuDNN here is what makes long sequences fit.
   On a CPU XLA's kernel, which maps its einsums over a group axis, adds
   copies that the plain einsums do not: without attention dropout the train
-  step ran 2-10% faster with them (T5-small, BERT-base, MiniLM; README).
+  step ran 2-10% faster with them (T5-small, BERT-base, MiniLM; docs: studies/performance).
   """
   if cfg.attention_impl is not None:
     return cfg.attention_impl
@@ -165,7 +165,7 @@ def attention_dropout_cost(cfg: TransformerConfig) -> str | None:
   could, or None. Attention dropout needs the probabilities, which the fused
   kernel never materialises, so training takes the einsums instead: on an
   H100, BERT-base's step at 16 x 512 ran at 15.5% MFU that way against 28%
-  with cuDNN at 64 x 512 (README, GPU). Said once, at the start of a run."""
+  with cuDNN at 64 x 512 (docs: studies/performance). Said once, at the start of a run."""
   if cfg.attention_dropout_rate <= 0 or attention_impl(cfg, cfg.jnp_dtype) != "cudnn":
     return None
   return (f"attention dropout ({cfg.attention_dropout_rate:g}) keeps training off cuDNN's "
@@ -409,7 +409,7 @@ class Embedder(nn.Module):
                             (cfg.type_vocab_size, e), cfg.jnp_param_dtype)
       # A one-hot product, not a gather: the gather's gradient scatters every
       # token into the same two or so rows, and those colliding atomic adds
-      # took 60% of BERT-base's step on an H100 (README "Performance").
+      # took 60% of BERT-base's step on an H100 (docs: studies/performance).
       types_BTY = jax.nn.one_hot(token_types_BT, cfg.type_vocab_size, dtype=cfg.jnp_dtype)
       x_BTE += jnp.einsum("bty,ye->bte", types_BTY, jnp.asarray(table_YE, cfg.jnp_dtype))
     if cfg.embed_norm:

@@ -92,7 +92,7 @@ class RelativePositionBias(nn.Module):
         cfg.relative_max_distance)
     # A one-hot product, not a gather: the gather's gradient scatter-adds
     # every (row, query, key) into the same 32 or so rows, and those colliding
-    # 16-bit atomic adds took 99% of a T5 train step on an H100 (README
-    # "Performance"). The product's gradient is a matmul.
+    # 16-bit atomic adds took 99% of a T5 train step on an H100 (docs:
+    # studies/performance). The product's gradient is a matmul.
     buckets_BTSN = jax.nn.one_hot(buckets_BTS, cfg.relative_buckets, dtype=cfg.jnp_dtype)
     return jnp.einsum("btsn,nh->bhts", buckets_BTSN, jnp.asarray(table_NH, cfg.jnp_dtype))

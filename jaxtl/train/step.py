@@ -115,7 +115,7 @@ def keep_if_finite(finite: Array, update: Callable, grads: Any, params: Any,
                    opt_state: Any, *, select: bool) -> tuple[Any, Any]:
   """``update(grads, params, opt_state)`` where ``finite``, else the old state.
 
-  Which form is faster depends on the back end (README "Performance"):
+  Which form is faster depends on the back end (docs: studies/performance):
   - A ``lax.cond`` (``select=False``) lets XLA:CPU update the donated
     parameters and optimizer state in place; a select keeps new and old
     alive and copies every parameter and both Adam moments each step (4-7%
