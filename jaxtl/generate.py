@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtl import sampling
-from jaxtl.models import TransformerConfig, build_model, paths
+from jaxtl.models import TransformerConfig, build_model, family_of, paths
 
 Array = jax.Array
 
@@ -265,16 +265,14 @@ def generate(config: TransformerConfig, params: Any, tokens_BP: np.ndarray,
   Returns:
     Rows ``b * num_return_sequences + j`` are output j of prompt b.
   """
-  if config.family == "encoder":
-    raise ValueError("an encoder-only (BERT) model does not generate; use a decoder "
-                     "(GPT-2) or encoder-decoder (T5)")
-  if gen.num_beams > 1 and config.family != "encoder_decoder":
-    raise ValueError("beam search is for encoder-decoder models; sample or decode "
-                     "greedily with a decoder-only one")
+  family = family_of(config)
+  family.check_generates()
+  if gen.num_beams > 1:
+    family.check_beam_search()
   if gen.num_return_sequences > max(gen.num_beams, 1) and gen.num_beams > 1:
     raise ValueError(f"num_return_sequences={gen.num_return_sequences} exceeds "
                      f"num_beams={gen.num_beams}")
-  if config.family == "decoder" and tokens_BP.shape[1] + gen.max_new_tokens > config.max_len:
+  if family.causal and tokens_BP.shape[1] + gen.max_new_tokens > config.max_len:
     raise ValueError(f"prompt ({tokens_BP.shape[1]}) + max_new_tokens "
                      f"({gen.max_new_tokens}) exceeds the model's max_len {config.max_len}")
   tokens = jnp.asarray(tokens_BP, jnp.int32)
@@ -293,15 +291,15 @@ def generate_ids(config: TransformerConfig, gen: GenerationConfig, params: Any,
     return _beam_search(cfg, gen, params, tokens, mask)
   n = gen.num_return_sequences
   tokens, mask = jnp.repeat(tokens, n, axis=0), jnp.repeat(mask, n, axis=0)
-  run = _generate_decoder if cfg.family == "decoder" else _generate_encoder_decoder
+  run = _generate_decoder if family_of(cfg).causal else _generate_encoder_decoder
   return run(cfg, gen, params, tokens, mask, rng)
 
 
 def _prompt_arrays(tok: Any, prompts: list[str], family: str
                    ) -> tuple[np.ndarray, np.ndarray]:
   """Token and mask arrays: left-padded for decoders, EOS-terminated for T5."""
-  rows = [tok.encode(p) + ([tok.eos_id] if family == "encoder_decoder" else [])
-          for p in prompts]
+  eos = [tok.eos_id] if family_of(family).eos_ends_prompt else []
+  rows = [tok.encode(p) + eos for p in prompts]
   width = max(map(len, rows))
   tokens = np.full((len(rows), width), tok.pad_id, np.int32)
   mask = np.zeros_like(tokens)
@@ -328,7 +326,7 @@ def main(argv: list[str]) -> None:
   for i, row in enumerate(out):
     prompt = f.prompt[i // gen.num_return_sequences]
     text = tok.decode([int(t) for t in row])
-    print(f"[{i}] {prompt}{'' if loaded.config.family == 'decoder' else ' ->'} {text}")
+    print(f"[{i}] {prompt}{'' if family_of(loaded.config).causal else ' ->'} {text}")
 
 
 def _define_flags() -> None:

@@ -21,11 +21,10 @@ from typing import Any, Callable
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxtl import cli, console, startup
+from jaxtl import cli, console, layout, startup
 from jaxtl.data import network
 
 FLAGS = flags.FLAGS
-CONFIG_FILE = "config.txt"
 # sysexits.h's EX_IOERR: a checkpoint could not be written (the log says
 # where and why); the same command resumes from the last one written.
 EXIT_SAVE_FAILED = 74
@@ -133,7 +132,7 @@ def write_config(config: Any, workdir: str) -> str:
   records what the steps after it ran with.
   """
   os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, CONFIG_FILE)
+  path = layout.config_file(workdir)
   stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
   with open(path, "a") as f:
     command = shlex.join(["python", "-m", "jaxtl.main", *sys.argv[1:]])

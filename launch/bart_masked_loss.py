@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtl import objectives
-from jaxtl.data import denoising
+from jaxtl.objectives import denoising
 from jaxtl.models import build_model
 from jaxtl.objectives import bart
 from jaxtl.objectives.span import encoder_decoder_example

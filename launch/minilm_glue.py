@@ -16,7 +16,7 @@ import os
 
 from absl import app, flags
 
-from jaxtl import startup
+from jaxtl import layout, startup
 
 flags.DEFINE_string("workdir", "/tmp/minilm_glue", "Output folder.")
 flags.DEFINE_list("tasks", ["sst2", "cola", "mrpc", "rte", "stsb"], "GLUE tasks.")
@@ -26,7 +26,7 @@ FLAGS = flags.FLAGS
 
 
 def run(task: str, workdir: str) -> dict:
-  path = os.path.join(workdir, "results.json")
+  path = layout.results_file(workdir)
   if not os.path.exists(path):
     from jaxtl.configs import finetune_minilm  # pylint: disable=g-import-not-at-top
     from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top

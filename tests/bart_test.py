@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxtl.data import denoising
+from jaxtl.objectives import denoising
 from jaxtl.objectives import bart
 
 import datadir

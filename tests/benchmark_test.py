@@ -11,7 +11,7 @@ import pytest
 
 from jaxtl.tools import benchmark, footprint, presets
 from jaxtl.train import perf
-from jaxtl.data import corruption
+from jaxtl.objectives import corruption
 from jaxtl.models import build_model
 
 import datadir

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtl import convert
+from jaxtl import convert, layout
 from jaxtl.models import electra, heads, paths
 from jaxtl.train import checkpoint, fingerprints, pretrained, storage
 from jaxtl import train
@@ -170,22 +170,22 @@ def test_a_run_that_keeps_a_selected_state_but_chose_none_has_no_model(tmp_path)
   """A fine-tuning run stopped mid-epoch has checkpoints/ but an empty
   best/: its newest checkpoint is no one's model, so loading refuses."""
   _save_steps(tmp_path / "checkpoints", (3,))
-  (tmp_path / checkpoint.BEST_DIR).mkdir()
+  (tmp_path / layout.BEST_DIR).mkdir()
   with pytest.raises(checkpoint.NoSelectedModel, match=r"no finished model yet: .*best is "
                      r"empty.*checkpoints/3, is from the middle of an epoch"):
     checkpoint.load_selected(tmp_path)
-  shutil.rmtree(tmp_path / checkpoint.BEST_DIR)  # pretraining keeps no best/
+  shutil.rmtree(tmp_path / layout.BEST_DIR)  # pretraining keeps no best/
   assert checkpoint.selected_checkpoint(tmp_path) == str(tmp_path / "checkpoints" / "3")
 
 
 def test_a_step_rotated_away_while_it_is_read_is_chosen_again(tmp_path, monkeypatch):
   """A predict beside a run saving into best/ once called the healthy model
   corrupt: its chosen step was deleted under it by the run's rotation."""
-  _save_steps(tmp_path / checkpoint.BEST_DIR, (1,), keep=1)
+  _save_steps(tmp_path / layout.BEST_DIR, (1,), keep=1)
   read = checkpoint.load_params
   def rotated_once(step_dir):
     if step_dir.endswith(os.sep + "1"):  # the run saves step 2, then drops step 1
-      _save_steps(tmp_path / checkpoint.BEST_DIR, (2,), keep=1)
+      _save_steps(tmp_path / layout.BEST_DIR, (2,), keep=1)
       assert not os.path.exists(step_dir)
       raise checkpoint.UnreadableCheckpoints("no intact checkpoint to load")
     return read(step_dir)

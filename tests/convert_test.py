@@ -584,11 +584,11 @@ def test_a_jaxtl_bart_workdir_exports_its_tokenizers_special_ids(tmp_path):
   import jax  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from jaxtl.configs import models  # pylint: disable=g-import-not-at-top
-  from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
+  from jaxtl import layout  # pylint: disable=g-import-not-at-top
   from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top
   from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / "work"
-  _word_tokenizer(workdir / pipeline.TOKENIZER_DIR, ["<unk>", "<mask>", "</s>", "<s>", "<pad>"])
+  _word_tokenizer(workdir / layout.TOKENIZER_DIR, ["<unk>", "<mask>", "</s>", "<s>", "<pad>"])
   cfg = TransformerConfig.from_mapping({
       **models.get_model_config("bart_tiny"), "vocab_size": 29, "d_model": 24,
       "num_heads": 3, "head_dim": 8, "mlp_dim": 40, "num_layers": 1,
@@ -623,11 +623,11 @@ def _electra_workdir(tmp_path):
   import jax  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
+  from jaxtl import layout  # pylint: disable=g-import-not-at-top
   from jaxtl.models import TransformerConfig, electra  # pylint: disable=g-import-not-at-top
   from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / "electra"
-  _word_tokenizer(workdir / pipeline.TOKENIZER_DIR,
+  _word_tokenizer(workdir / layout.TOKENIZER_DIR,
                   ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], words=40)
   cfg = TransformerConfig(family="encoder", vocab_size=45, d_model=48, num_heads=3,
                           head_dim=16, mlp_dim=64, num_layers=1, max_len=16,
@@ -684,11 +684,11 @@ def test_a_gpt2_exports_its_tokenizers_special_ids(tmp_path):
   at the model's own EOS; an imported HF GPT-2 keeps the ids it came with."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from jaxtl.configs import models  # pylint: disable=g-import-not-at-top
-  from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
+  from jaxtl import layout  # pylint: disable=g-import-not-at-top
   from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top
   from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / "work"
-  _word_tokenizer(workdir / pipeline.TOKENIZER_DIR, ["<unk>", "<mask>", "</s>", "<s>", "<pad>"])
+  _word_tokenizer(workdir / layout.TOKENIZER_DIR, ["<unk>", "<mask>", "</s>", "<s>", "<pad>"])
   cfg = TransformerConfig.from_mapping({
       **models.get_model_config("gpt2_tiny"), "vocab_size": 29, "d_model": 24,
       "num_heads": 3, "head_dim": 8, "mlp_dim": 40, "num_layers": 1, "max_len": 16,

@@ -1,9 +1,9 @@
-"""Property tests for jaxtl.data.corruption (MLM masking, T5 spans)."""
+"""Property tests for jaxtl.objectives.corruption (MLM masking, T5 spans)."""
 
 import numpy as np
 import pytest
 
-from jaxtl.data import corruption
+from jaxtl.objectives import corruption
 
 VOCAB = 1000
 PAD, CLS, SEP, MASK = 0, 1, 2, 3

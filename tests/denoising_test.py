@@ -1,10 +1,10 @@
-"""Property tests for jaxtl.data.denoising (BART's text infilling and
+"""Property tests for jaxtl.objectives.denoising (BART's text infilling and
 sentence permutation)."""
 
 import numpy as np
 import pytest
 
-from jaxtl.data import denoising
+from jaxtl.objectives import denoising
 
 MASK, DOT = 3, 4
 

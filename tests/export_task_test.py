@@ -306,7 +306,8 @@ def _workdir(tmp_path, pooling):
   model_config.json, best/) around a random TaskModel on the BERT config,
   with a WordPiece tokenizer of words ``w0`` .. ``w55``; and that model."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  from jaxtl.data import hf_tokenizers, pipeline  # pylint: disable=g-import-not-at-top
+  from jaxtl import layout  # pylint: disable=g-import-not-at-top
+  from jaxtl.data import hf_tokenizers  # pylint: disable=g-import-not-at-top
   from jaxtl.data.tokenizer_files import save_tokenizer  # pylint: disable=g-import-not-at-top
   from jaxtl.tasks import spec  # pylint: disable=g-import-not-at-top
   from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
@@ -315,7 +316,7 @@ def _workdir(tmp_path, pooling):
   vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
                              + [f"w{i}" for i in range(VOCAB - 5)]))
   save_tokenizer(hf_tokenizers.HuggingFaceTokenizer.wordpiece(vocab),
-                 workdir / pipeline.TOKENIZER_DIR)
+                 workdir / layout.TOKENIZER_DIR)
   pretrained.save_model_config(CONFIGS["bert"], str(workdir))
   spec.save(spec.TaskSpec(name="t", kind="classification", label_names=tuple(LABELS),
                           pooling=pooling, max_len=16, family="encoder"), str(workdir))

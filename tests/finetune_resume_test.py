@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtl.data import pipeline
+from jaxtl.data import batches
 from jaxtl.tasks import finetune
 from jaxtl import train
 from jaxtl.train import checkpoint
@@ -97,7 +97,7 @@ def poisoned_steps(monkeypatch):
   """
   bad = set()
 
-  class Marked(pipeline.BatchIterator):
+  class Marked(batches.BatchIterator):
 
     def __next__(self):
       batch = super().__next__()
@@ -115,7 +115,7 @@ def poisoned_steps(monkeypatch):
       return jnp.where(jnp.max(batch["poison"]) > 0, jnp.nan, loss), sums
     return wrapped
 
-  monkeypatch.setattr(pipeline, "BatchIterator", Marked)
+  monkeypatch.setattr(batches, "BatchIterator", Marked)
   monkeypatch.setattr(finetune, "make_task_loss_fn", poisoned)
   return bad
 

@@ -11,7 +11,7 @@ LAYERS = [
     ("jaxtl.models", "jaxtl.data", "jaxtl.objectives", "jaxtl.convert",
      "jaxtl.train", "jaxtl.hugepages", "jaxtl.xla_cpu", "jaxtl.compile_cache",
      "jaxtl.startup",
-     "jaxtl.sampling", "jaxtl.console"),
+     "jaxtl.sampling", "jaxtl.console", "jaxtl.layout"),
     ("jaxtl.generate", "jaxtl.tasks", "jaxtl.predict", "jaxtl.eval"),
     ("jaxtl.tools", "jaxtl.configs"),
     ("jaxtl.main", "jaxtl.cli", "jaxtl.recipes"),

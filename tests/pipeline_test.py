@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from jaxtl.data import pipeline
+from jaxtl.data import batches, pipeline
 from jaxtl.objectives import clm, span
 
 import datadir
@@ -28,8 +28,8 @@ def _take(it, n):
 
 
 def test_same_seed_same_batches_and_epochs_reshuffle():
-  a = _take(pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=3), 10)
-  b = _take(pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=3), 10)
+  a = _take(batches.BatchIterator(_rows(), _noisy, batch_size=8, seed=3), 10)
+  b = _take(batches.BatchIterator(_rows(), _noisy, batch_size=8, seed=3), 10)
   for x, y in zip(a, b):
     np.testing.assert_array_equal(x["x"], y["x"])
     np.testing.assert_array_equal(x["noise"], y["noise"])
@@ -44,19 +44,19 @@ def test_same_seed_same_batches_and_epochs_reshuffle():
 
 
 def test_state_restores_the_exact_position():
-  it = pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=0)
+  it = batches.BatchIterator(_rows(), _noisy, batch_size=8, seed=0)
   _take(it, 7)
   state = it.get_state()
   expected = _take(it, 4)
-  fresh = pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=0)
+  fresh = batches.BatchIterator(_rows(), _noisy, batch_size=8, seed=0)
   fresh.set_state(state)
   for x, y in zip(expected, _take(fresh, 4)):
     np.testing.assert_array_equal(x["noise"], y["noise"])
 
 
 def test_processes_split_the_global_batch():
-  whole = _take(pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=1), 6)
-  parts = [_take(pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=1,
+  whole = _take(batches.BatchIterator(_rows(), _noisy, batch_size=8, seed=1), 6)
+  parts = [_take(batches.BatchIterator(_rows(), _noisy, batch_size=8, seed=1,
                                         process_index=p, process_count=2), 6)
            for p in range(2)]
   for i, batch in enumerate(whole):
@@ -66,24 +66,24 @@ def test_processes_split_the_global_batch():
 
 
 def test_prefetcher_reports_the_consumers_position():
-  it = pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=0)
-  pre = pipeline.Prefetcher(it, size=3)
+  it = batches.BatchIterator(_rows(), _noisy, batch_size=8, seed=0)
+  pre = batches.Prefetcher(it, size=3)
   _take(pre, 3)
   state = pre.get_state()
   assert state == {"epoch": 0, "index": 3}
   nxt = next(pre)
-  fresh = pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=0)
+  fresh = batches.BatchIterator(_rows(), _noisy, batch_size=8, seed=0)
   fresh.set_state(state)
   np.testing.assert_array_equal(next(fresh)["noise"], nxt["noise"])
   pre.close()
 
 
 def test_eval_iteration_is_finite_and_in_order():
-  it = pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=0,
+  it = batches.BatchIterator(_rows(), _noisy, batch_size=8, seed=0,
                               shuffle=False, repeat=False)
-  batches = list(it)
-  assert len(batches) == 5
-  assert batches[0]["x"][0, 0] == _rows()["tokens"][0, 0]
+  made = list(it)
+  assert len(made) == 5
+  assert made[0]["x"][0, 0] == _rows()["tokens"][0, 0]
 
 
 def test_clm_example_respects_segment_boundaries_and_padding():
@@ -106,7 +106,7 @@ def test_frame_row_adds_cls_and_sep():
 
 
 def test_span_batch_shapes_and_shift_with_the_t5_vocabulary():
-  from jaxtl.data import corruption
+  from jaxtl.objectives import corruption
   from jaxtl.data.tokenizer_files import get_tokenizer
   tok = get_tokenizer(datadir.require_data("tokenizers", "t5_c4_32k_100extra.spm.model"))
   raw, targets_len = corruption.span_corruption_lengths(64)
@@ -129,7 +129,7 @@ def test_span_batch_shapes_and_shift_with_the_t5_vocabulary():
 
 def test_too_small_split_is_a_clear_error():
   with pytest.raises(ValueError, match="fewer than one batch"):
-    pipeline.BatchIterator(_rows(4), _noisy, batch_size=8, seed=0)
+    batches.BatchIterator(_rows(4), _noisy, batch_size=8, seed=0)
 
 
 def test_pack_mode_keeps_documents_apart(tmp_path):
@@ -191,8 +191,8 @@ def _store(tmp_path, n=40, length=12, eos_id=None):
 def test_rows_on_disk_give_the_batches_of_rows_in_memory(tmp_path):
   store = _store(tmp_path)
   assert len(store) == 40 and store.meta["tokens"] == 40 * 12
-  on_disk = _take(pipeline.BatchIterator(store, _noisy, batch_size=8, seed=3), 7)
-  in_memory = _take(pipeline.BatchIterator(_rows(), _noisy, batch_size=8, seed=3), 7)
+  on_disk = _take(batches.BatchIterator(store, _noisy, batch_size=8, seed=3), 7)
+  in_memory = _take(batches.BatchIterator(_rows(), _noisy, batch_size=8, seed=3), 7)
   for a, b in zip(on_disk, in_memory):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
@@ -200,12 +200,12 @@ def test_rows_on_disk_give_the_batches_of_rows_in_memory(tmp_path):
 
 def test_grain_workers_make_the_same_batches_and_resume_exactly(tmp_path):
   store = _store(tmp_path)
-  alone = _take(pipeline.BatchIterator(store, _noisy, batch_size=8, seed=5), 9)
-  it = pipeline.BatchIterator(store, _noisy, batch_size=8, seed=5, workers=2)
+  alone = _take(batches.BatchIterator(store, _noisy, batch_size=8, seed=5), 9)
+  it = batches.BatchIterator(store, _noisy, batch_size=8, seed=5, workers=2)
   first = _take(it, 4)
   state = it.get_state()  # the consumer's position, whatever the workers made
   it.close()
-  again = pipeline.BatchIterator(store, _noisy, batch_size=8, seed=5, workers=1)
+  again = batches.BatchIterator(store, _noisy, batch_size=8, seed=5, workers=1)
   again.set_state(state)
   rest = _take(again, 5)
   again.close()
@@ -264,8 +264,8 @@ def test_batches_made_at_once_are_their_examples_made_one_by_one(name, tmp_path)
   store = _store(tmp_path, length=prepared.row_length,
                  eos_id=tok.eos_id if prepared.eos else None)
   kw = dict(batch_size=8, seed=2, partners=prepared.partner)
-  one_by_one = pipeline.BatchIterator(store, make_example, **kw)
-  at_once = pipeline.BatchIterator(store, make_example, make_batch=make_batch, **kw)
+  one_by_one = batches.BatchIterator(store, make_example, **kw)
+  at_once = batches.BatchIterator(store, make_example, make_batch=make_batch, **kw)
   for a, b in zip(_take(one_by_one, 6), _take(at_once, 6)):
     assert a.keys() == b.keys()
     for k in a:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from jaxtl import layout
 from jaxtl.train import workdir
 
 _HOLD = textwrap.dedent("""
@@ -44,7 +45,7 @@ def test_a_second_run_on_a_workdir_fails_at_once_naming_the_holder(tmp_path):
   with workdir.owned(str(tmp_path)):
     with workdir.owned(str(tmp_path)):  # re-entrant within a process
       pass
-    assert f"pid {os.getpid()} " in (tmp_path / workdir.LOCK_FILE).read_text()
+    assert f"pid {os.getpid()} " in (tmp_path / layout.LOCK_FILE).read_text()
 
 
 def test_a_workdir_refuses_a_run_of_another_model(tmp_path):
@@ -140,7 +141,7 @@ def test_two_tokenizers_in_a_workdir_or_one_past_the_embedding_are_refused(tmp_p
   from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
   from jaxtl.models import TransformerConfig  # pylint: disable=g-import-not-at-top
   from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
-  folder = tmp_path / pipeline.TOKENIZER_DIR
+  folder = tmp_path / layout.TOKENIZER_DIR
   folder.mkdir()
   for name in ("spm_unigram_2000.model", "spm_unigram_10000.model"):
     (folder / name).write_bytes(b"")

@@ -32,6 +32,7 @@ from jaxtl.convert import bart, bert, distilbert, electra, gpt2, roberta, rules,
 from jaxtl.convert.family import Family, SpecialIds
 from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
+from jaxtl.models.family import family_of
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ def _jax_shapes(cfg: TransformerConfig, labels: int, family: Family
   from jaxtl.models.transformer import build_model  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   tokens = jnp.ones((1, 1), jnp.int32)
-  args = (tokens, tokens) if cfg.family == "encoder_decoder" else (tokens,)
+  args = family_of(cfg).forward_args(tokens)
   tree = nn.unbox(jax.eval_shape(build_model(cfg).init, jax.random.key(0), *args))
   shapes = {k: tuple(v.shape) for k, v in
             traverse_util.flatten_dict(tree["params"], sep="/").items()}

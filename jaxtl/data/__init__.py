@@ -1,1 +1,1 @@
-"""Host-side (numpy) input pipeline: corruptions, packing, batching."""
+"""Host-side (numpy) input pipeline: sources, tokenizers, packing, batching."""

@@ -27,11 +27,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from jaxtl import objectives
+from jaxtl import layout, objectives
 from jaxtl.data import mixtures, packing, pretokenized, row_store, sources
-# BatchIterator and Prefetcher are re-exported: callers import them from here.
-# pylint: disable-next=unused-import
-from jaxtl.data.batches import BatchIterator, Example, Prefetcher, Row, Rows
+from jaxtl.data.batches import BatchIterator, Example, Row, Rows
 from jaxtl.data.tokenizer_files import get_tokenizer, save_tokenizer
 from jaxtl.data.tokenizers import Tokenizer, train_sentencepiece
 
@@ -42,12 +40,9 @@ log = logging.getLogger(__name__)
 # Tokenizer and tokenized rows.
 
 
-TOKENIZER_DIR = "tokenizer"  # where a run keeps the tokenizer it trained
-
-
 def workdir_tokenizer(workdir: str) -> Tokenizer:
   """The tokenizer a pretraining run trained (or loaded) into its workdir."""
-  folder = os.path.join(workdir, TOKENIZER_DIR)
+  folder = layout.tokenizer_dir(workdir)
   models = sorted(glob.glob(os.path.join(folder, "*.model")))
   if len(models) > 1:  # never taken by guess: ids of another vocabulary are garbage
     raise ValueError(f"{folder} holds {len(models)} tokenizers "
@@ -64,7 +59,7 @@ def keep_tokenizer(tok: Tokenizer, workdir: str | None) -> Tokenizer:
   """Copies a given tokenizer into the workdir: it travels with the
   checkpoints, so fine-tuning (or continuing) the run finds it."""
   if workdir is not None:
-    save_tokenizer(tok, os.path.join(workdir, TOKENIZER_DIR))
+    save_tokenizer(tok, layout.tokenizer_dir(workdir))
   return tok
 
 
@@ -73,7 +68,7 @@ def build_tokenizer(data: Mapping[str, Any], workdir: str | None,
   """Loads ``data.tokenizer.path`` (else pre-tokenized shards' tokenizer),
   or trains one (cached in the workdir)."""
   spec = data["tokenizer"]
-  cache_dir = os.path.join(workdir or ".", TOKENIZER_DIR)
+  cache_dir = layout.tokenizer_dir(workdir or ".")
   if spec.get("path"):
     return keep_tokenizer(get_tokenizer(sources.expand_path(spec["path"])), workdir)
   shards = pretokenized_dir(data["source"])
@@ -123,9 +118,9 @@ def split_rows(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
   path = os.path.join(cache_dir, f"rows_{split.replace('/', '_')}_{key}")
   if not row_store.RowStore.exists(path):
     os.makedirs(cache_dir, exist_ok=True)
-    layout = row_store.Layout(data["packing"], row_length,
-                              tokenizer.eos_id if eos else None, tokenizer.pad_id)
-    row_store.build(path, _documents(data, split, tokenizer, seed), layout,
+    row_layout = row_store.Layout(data["packing"], row_length,
+                                  tokenizer.eos_id if eos else None, tokenizer.pad_id)
+    row_store.build(path, _documents(data, split, tokenizer, seed), row_layout,
                     tokenizer.vocab_size, f"split {split!r} of {data['source']}")
   return row_store.RowStore(path)
 
@@ -219,7 +214,7 @@ class DataSetup:
     self.partners = prepared.partner
     self.max_predictions = prepared.max_predictions
     if workdir and data.cache:
-      self._cache_dir = os.path.join(workdir, "data_cache")
+      self._cache_dir = layout.data_cache(workdir)
     else:
       self._cache_dir = tempfile.mkdtemp(prefix="jaxtl-rows-")
       # At exit, not with this object: iterators (and Grain's workers) read it.

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from jaxtl.eval import prompting
+from jaxtl.models.family import family_of
 from jaxtl.tasks import readers
 
 MARKDOWN, FIGURE, RESULTS = "prompting.md", "prompting.png", "prompting.json"
@@ -203,9 +204,10 @@ def main(argv: list[str]) -> None:
       raise app.UsageError("--template/--label_words describe one task: pass one --task")
     prompts = {f.task[0]: prompting.Prompt(f.template, tuple(f.label_words))}
   loaded = pretrained.load(f.checkpoint, f.tokenizer)
-  if loaded.config.family == "encoder":
-    raise app.UsageError(f"--checkpoint={f.checkpoint} is an encoder-only (BERT) "
-                         "model: prompting needs a causal LM (or an encoder-decoder)")
+  no_prompting = family_of(loaded.config).generation_error(
+      f"--checkpoint={f.checkpoint} (few-shot prompting)")
+  if no_prompting:
+    raise app.UsageError(no_prompting)
   rows = run(loaded, f.task, [int(k) for k in f.shots], [int(s) for s in f.seeds],
              calibrated=f.calibrate, batch_size=f.batch_size, max_len=f.max_len or None,
              max_eval_examples=f.max_eval_examples, prompts=prompts)

@@ -33,6 +33,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from jaxtl import generate as generate_lib
 from jaxtl.eval import scoring
+from jaxtl.models.family import family_of
 
 NAME = "jaxtl"  # --model of lm_eval
 
@@ -62,11 +63,10 @@ class JaxtlLM(TemplateLM):
         raise ValueError("lm_eval --model jaxtl needs --model_args checkpoint=PATH")
       from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
       loaded = pretrained.load(checkpoint, tokenizer)
-    if loaded.config.family == "encoder":
-      raise ValueError("an encoder-only (BERT) model has no likelihood of text for "
-                       "lm-eval; use a causal (GPT-2) or encoder-decoder (T5) model")
+    family = family_of(loaded.config)
+    family.check_generates("lm_eval --model jaxtl")
     self.loaded, self.tok = loaded, loaded.tokenizer
-    self.backend = "seq2seq" if loaded.config.family == "encoder_decoder" else "causal"
+    self.backend = "seq2seq" if family.seq2seq else "causal"
     self.batch_size = int(batch_size) if str(batch_size).isdigit() else 16  # "auto"
     self.max_length = min(int(max_length) or loaded.config.max_len, loaded.config.max_len)
     self.max_gen_toks = int(max_gen_toks)

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtl.models import TransformerConfig, build_model
+from jaxtl.models import TransformerConfig, build_model, family_of
 from jaxtl.models.transformer import apply_lm_head, lm_head_params
 
 Pair = tuple[Sequence[int], Sequence[int]]  # (context ids, continuation ids)
@@ -79,7 +79,7 @@ def _batch_arrays(cfg: TransformerConfig, pairs: Sequence[Pair], rows: int,
   weights_BC = np.zeros((rows, c), np.int32)
   for b, (_, cont) in enumerate(pairs):
     targets_BC[b, :len(cont)], weights_BC[b, :len(cont)] = cont, 1
-  if cfg.family == "encoder_decoder":
+  if family_of(cfg).seq2seq:
     contexts = [list(ctx)[-max_len:] for ctx, _ in pairs]
     s = bucket(max(map(len, contexts)), max_len)
     enc_BS, enc_seg_BS = _right_padded(contexts, s, pad_id)
@@ -114,7 +114,7 @@ def _score_batch(cfg: TransformerConfig, params: Any, batch: dict[str, jax.Array
                  ) -> tuple[jax.Array, jax.Array]:
   """(summed log-prob [B], greedy [B]) of each row's continuation."""
   model = build_model(cfg)
-  if cfg.family == "encoder_decoder":
+  if family_of(cfg).seq2seq:
     hidden_BTD = model.apply({"params": params}, batch["encoder_input_tokens"],
                              batch["decoder_input_tokens"], batch["encoder_segment_ids"],
                              batch["decoder_segment_ids"], lm_head=False)["last_hidden"]
@@ -153,11 +153,10 @@ def loglikelihoods(config: TransformerConfig, params: Any, pairs: Sequence[Pair]
   Returns:
     In the order of ``pairs``.
   """
-  if config.family == "encoder":
-    raise ValueError("an encoder-only (BERT) model gives no likelihood of a "
-                     "continuation; use a decoder (GPT-2) or encoder-decoder (T5)")
+  family = family_of(config)
+  family.check_generates()
   max_len = min(max_len or config.max_len, config.max_len)
-  _check(pairs, max_len, config.family == "decoder")
+  _check(pairs, max_len, family.causal)
   cfg = config.replace(dropout_rate=0.0, attention_dropout_rate=0.0)
   # Longest first, so a batch's rows share a bucket (and an error of memory
   # shows at once, not at the end).

@@ -12,21 +12,23 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 from jaxtl.models import paths
+from jaxtl.models.family import NAMES, family_of
 
-FAMILIES = ("encoder", "decoder", "encoder_decoder")
+FAMILIES = NAMES  # each family's rules: jaxtl.models.family
 
 
 def input_side(family: str) -> str:
   """Which batch features (``encoder_*`` / ``decoder_*``) a family's single
-  stack reads: causal models read ``decoder_*``; BERT and T5's encoder
-  ``encoder_*`` (T5 also reads ``decoder_*`` for its decoder)."""
-  return "decoder" if family == "decoder" else "encoder"
+  stack reads (:attr:`jaxtl.models.family.Family.input_side`)."""
+  return family_of(family).input_side
 
 
 def target_side(family: str) -> str:
-  """Which batch features carry a family's LM targets: the encoder's for
-  masked LM, the decoder's for causal and encoder-decoder models."""
-  return "encoder" if family == "encoder" else "decoder"
+  """Which batch features carry a family's LM targets
+  (:attr:`jaxtl.models.family.Family.target_side`)."""
+  return family_of(family).target_side
+
+
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 # What an encoder-decoder's decoder reads first: T5's pad (also every jaxtl
 # pretraining objective's), or EOS (BART as Hugging Face and fairseq ship it).

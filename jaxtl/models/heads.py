@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from jaxtl.models import layers, paths
 from jaxtl.models.config import TransformerConfig
+from jaxtl.models.family import family_of
 from jaxtl.models.transformer import build_model
 
 Array = jax.Array
@@ -59,15 +60,9 @@ def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
 
 
 def default_pooling(family: str) -> str:
-  """[CLS] for BERT-style encoders; the token mean for the others.
-
-  A T5 encoder has no [CLS]. In a causal model only the last token has seen
-  the whole text, but for a question that token is usually "?", whose state
-  is tuned to predict what comes after a question: on TREC-6 with a
-  pretrained 4-layer CLM, the mean beat it by 5 points (71.8 vs 66.8% at
-  500 labels).
-  """
-  return "first" if family == "encoder" else "mean"
+  """[CLS] for BERT-style encoders; the token mean for the others (why:
+  :attr:`jaxtl.models.family.Family.default_pooling`)."""
+  return family_of(family).default_pooling
 
 
 class ScalarMix(nn.Module):
@@ -184,10 +179,11 @@ class TaskModel(nn.Module):
     if self.kind == "generation":
       return self._next_token_logits(backbone, tokens_BT, segment_ids_BT, positions_BT,
                                      token_types_BT, deterministic)
-    if self.kind == "text_to_text" and self.config.family != "encoder_decoder":
+    seq2seq = family_of(self.config).seq2seq
+    if self.kind == "text_to_text" and not seq2seq:
       raise ValueError("text_to_text needs an encoder-decoder (T5) backbone; "
                        f"this one is {self.config.family!r}")
-    if self.config.family == "encoder_decoder":
+    if seq2seq:
       hidden_BTD, extras = backbone.encode(tokens_BT, segment_ids_BT,
                                            positions_BT, **flags)
       states = extras.get("hidden_states")
@@ -215,10 +211,9 @@ class TaskModel(nn.Module):
     decoding apply the backbone directly (:mod:`jaxtl.tasks.generation`);
     this call builds every parameter and gives the first output token's
     logits [B, V] (T5: after the start token; GPT-2: after the input)."""
-    if self.config.family == "encoder":
-      raise ValueError("generation needs a decoder (GPT-2) or encoder-decoder (T5) "
-                       "backbone; this one is an encoder")
-    if self.config.family == "encoder_decoder":
+    family = family_of(self.config)
+    family.check_generates("task kind generation")
+    if family.seq2seq:
       enc_BTD = backbone.encode(tokens_BT, segment_ids_BT, positions_BT,
                                 deterministic=deterministic)[0]
       start_B1 = jnp.full((tokens_BT.shape[0], 1), self.decoder_start_id, jnp.int32)

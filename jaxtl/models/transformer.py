@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from jaxtl.models import layers, masks, paths
 from jaxtl.models.config import TransformerConfig
+from jaxtl.models.family import family_of
 
 Array = jax.Array
 
@@ -256,7 +257,7 @@ class EncoderOrDecoder(nn.Module):
     cfg = self.config
     embed = layers.token_embedding(cfg)
     hidden_BTD, extras = Stack(
-        cfg, cfg.num_layers, causal=cfg.family == "decoder", token_embed=embed,
+        cfg, cfg.num_layers, causal=family_of(cfg).causal, token_embed=embed,
         name=paths.STACK)(tokens_BT, segment_ids_BT, positions_BT, token_types_BT,
                       deterministic=deterministic, return_hidden=return_hidden,
                       return_attention=return_attention, decode=decode,
@@ -350,6 +351,6 @@ def apply_lm_head(config: TransformerConfig, head_params: Any, hidden_BTD: Array
 
 def build_model(config: TransformerConfig, **kwargs: Any) -> nn.Module:
   """The Linen module for ``config.family`` (kwargs: e.g. ``name``)."""
-  if config.family == "encoder_decoder":
+  if family_of(config).seq2seq:
     return EncoderDecoder(config, **kwargs)
   return EncoderOrDecoder(config, **kwargs)

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jaxtl.data import denoising
+from jaxtl.objectives import denoising
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.objectives.base import Example, Objective, Prepared, Row
 from jaxtl.objectives.span import encoder_decoder_example

@@ -20,6 +20,7 @@ import numpy as np
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import transformer
 from jaxtl.models.config import TransformerConfig
+from jaxtl.models.family import family_of
 from jaxtl.objectives import losses
 
 Example = dict[str, np.ndarray]
@@ -117,10 +118,11 @@ class Objective:
 
   def check_model(self, model: Any, where: str = "config.model") -> None:
     """Fails early, naming the field, when the model lacks what it needs."""
-    if self.family == "encoder_decoder" and model.decoder_start != "pad":
+    start = family_of(self.family).decoder_start
+    if start is not None and model.decoder_start != start:
       # The examples' decoder inputs start from pad (objectives.span); training
       # an EOS-started model (Hugging Face BART) so would teach it another start.
-      raise ValueError(f"objective {self.name!r} starts the decoder from pad, but "
+      raise ValueError(f"objective {self.name!r} starts the decoder from {start}, but "
                        f"{where}.decoder_start is {model.decoder_start!r} (Hugging Face "
                        "BART's); continued pretraining of such a model is not supported")
     for field, least in self.model_needs.items():

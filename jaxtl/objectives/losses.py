@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtl.models import transformer
-from jaxtl.models.config import input_side, target_side
+from jaxtl.models.config import target_side
+from jaxtl.models.family import family_of
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -46,16 +47,16 @@ def forward(model: nn.Module, params: Any, batch: Batch, *,
             deterministic: bool = True, rng: Array | None = None,
             **kwargs: Any) -> dict[str, Any]:
   """Runs ``model`` on the features of ``batch`` its family consumes."""
-  family = model.config.family
+  family = family_of(model.config)
   rngs = None if deterministic or rng is None else {"dropout": rng}
   variables = {"params": params}
-  if family == "encoder_decoder":
+  if family.seq2seq:
     return model.apply(
         variables, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
         batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"),
         batch.get("encoder_positions"), batch.get("decoder_positions"),
         deterministic=deterministic, rngs=rngs, **kwargs)
-  p = input_side(family)
+  p = family.input_side
   if f"{p}_causal_attention" in batch:  # a prefix LM's bidirectional prefix
     kwargs["prefix_BT"] = batch[f"{p}_causal_attention"]
   return model.apply(
@@ -210,7 +211,7 @@ def make_loss_fn(model: nn.Module, max_predictions: int | None = None,
     out = forward(model, params, batch, deterministic=rng is None, rng=rng,
                   lm_head=False)
     hidden = out["last_hidden"]
-    if max_predictions and cfg.family == "encoder":
+    if max_predictions and family_of(cfg).masked_lm:
       _, idx_BK = jax.lax.top_k(weights, max_predictions)
       hidden = jnp.take_along_axis(hidden, idx_BK[..., None], axis=1)
       targets = jnp.take_along_axis(targets, idx_BK, axis=1)

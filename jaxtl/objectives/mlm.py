@@ -6,7 +6,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxtl.data import corruption
+from jaxtl.objectives import corruption
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.objectives.base import Example, Objective, Prepared, Rows, one_row
 

@@ -6,7 +6,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxtl.data import corruption, packing
+from jaxtl.data import packing
+from jaxtl.objectives import corruption
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.objectives.base import Example, Objective, Prepared, Rows, one_row
 

@@ -23,6 +23,7 @@ from jaxtl.data import packing
 from jaxtl.tasks.examples import Examples
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models.config import input_side
+from jaxtl.models.family import family_of
 
 
 @dataclasses.dataclass
@@ -37,9 +38,10 @@ class Features:
 def frame(tok: Tokenizer, family: str) -> tuple[list[int], list[int], list[int]]:
   """(prefix, separator, suffix) special ids for the backbone's layout."""
   sep = tok.sep_id if tok.sep_id is not None else tok.eos_id
-  if family == "encoder" and tok.cls_id is not None:
+  rules = family_of(family)
+  if rules.cls_prefix and tok.cls_id is not None:
     return [tok.cls_id], [sep], [sep]
-  if family == "decoder":
+  if rules.causal:
     return [], [sep], [tok.eos_id]
   return [], [tok.eos_id], [tok.eos_id]
 

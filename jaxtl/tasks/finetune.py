@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtl import objectives, train
+from jaxtl import layout, objectives, train
+from jaxtl.data import batches as batches_lib
 from jaxtl.data import pipeline, sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
@@ -310,14 +311,14 @@ def check_loadable(workdir: str, tok: Tokenizer, spec: task_spec.TaskSpec) -> bo
   changed = task_spec.differences(task_spec.load(workdir), spec)
   try:
     if pipeline.workdir_tokenizer(workdir).fingerprint() != tok.fingerprint():
-      changed.append(f"tokenizer: {os.path.join(workdir, pipeline.TOKENIZER_DIR)} -> "
+      changed.append(f"tokenizer: {layout.tokenizer_dir(workdir)} -> "
                      "another vocabulary")
   except FileNotFoundError:
     pass
   if changed:
     raise workdir_lib.WorkdirConflict(
         f"{workdir} holds checkpoints of another task, and nothing in it was "
-        f"changed: {'; '.join(changed)} ({task_spec.TASK_FILE} records the first). "
+        f"changed: {'; '.join(changed)} ({layout.TASK_FILE} records the first). "
         "Pass another --workdir for this run, or rerun with the data and settings "
         "it was trained with.")
   return True
@@ -442,14 +443,14 @@ def finetune_and_evaluate(config: Any, workdir: str,
     return score(task, preds, feats[split], splits[split])
 
   def test_scores(state):  # of the selected state in best/
-    best = checkpoint.load_params(os.path.join(workdir, checkpoint.BEST_DIR))
+    best = checkpoint.load_params(layout.best(workdir))
     return scores(jax.device_put(best, jax.tree.map(lambda x: x.sharding, state.params)),
                   "test")
 
   work = train.Workload(
       model=model, loss_fn=make_task_loss_fn(model),
       weight_fn=lambda b: jnp.sum(b[kind.weights]), init_inputs=init_inputs,
-      batches=pipeline.BatchIterator(feats["train"].arrays, lambda row, rng: row,
+      batches=batches_lib.BatchIterator(feats["train"].arrays, lambda row, rng: row,
                                      batch_size=bs, seed=config.seed),
       # No dev split: nothing to select on, the last epoch is the model.
       evaluate=functools.partial(scores, split="dev") if "dev" in feats else None,
@@ -468,6 +469,6 @@ def finetune_and_evaluate(config: Any, workdir: str,
              "best_dev": out.best, "test": test, "history": history,
              "discarded": report.get("discarded", []), "new": report.get("new", []),
              "data": data_report(splits, feats)}
-  with open(os.path.join(workdir, "results.json"), "w") as f:
+  with open(layout.results_file(workdir), "w") as f:
     json.dump(results, f, indent=1)
   return results

@@ -32,7 +32,7 @@ from jaxtl import generate as generate_lib
 from jaxtl import objectives
 from jaxtl.data import packing
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.models import TransformerConfig, build_model, paths
+from jaxtl.models import TransformerConfig, build_model, family_of, paths
 from jaxtl.tasks import features as task_features
 from jaxtl.tasks import generation_metrics
 from jaxtl.tasks import metrics as task_metrics
@@ -97,10 +97,9 @@ def check_lengths(max_len: int, max_target_len: int, family: str) -> None:
   if max_target_len < 1:
     raise ValueError(f"config.task.max_target_len={max_target_len}: must be >= 1 "
                      "(the output's tokens and </s>)")
-  if family == "encoder":
-    raise ValueError("task kind generation needs a decoder (GPT-2) or encoder-decoder "
-                     "(T5) backbone that can write text; this one is an encoder")
-  if family == "decoder" and max_len < max_target_len + 2:
+  rules = family_of(family)
+  rules.check_generates("task kind generation")
+  if rules.causal and max_len < max_target_len + 2:
     raise ValueError(f"config.task.max_len={max_len} must exceed max_target_len="
                      f"{max_target_len} + 1: a decoder-only model holds the input, "
                      "the separator and the output in max_len tokens")
@@ -114,7 +113,7 @@ def encode(examples: Any, tok: Tokenizer, task: Any, model: TransformerConfig
   texts, refs, ids = sources(examples, task.text_fields)
   inputs, targets = tok.encode_batch(texts), tok.encode_batch([r[0] for r in refs])
   n, t_out = len(texts), task.max_target_len
-  if family == "encoder_decoder":
+  if family_of(family).seq2seq:
     start = model.decoder_start_id(tok.pad_id, tok.eos_id)
     arrays, truncated = _encode_t5(inputs, targets, tok, task.max_len, t_out, start)
   else:
@@ -205,7 +204,7 @@ def forward(model: Any, task: Any, tok: Tokenizer) -> Callable:
   """``(params, batch) -> generated ids [B, max_target_len]`` (traceable)."""
   cfg = model.config
   gen = generation_config(task, tok)
-  keys = (("encoder_input_tokens", "encoder_segment_ids") if cfg.family == "encoder_decoder"
+  keys = (("encoder_input_tokens", "encoder_segment_ids") if family_of(cfg).seq2seq
           else (PROMPT_TOKENS, PROMPT_MASK))
 
   def run(params, batch):

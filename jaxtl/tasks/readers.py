@@ -27,10 +27,7 @@ from typing import Any
 from jaxtl.data import sources
 from jaxtl.tasks import file_task
 from jaxtl.tasks.examples import BadRows, Examples, iter_lines
-# SQuAD lives in its own module; re-exported so tasks.py is the one entry.
-# pylint: disable-next=unused-import
-from jaxtl.tasks.squad import (Answer, SquadExample, SquadExamples, read_squad,
-                               read_squad_json, split_squad_by_article)
+from jaxtl.tasks.squad import SquadExamples, read_squad, split_squad_by_article
 
 # TREC-6 coarse classes, alphabetical: the order class ids follow.
 TREC_LABELS = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")

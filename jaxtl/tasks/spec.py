@@ -18,13 +18,13 @@ import json
 import os
 from typing import Any
 
+from jaxtl import layout
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig
-from jaxtl.models.heads import POOLINGS, TASK_KINDS, TaskModel, default_pooling
+from jaxtl.models.family import family_of
+from jaxtl.models.heads import POOLINGS, TASK_KINDS, TaskModel
 from jaxtl.tasks import features as task_features
 from jaxtl.tasks import file_task
-
-TASK_FILE = "task.json"
 
 # The input fields a predictor reads, by kind (and by whether the task has pairs).
 _FIELDS = {"single": ("text",), "pair": ("text", "text_pair"),
@@ -117,9 +117,8 @@ def from_config(config: Any, family: str, label_names: tuple[str, ...] | None,
     raise ValueError(f"config.adapt.scheme={scheme!r} trains only a "
                      f"classifier head, and {task.kind} has none (the LM writes "
                      "the text): use full, adapters or lora")
-  if task.kind == "generation" and task.num_beams > 1 and family != "encoder_decoder":
-    raise ValueError(f"config.task.num_beams={task.num_beams}: beam search is for "
-                     "encoder-decoder (T5) models; a decoder-only one decodes greedily")
+  if task.kind == "generation" and task.num_beams > 1:
+    family_of(family).check_beam_search(f"config.task.num_beams={task.num_beams}")
   if task.pooling and task.pooling not in POOLINGS:
     raise ValueError(f"config.task.pooling={task.pooling!r}; known: "
                      f"{', '.join(POOLINGS)} (or empty: the backbone's default)")
@@ -131,7 +130,7 @@ def from_config(config: Any, family: str, label_names: tuple[str, ...] | None,
   return TaskSpec(
       name=task.name, kind=task.kind,
       label_names=tuple(label_names) if label_names else None,
-      pooling=task.pooling or default_pooling(family), max_len=task.max_len,
+      pooling=task.pooling or family_of(family).default_pooling, max_len=task.max_len,
       family=family, scalar_mix=scheme == "scalar_mix", label_words=words,
       text_fields=fields, head_dropout=task.head_dropout, scheme=scheme,
       metrics=task.metrics, doc_stride=task.doc_stride,
@@ -168,7 +167,7 @@ def differences(old: TaskSpec, new: TaskSpec) -> list[str]:
 
 def save(spec: TaskSpec, workdir: str) -> str:
   """Writes ``workdir/task.json`` (whole or not at all); returns its path."""
-  path = os.path.join(workdir, TASK_FILE)
+  path = layout.task_file(workdir)
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "w") as f:
     json.dump(dataclasses.asdict(spec), f, indent=1)
@@ -178,12 +177,12 @@ def save(spec: TaskSpec, workdir: str) -> str:
 
 def exists(workdir: str) -> bool:
   """Whether ``workdir`` is a fine-tuning workdir (it has a task.json)."""
-  return os.path.isfile(os.path.join(workdir, TASK_FILE))
+  return os.path.isfile(layout.task_file(workdir))
 
 
 def load(workdir: str) -> TaskSpec:
   """The spec in ``workdir/task.json``; unknown keys (newer writers) are ignored."""
-  path = os.path.join(workdir, TASK_FILE)
+  path = layout.task_file(workdir)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} not found: not a jaxtl fine-tuning workdir "
                             "(fine-tuning writes it before training starts)")

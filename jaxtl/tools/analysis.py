@@ -25,6 +25,7 @@ from jaxtl.tasks import features as task_features, readers as tasks
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import build_model
 from jaxtl.models.config import input_side
+from jaxtl.models.family import family_of
 from jaxtl.models.heads import pool
 
 
@@ -38,11 +39,11 @@ def load_pretrained(init_from: str) -> tuple[Any, Any, Tokenizer]:
 def hidden_states(model: Any, params: Any, tokens: np.ndarray, segment_ids: np.ndarray,
                   batch_size: int = 64) -> list[np.ndarray]:
   """Every layer's states [N, T, D] (embeddings first) for rows of tokens."""
-  family = model.config.family
+  seq2seq = family_of(model.config).seq2seq
 
   @jax.jit
   def run(toks, seg):
-    if family == "encoder_decoder":
+    if seq2seq:
       _, extras = model.apply({"params": params}, toks, seg, method="encode",
                               return_hidden=True)
       return extras["hidden_states"]
@@ -146,7 +147,7 @@ def attention_maps(workdir: str, text: str, out_dir: str) -> list[str]:
   model, params, tok = load_pretrained(workdir)
   ids = tok.encode(text)[:model.config.max_len]
   toks = jnp.asarray([ids], jnp.int32)
-  if model.config.family == "encoder_decoder":
+  if family_of(model.config).seq2seq:
     _, extras = model.apply({"params": params}, toks, method="encode",
                             return_attention=True)
   else:

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from jaxtl.train import optim, sharding
-from jaxtl import train
+from jaxtl import layout, train
 from jaxtl.tools.presets import (PRESETS, Preset, init_inputs, jaxtl_step, make_batch,
                                  model_config, optimizer_config)
 from jaxtl.models import TransformerConfig
@@ -193,6 +193,7 @@ def corpus_rss_rows(recipe: str, workdir: str, repeats: tuple[int, ...] = (1, 10
     run_dir = os.path.join(workdir, f"rss_{module}_x{r}")
     os.makedirs(run_dir, exist_ok=True)
     config_file = os.path.join(run_dir, "config.py")
+    run_workdir = os.path.join(run_dir, "workdir")
     with open(config_file, "w") as f:
       f.write(_RSS_CONFIG.format(module=module, arg=arg or None, repeats=r,
                                  tokenizer=tokenizer, steps=steps))
@@ -203,14 +204,13 @@ def corpus_rss_rows(recipe: str, workdir: str, repeats: tuple[int, ...] = (1, 10
          "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
          "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
          sys.executable, "-m", "jaxtl.main", f"--config={config_file}",
-         f"--workdir={os.path.join(run_dir, 'workdir')}"],
+         f"--workdir={run_workdir}"],
         check=True, capture_output=True, text=True)
     peak_kib = int(out.stdout.strip().splitlines()[-1])
     wall = time.perf_counter() - start
     if not tokenizer:  # the next runs reuse the one this run trained
-      from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
-      tokenizer = _tokenizer_file(os.path.join(run_dir, "workdir", pipeline.TOKENIZER_DIR))
-    meta = _train_rows_meta(os.path.join(run_dir, "workdir"))
+      tokenizer = _tokenizer_file(layout.tokenizer_dir(run_workdir))
+    meta = _train_rows_meta(run_workdir)
     rows.append({"recipe": recipe, "corpus": f"x{r}",
                  "train documents": f"{meta['documents']:,}",
                  "train tokens": f"{meta['tokens']:,}", "steps": str(steps),
@@ -226,7 +226,7 @@ def _tokenizer_file(folder: str) -> str:
 def _train_rows_meta(workdir: str) -> dict[str, Any]:
   """The largest row store's metadata in a run's data cache (its train split)."""
   metas = []
-  for path in glob.glob(f"{workdir}/data_cache/rows_*.json"):
+  for path in glob.glob(f"{layout.data_cache(workdir)}/rows_*.json"):
     with open(path) as f:
       metas.append(json.load(f))
   return max(metas, key=lambda m: m["tokens"])

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from jaxtl.tasks import finetune
-from jaxtl import train
+from jaxtl import layout, train
 from jaxtl.data import pipeline
 
 # Named adaptation recipes: a fine-tuning scheme plus ``config.adapt``
@@ -59,7 +59,7 @@ def _pretrain(config: Any, workdir: str) -> dict[str, str]:
 
 def _finished(workdir: str, steps: int) -> bool:
   """Whether a pretraining run saved its final step (Orbax names dirs by step)."""
-  return os.path.isdir(os.path.join(workdir, "checkpoints", str(steps)))
+  return os.path.isdir(os.path.join(layout.checkpoints(workdir), str(steps)))
 
 
 def epochs_for(num_examples: int, batch_size: int, study: Any) -> int:
@@ -104,7 +104,7 @@ def learning_rates(study: Any, recipe: str) -> tuple[float, ...]:
 
 def _run(config: Any, run_dir: str, *args: Any) -> dict[str, Any]:
   """One fine-tuning run, or its results if it finished before."""
-  path = os.path.join(run_dir, "results.json")
+  path = layout.results_file(run_dir)
   if not os.path.exists(path):
     start = time.time()
     finetune.finetune_and_evaluate(run_config(config, *args), run_dir)

@@ -39,6 +39,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from jaxtl import layout
 from jaxtl.train import fingerprints as fingerprints_lib
 from jaxtl.train import storage
 
@@ -317,15 +318,12 @@ def find_checkpoint(path: str | os.PathLike) -> str:
   path = os.path.abspath(os.fspath(path))
   if os.path.isdir(os.path.join(path, "state")):
     return path
-  for root in (os.path.join(path, "checkpoints"), path):
+  for root in (layout.checkpoints(path), path):
     steps = _step_dirs(root)
     if steps:
       return steps[0]
   raise FileNotFoundError(f"no jaxtl checkpoint found at {path} (expected a "
                           "workdir, its checkpoints/ directory, or a step directory)")
-
-
-BEST_DIR = "best"  # where the loop keeps the selected state of a run
 
 
 class NoSelectedModel(FileNotFoundError):
@@ -342,12 +340,12 @@ def selected_checkpoint(path: str | os.PathLike) -> str:
   which is nobody's model: :class:`NoSelectedModel` says so.
   """
   root = os.path.abspath(os.fspath(path))
-  best = os.path.join(root, BEST_DIR)
+  best = layout.best(root)
   if not os.path.isdir(best):
     return find_checkpoint(path)
   if _step_dirs(best):
     return find_checkpoint(best)
-  newest = _step_dirs(os.path.join(root, "checkpoints"))
+  newest = _step_dirs(layout.checkpoints(root))
   raise NoSelectedModel(
       f"{root} has no finished model yet: {best} is empty, since the run stopped "
       "before its first evaluation chose a state"

@@ -25,10 +25,8 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from jaxtl import layout
 from jaxtl.train import workdir as workdir_lib
-
-IDENTITY_FILE = "identity.json"
-_TASK_FILE = "task.json"  # a fine-tuning workdir's (jaxtl.tasks.spec.TASK_FILE)
 
 
 def leaves(config: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -56,7 +54,7 @@ def pick(config: Any, keys: Iterable[str], skip: Iterable[str] = ()) -> dict[str
 
 
 def _read(workdir: str) -> dict[str, Any] | None:
-  path = os.path.join(workdir, IDENTITY_FILE)
+  path = layout.identity_file(workdir)
   if not os.path.isfile(path):
     return None
   try:
@@ -75,7 +73,7 @@ def _recorded_identity(workdir: str) -> dict[str, Any]:
   record = _read(workdir)
   if record is not None:
     return record.get("identity", {})
-  return {"mode": "finetune" if os.path.isfile(os.path.join(workdir, _TASK_FILE))
+  return {"mode": "finetune" if os.path.isfile(layout.task_file(workdir))
           else "pretrain"}
 
 
@@ -98,7 +96,7 @@ def check(workdir: str, identity: Mapping[str, Any]) -> None:
     raise workdir_lib.WorkdirConflict(
         f"{workdir} holds checkpoints of another run, and nothing in it was "
         f"changed: {'; '.join(changed)}. Pass another --workdir for this run, or "
-        f"rerun with the settings {IDENTITY_FILE} records there. (A resume may "
+        f"rerun with the settings {layout.IDENTITY_FILE} records there. (A resume may "
         "change anything else: steps or epochs, learning rate, batch size, logging.)")
 
 
@@ -107,7 +105,7 @@ def record(workdir: str, identity: Mapping[str, Any], settings: Mapping[str, Any
   """Writes ``identity.json`` (whole or not at all) after logging the
   settings that changed since the last start. Call once the run's checks
   passed, before it writes anything else."""
-  path = os.path.join(workdir, IDENTITY_FILE)
+  path = layout.identity_file(workdir)
   old = _read(workdir)
   if old is not None and workdir_lib.holds_checkpoints(workdir):
     before = old.get("settings", {})

@@ -30,7 +30,8 @@ import numpy as np
 import optax
 import tqdm
 
-from jaxtl.data import pipeline
+from jaxtl import layout
+from jaxtl.data import batches
 from jaxtl.train import checkpoint, perf, sharding, stopping, storage
 from jaxtl.train import metrics as metrics_lib
 from jaxtl.train import step as step_lib
@@ -238,14 +239,14 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
   init_rng, step_rng = jax.random.split(jax.random.key(loop.seed))
   state, shardings = step_lib.create_sharded_state(
       work.model, tx, work.init_inputs, init_rng, mesh, rules)
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+  ckpt = checkpoint.Checkpointer(layout.checkpoints(workdir),
                                  save_every=loop.checkpoint_every or loop.steps + 1,
                                  keep=max(loop.keep_checkpoints, 1))
   # A disk too full for one checkpoint fails now, not after the first stretch.
   storage.check_space(ckpt.directory, storage.state_bytes(state))
   keep_best = work.select is not None or work.evaluate is None
   best_ckpt = checkpoint.Checkpointer(
-      os.path.join(workdir, checkpoint.BEST_DIR), save_every=1, keep=1,
+      layout.best(workdir), save_every=1, keep=1,
       async_save=False) if keep_best else None
   history, best, window_since = [], None, []
   stages = stages_of(work, loop)
@@ -301,7 +302,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
           stage = stages[k]
           if prefetch is not None:
             prefetch.close()
-          prefetch = pipeline.Prefetcher(stage.batches, loop.prefetch)
+          prefetch = batches.Prefetcher(stage.batches, loop.prefetch)
           p_step = step_lib.jit_train_step(stage.loss_fn, work.weight_fn, tx,
                                            schedule, shardings, mesh, loop.accum_steps)
           if len(stages) > 1 and at == ends[k] - stage.steps + 1:

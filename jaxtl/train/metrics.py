@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import tqdm
 
-from jaxtl import objectives
+from jaxtl import layout, objectives
 
 
 def summarize_train(window: list[dict[str, Any]], seconds: float,
@@ -75,10 +75,10 @@ class MetricsWriter:
     self.enabled = enabled
     if not enabled:
       return
-    path = os.path.join(workdir, "metrics.jsonl")
+    path = layout.metrics_file(workdir)
     _truncate_after(path, keep_through, drop_splits)
     self._jsonl = open(path, "a")
-    self._tb = _summary_writer_class()(os.path.join(workdir, "tensorboard"))
+    self._tb = _summary_writer_class()(layout.tensorboard_dir(workdir))
 
   def write(self, step: int, split: str, metrics: Mapping[str, Any],
             total: int = 0, eta: float | None = None) -> None:

@@ -19,6 +19,7 @@ from flax import traverse_util
 from jaxtl import xla_cpu
 from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
+from jaxtl.models.family import family_of
 
 # Dense peak FLOP/s per chip by `device_kind` substring and compute dtype.
 # float32 on GPUs means TF32 tensor-core peak, which XLA uses by default.
@@ -101,7 +102,7 @@ def flops_per_example(cfg: TransformerConfig, params: Any,
   attention = lambda c, layers, queries, keys: (
       12 * layers * c.num_heads * c.head_dim * queries * keys)
   head = 6 * _head_params(cfg, params)
-  if cfg.family == "encoder_decoder":
+  if family_of(cfg).seq2seq:
     s, t = encoder_length, decoder_length
     enc = (6 * _matmul_params(params, paths.ENCODER) * s
            + attention(cfg, cfg.num_layers, s, s))

@@ -17,15 +17,13 @@ import logging
 import os
 from typing import Any, Callable
 
-from jaxtl import convert
+from jaxtl import convert, layout
 from jaxtl.data import pipeline, sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, electra, layers, paths
 from jaxtl.train import checkpoint
 from jaxtl.train import workdir as workdir_lib
-
-MODEL_CONFIG_FILE = "model_config.json"
 
 
 # Fields a resumed run may change: they shape no parameter.
@@ -64,7 +62,7 @@ def save_model_config(cfg: TransformerConfig, workdir: str,
   overwritten: resuming it would fail on every checkpoint, and starting over
   would rotate the other model's checkpoints away.
   """
-  path = os.path.join(workdir, MODEL_CONFIG_FILE)
+  path = layout.model_config_file(workdir)
   new = _recorded(cfg)
   if generator is not None:
     new[GENERATOR_KEY] = _recorded(generator)
@@ -92,13 +90,13 @@ def _config_from(values: dict[str, Any]) -> TransformerConfig:
 
 
 def _read_model_config(workdir: str) -> dict[str, Any]:
-  path = os.path.join(workdir, MODEL_CONFIG_FILE)
+  path = layout.model_config_file(workdir)
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"{workdir}: no such folder; a model is a jaxtl "
                             "workdir or a Hugging Face model folder")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{workdir}: not a model: a jaxtl pretraining or "
-                            f"fine-tuning workdir has {MODEL_CONFIG_FILE} (is its run "
+                            f"fine-tuning workdir has {layout.MODEL_CONFIG_FILE} (is its run "
                             "started?), a Hugging Face model folder config.json")
   with open(path) as f:
     return json.load(f)
@@ -115,7 +113,7 @@ def load_generator_config(workdir: str) -> TransformerConfig:
   values = _read_model_config(workdir)
   if GENERATOR_KEY not in values:
     raise ValueError(
-        f"{os.path.join(workdir, MODEL_CONFIG_FILE)} records no ELECTRA generator "
+        f"{layout.model_config_file(workdir)} records no ELECTRA generator "
         f"(no {GENERATOR_KEY!r} entry): the workdir is not an ELECTRA pretraining "
         "run's, or one pretrained before jaxtl recorded the generator. Running "
         "`jaxtl pretrain` on it again with its own config records it (the run "
@@ -130,7 +128,7 @@ def check_tokenizer(tok: Tokenizer, cfg: TransformerConfig, workdir: str) -> Non
   if tok.vocab_size > cfg.vocab_size:
     raise ValueError(
         f"the tokenizer ({tok}) has {tok.vocab_size} ids, but the model in {workdir} "
-        f"embeds {cfg.vocab_size} tokens ({MODEL_CONFIG_FILE}): not the tokenizer it "
+        f"embeds {cfg.vocab_size} tokens ({layout.MODEL_CONFIG_FILE}): not the tokenizer it "
         "was trained with. Use the workdir's own tokenizer/ (or the right "
         "config.tokenizer_path).")
 

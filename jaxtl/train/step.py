@@ -21,6 +21,7 @@ from flax import struct
 
 from jaxtl import objectives
 from jaxtl.models.config import input_side
+from jaxtl.models.family import family_of
 from jaxtl.train import sharding
 
 Array = jax.Array
@@ -51,7 +52,7 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation,
 
 def lm_init_inputs(model: nn.Module, batch: Mapping[str, Any]) -> dict[str, Any]:
   """Example inputs for initialising a pretraining model from a batch."""
-  if model.config.family == "encoder_decoder":
+  if family_of(model.config).seq2seq:
     return {"encoder_tokens_BS": batch["encoder_input_tokens"][:1],
             "decoder_tokens_BT": batch["decoder_input_tokens"][:1]}
   p = input_side(model.config.family)

@@ -26,10 +26,8 @@ import os
 import socket
 from collections.abc import Iterator
 
-from jaxtl.train.checkpoint import BEST_DIR
+from jaxtl import layout
 from jaxtl.train.storage import probe_writable
-
-LOCK_FILE = ".lock"
 
 _held: dict[str, list[int]] = {}  # realpath -> [fd, depth]: re-entrant per process
 
@@ -44,18 +42,17 @@ class WorkdirConflict(RuntimeError):
 
 def holds_checkpoints(path: str) -> bool:
   """Whether a run has saved anything into ``path`` (checkpoints or best/)."""
-  return any(os.path.isdir(os.path.join(path, sub)) and os.listdir(os.path.join(path, sub))
-             for sub in ("checkpoints", BEST_DIR))
+  return any(os.path.isdir(d) and os.listdir(d)
+             for d in (layout.checkpoints(path), layout.best(path)))
 
 
 def _check_writable(path: str) -> None:
   """Fails now (:class:`jaxtl.train.storage.SaveFailed`), naming the
   folder and the OS error, where a save would fail much later."""
-  for sub in ("", "checkpoints", BEST_DIR):
-    d = os.path.join(path, sub)
-    if not sub or os.path.isdir(d):
-      probe_writable(d, "the run's checkpoints and metrics cannot be saved there"
-                     if not sub else "checkpoints cannot be saved there")
+  probe_writable(path, "the run's checkpoints and metrics cannot be saved there")
+  for d in (layout.checkpoints(path), layout.best(path)):
+    if os.path.isdir(d):
+      probe_writable(d, "checkpoints cannot be saved there")
 
 
 @contextlib.contextmanager
@@ -78,7 +75,7 @@ def owned(workdir: str, *, enabled: bool = True) -> Iterator[None]:
     return
   created = not os.path.exists(path)
   _check_writable(path)  # creates it
-  fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+  fd = os.open(layout.lock_file(path), os.O_RDWR | os.O_CREAT, 0o644)
   try:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except OSError as e:
@@ -98,8 +95,9 @@ def owned(workdir: str, *, enabled: bool = True) -> Iterator[None]:
   try:
     yield
   except BaseException:
-    if created and os.listdir(path) == [LOCK_FILE]:  # a run that failed at its start
-      os.remove(os.path.join(path, LOCK_FILE))     # leaves no empty workdir behind
+    if created and os.listdir(path) == [layout.LOCK_FILE]:
+      # A run that failed at its start leaves no empty workdir behind.
+      os.remove(layout.lock_file(path))
       os.rmdir(path)
     raise
   finally:

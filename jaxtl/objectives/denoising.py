@@ -7,7 +7,7 @@ spans whose lengths are drawn from Poisson(3), 30% of the tokens in all, by
 ONE mask token each; a span of length 0 inserts a mask, so the model must
 also learn how many tokens a mask stands for (zero included). The decoder
 then writes the original text. T5's span corruption
-(:mod:`jaxtl.data.corruption`) differs in using a sentinel per span and
+(:mod:`jaxtl.objectives.corruption`) differs in using a sentinel per span and
 writing only the dropped tokens.
 """
 
