@@ -28,6 +28,7 @@ def _strip(params, token):
       {k: v for k, v in flat.items() if token not in k}, sep="/")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [dict(adapter_dim=4),
                                    dict(lora_rank=2, lora_targets=("query", "key", "value", "out"))])
 @pytest.mark.parametrize("pre_norm", [True, False])
@@ -42,6 +43,7 @@ def test_fresh_adapters_and_lora_leave_the_model_unchanged(extra, pre_norm):
   np.testing.assert_allclose(logits(adapted, params), logits(plain, base), atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_lora_merge_equals_unmerged(scan):
   cfg = TransformerConfig(**BASE, scan_layers=scan, lora_rank=3, lora_alpha=6.0,

@@ -17,6 +17,7 @@ from jaxtl.models import build_model
 import datadir
 
 
+@pytest.mark.slow
 def test_tiny_presets_run_and_append_a_results_table(tmp_path):
   torch_side = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
   names = ["tiny_gpt2", "tiny_bert", "tiny_t5", "tiny_cls"]
@@ -120,6 +121,7 @@ def test_fsdp_and_tensor_parallel_divide_the_state_over_devices():
   assert max(per_device.values()) == sizes[(1, 4, 2)]
 
 
+@pytest.mark.multiprocess
 def test_pipeline_throughput_of_a_recipe(tmp_path):
   datadir.require_data("wikitext2")
   rows = footprint.pipeline_rows("pretrain_span", str(tmp_path), max_docs=3000, batches=3,

@@ -33,6 +33,8 @@ def config_file(tmp_path_factory):
   """)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_killed_and_resumed_run_matches_uninterrupted(config_file, tmp_path):
   ref_dir, dir_ = str(tmp_path / "ref"), str(tmp_path / "killed")
   runs.run(config_file, ref_dir)
@@ -52,6 +54,7 @@ def test_killed_and_resumed_run_matches_uninterrupted(config_file, tmp_path):
   assert len(keys) == len(set(keys))
 
 
+@pytest.mark.subprocess
 def test_sigterm_saves_a_checkpoint_at_the_stop_step(config_file, tmp_path):
   workdir = str(tmp_path / "term")
   code, err = runs.interrupt(config_file, workdir, signal.SIGTERM, min_step=10)
@@ -268,6 +271,8 @@ def test_too_little_free_space_for_one_checkpoint_fails_before_training(tmp_path
     storage.check_space(str(tmp_path), 2**20)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_killed_electra_run_resumes_exactly_and_transfers_its_discriminator(tmp_path):
   """ELECTRA's generator samples on the device from the step's RNG: a
   resumed run must draw the same replacements, so its losses match. The

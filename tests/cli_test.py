@@ -47,6 +47,7 @@ def test_unknown_recipes_and_commands_are_named(capsys):
   assert "unknown command 'pretrian'; the commands: pretrain" in capsys.readouterr().err
 
 
+@pytest.mark.subprocess
 def test_the_command_runs_a_module_with_its_flags():
   out = subprocess.run([sys.executable, "-m", "jaxtl.cli", "convert", "--help"],
                        capture_output=True, text=True, timeout=120,
@@ -54,6 +55,8 @@ def test_the_command_runs_a_module_with_its_flags():
   assert "--checkpoint: A jaxtl workdir" in out.stdout + out.stderr  # absl's --help
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_wheel_ships_the_jaxtl_package_with_the_top_level_recipes(tmp_path):
   """configs/ is the one home of the recipes, installed as jaxtl.configs: a
   wheel holds them, and a fresh virtualenv with it installed, away from the

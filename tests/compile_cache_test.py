@@ -43,6 +43,7 @@ print("hits", len(hits))
 """
 
 
+@pytest.mark.subprocess
 def test_a_second_run_loads_what_the_first_compiled(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   env.update(JAXTL_COMPILATION_CACHE=str(tmp_path / "xla"), JAXTL_HUGE_PAGES="0",

@@ -213,6 +213,7 @@ def _main(*args, env=None, timeout=300):
                         env={**os.environ, "XLA_FLAGS": runs.XLA_FLAGS, **(env or {})})
 
 
+@pytest.mark.subprocess
 def test_unknown_override_key_and_bad_type_are_named(tmp_path):
   bad_key = _main("--config=configs/pretrain_clm.py", "--config.optim.lrr=1",
                   f"--workdir={tmp_path}")
@@ -241,6 +242,8 @@ RECIPE_DATA = {
 }
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_runs_two_steps_on_real_data(recipe, tmp_path):
   folder, extra = RECIPE_DATA[recipe]

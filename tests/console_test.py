@@ -48,6 +48,8 @@ def _main(config, workdir, *flags):
   return proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_console_is_quiet_and_verbose_brings_the_libraries_back(tiny_config, tmp_path):
   workdir = tmp_path / "run"
   out = _main(tiny_config, workdir)
@@ -93,6 +95,8 @@ def test_users_log_environment_wins(monkeypatch):
   assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
                     reason="TensorFlow not installed")
 def test_tensorflow_loads_silently():

@@ -156,6 +156,7 @@ def converted(request, tmp_path_factory):
   return model, folder, convert.import_hf(folder)
 
 
+@pytest.mark.slow
 def test_outputs_match_transformers(converted):
   model, _, imported = converted
   ids, mask = _batch(model.config.vocab_size)
@@ -190,6 +191,7 @@ def test_classifier_head_matches_transformers(model_type, case, tmp_path):
   np.testing.assert_allclose(np.asarray(logits), expected, atol=TOL)
 
 
+@pytest.mark.slow
 def test_bert_next_sentence_head_matches_transformers(tmp_path):
   """BertForPreTraining's pooler and cls.seq_relationship become the
   backbone's sentence head: the same NSP (and MLM) logits, with token types."""
@@ -215,6 +217,7 @@ def test_bert_next_sentence_head_matches_transformers(tmp_path):
   assert "cls.seq_relationship.weight" not in hf.read_tensors(tmp_path / "mlm")
 
 
+@pytest.mark.slow  # `converted` per case: up to 7 s
 def test_export_loads_in_transformers_and_round_trips(converted, tmp_path):
   model, _, imported = converted
   model_type = imported.hf_config["model_type"]
@@ -381,6 +384,7 @@ def test_pytorch_bin_folders_load_too(tmp_path):
                    _hf_outputs(model, ids, mask)["logits"].numpy(), valid) <= TOL
 
 
+@pytest.mark.slow
 def test_real_minilm_sentence_embeddings(tmp_path):
   """all-MiniLM-L6-v2: mean-pooled embeddings equal transformers', and mean what
   they should."""
@@ -433,6 +437,7 @@ def test_electra_discriminator_logits_match_transformers(tmp_path):
   assert _max_diff(ours, expected, mask.astype(bool)) <= TOL
 
 
+@pytest.mark.slow
 def test_a_jaxtl_electra_pretrainer_exports_both_halves(tmp_path):
   """A pretrainer's discriminator as ElectraForPreTraining and its generator
   as ElectraForMaskedLM compute what jaxtl does; as in ELECTRA-small, the
@@ -542,6 +547,7 @@ def _special_fields(model):
   return {k: getattr(model.generation_config, k, None) for k in SPECIAL_FIELDS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type,case", [("bart", BARTS[0]), ("t5", T5S[1])])
 def test_an_imported_encoder_decoder_exports_its_own_special_ids(model_type, case, tmp_path):
   """HF folder (its tokenizer beside it) -> `jaxtl convert` -> HF: BART keeps
@@ -577,6 +583,7 @@ def test_an_imported_encoder_decoder_exports_its_own_special_ids(model_type, cas
   assert {k: written.get(k) for k in expected} == expected
 
 
+@pytest.mark.slow
 def test_a_jaxtl_bart_workdir_exports_its_tokenizers_special_ids(tmp_path):
   """A BART-like jaxtl workdir whose tokenizer puts its specials elsewhere
   (</s> 2, <s> 3, <pad> 4): config.json names those ids, and the decoder,

@@ -86,6 +86,8 @@ def data_dir(monkeypatch):
   return root
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_getting_started_runs_as_written(data_dir, tmp_path):
   run_page(DOCS / "getting-started.md", tmp_path)
   assert (tmp_path / "runs" / "questions" / "results.json").is_file()
@@ -118,6 +120,8 @@ def test_the_benchmarks_page_draws_the_newest_rows_per_device():
   assert page.count("### Run ") == len(runs_)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_own_data_guide_runs_as_written(data_dir, tmp_path):
   datadir.require_data("glue")
   pytest.importorskip("datasets")

@@ -47,6 +47,7 @@ def setup():
   return obj, model, params, jax.jit(obj.make_loss_fn(model, 4, OBJECTIVE))
 
 
+@pytest.mark.slow
 def test_generator_is_smaller_and_shares_the_token_table(setup):
   _, model, params, _ = setup
   g = model.generator_config
@@ -74,6 +75,7 @@ def test_generator_heads_fill_its_width(preset, scale, heads, head_dim):
   assert gen.num_heads * gen.head_dim == gen.d_model
 
 
+@pytest.mark.slow  # `setup` compiles: 8 s
 def test_the_discriminator_is_an_encoders_tree(setup):
   _, _, params, _ = setup
   disc, rest = electra.discriminator(params)
@@ -107,6 +109,7 @@ def test_a_table_narrower_than_the_discriminator():
   assert jax.tree.map(jnp.shape, disc) == jax.tree.map(jnp.shape, encoder)
 
 
+@pytest.mark.slow
 def test_replacements_are_sampled_at_masked_positions_only(setup):
   _, model, params, loss_fn = setup
   b = batch()
@@ -128,6 +131,7 @@ def test_replacements_are_sampled_at_masked_positions_only(setup):
   assert len(draws) == 3
 
 
+@pytest.mark.slow
 def test_loss_is_mlm_plus_weighted_detection_and_rtd_skips_the_generator(setup):
   obj, model, params, loss_fn = setup
   b = batch(1)
@@ -153,6 +157,7 @@ def test_stages_cannot_switch_between_mlm_and_electra():
     pretrain.check_same_model(objectives.get("mlm"), objectives.get("electra"))
 
 
+@pytest.mark.slow  # `setup` compiles: 8 s
 def test_flops_count_the_discriminator_and_the_generator_as_if_alone(setup):
   # ELECTRA's step is a generator (an MLM encoder, LM head at the masked
   # positions) plus a discriminator (an encoder and a per-token head).

@@ -139,6 +139,7 @@ def _check_config(config, kind):
                                    "regression": "regression"}[kind]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,kind,pooling,arch", [
     ("bert", "classification", "pooler", "BertForSequenceClassification"),
     ("bert", "regression", "pooler", "BertForSequenceClassification"),
@@ -236,6 +237,7 @@ def test_lora_is_merged_before_export(tmp_path):
   np.testing.assert_allclose(ours[mask > 0], theirs[mask > 0], atol=TOL)
 
 
+@pytest.mark.slow
 def test_t5_text_to_text_is_its_lm(tmp_path):
   """Rank classification: HF's label log-likelihoods equal the TaskModel's."""
   targets = ((5, 6, EOS), (7, EOS, PAD))
@@ -258,6 +260,7 @@ def test_t5_text_to_text_is_its_lm(tmp_path):
   np.testing.assert_allclose(ours, theirs, atol=TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,arch,adapters", [
     ("t5", "T5ForConditionalGeneration", False), ("gpt2", "GPT2LMHeadModel", False),
     ("t5", "T5ForConditionalGeneration", True), ("gpt2", "GPT2LMHeadModel", True)])
@@ -336,6 +339,7 @@ def _convert(*flags):
     cli.FLAGS.unparse_flags()
 
 
+@pytest.mark.slow
 def test_cli_exports_a_finetuning_workdir(tmp_path):
   """The command on a workdir with task.json and best/; the folder's
   tokenizer loads in ``transformers`` too."""

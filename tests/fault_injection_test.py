@@ -23,6 +23,9 @@ import pytest
 
 import runs
 
+# Real runs in subprocesses, and every test waits for one (or a module fixture's).
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
+
 STEPS, EVERY = 40, 5
 SAVE_FAILED = 74  # jaxtl.main.EXIT_SAVE_FAILED
 

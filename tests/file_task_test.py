@@ -184,6 +184,7 @@ def _text(i: int) -> str:
   return f"{_WORDS[i % 6]} film, {_WORDS[(i * 7) % 6]} cast"
 
 
+@pytest.mark.slow
 def test_a_csv_with_string_labels_fine_tunes_and_predicts_its_labels(
     vocab, tmp_path):
   train_path = tmp_path / "train.csv"
@@ -207,6 +208,7 @@ def test_a_csv_with_string_labels_fine_tunes_and_predicts_its_labels(
   assert set(preds[0]["probabilities"]) == {"happy", "sad"}
 
 
+@pytest.mark.slow
 def test_jsonl_integer_labels_parquet_and_a_pair_tsv_fine_tune(vocab, tmp_path):
   pq = pytest.importorskip("pyarrow.parquet")
   import pyarrow as pa  # pylint: disable=g-import-not-at-top
@@ -266,6 +268,7 @@ def test_a_hugging_face_dataset_is_a_file_task_with_its_classlabel_order(tmp_pat
     finetune.load_task_splits(config.task, 0)
 
 
+@pytest.mark.slow  # a fine-tuning run: 11 s once no other test has compiled it
 def test_a_saved_hugging_face_dataset_fine_tunes(vocab, tmp_path):
   folder = _saved_hf_dataset(tmp_path)
   results = _finetune(vocab, tmp_path / "h", "--config.task.format=hf",
@@ -313,6 +316,7 @@ def test_every_combination_of_files_and_fractions_says_what_it_lacks(
   assert said is None if note is None else said.startswith(note), said
 
 
+@pytest.mark.slow
 def test_one_file_alone_trains_and_predict_reads_its_columns(vocab, tmp_path):
   """With a train file only (and no held-out share) the run once trained
   fully, then died on KeyError: 'test' with no results.json; predict then

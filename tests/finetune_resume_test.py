@@ -19,6 +19,8 @@ from jaxtl.train import checkpoint
 
 import runs
 
+pytestmark = pytest.mark.slow  # each test fine-tunes (two in subprocesses)
+
 EPOCHS, STEPS_PER_EPOCH = 3, 4  # 64 TREC examples in batches of 16
 STEPS = EPOCHS * STEPS_PER_EPOCH
 
@@ -60,6 +62,7 @@ def _results(workdir):
   return results
 
 
+@pytest.mark.subprocess
 def test_killed_mid_epoch_and_resumed_fine_tuning_matches_uninterrupted(
     config_file, uninterrupted, tmp_path):  # pylint: disable=redefined-outer-name
   workdir = str(tmp_path)
@@ -73,6 +76,7 @@ def test_killed_mid_epoch_and_resumed_fine_tuning_matches_uninterrupted(
   assert _results(workdir) == uninterrupted
 
 
+@pytest.mark.subprocess
 def test_sigterm_saves_fine_tuning_at_the_stop_step_and_the_rerun_finishes(
     config_file, uninterrupted, tmp_path):  # pylint: disable=redefined-outer-name
   workdir = str(tmp_path)

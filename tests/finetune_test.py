@@ -16,6 +16,7 @@ import datadir
 import runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["full", "features", "scalar_mix", "adapters", "lora"])
 def test_every_scheme_runs_and_reports_the_transfer(pretrained, scheme, tmp_path):
   results = finetune.finetune_and_evaluate(runs.finetune_config(pretrained, scheme), str(tmp_path))
@@ -35,6 +36,7 @@ def test_every_scheme_runs_and_reports_the_transfer(pretrained, scheme, tmp_path
     assert results["trainable_params"] < results["total_params"] / 2
 
 
+@pytest.mark.slow
 def test_ulmfit_schedules_and_a_regression_and_a_tagging_task(pretrained, tmp_path):
   config = runs.finetune_config(pretrained, "full", name="stsb", max_len=32)
   config.adapt.update(layer_decay=0.5, unfreeze_epochs=1)
@@ -45,6 +47,7 @@ def test_ulmfit_schedules_and_a_regression_and_a_tagging_task(pretrained, tmp_pa
   assert 0.0 <= results["test"]["token_accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 def test_without_a_held_out_dev_all_of_train_is_used_and_the_last_epoch_reported(
     pretrained, tmp_path, caplog):
   config = runs.finetune_config(pretrained, "full", dev_fraction=0.0, num_train_examples=0)
@@ -65,6 +68,7 @@ def test_without_a_held_out_dev_all_of_train_is_used_and_the_last_epoch_reported
   saved.close()
 
 
+@pytest.mark.slow  # `pretrained` trains a tiny MLM: 9-14 s
 def test_shape_mismatch_names_the_parameter(pretrained, tmp_path):
   config = runs.finetune_config(pretrained, "full")
   bad = tmp_path / "bad"
@@ -79,6 +83,7 @@ def test_shape_mismatch_names_the_parameter(pretrained, tmp_path):
     finetune.finetune_and_evaluate(config, str(tmp_path / "out"))
 
 
+@pytest.mark.slow
 def test_layer_probe_and_attention_maps(pretrained, tmp_path):
   pytest.importorskip("matplotlib")
   from jaxtl.tools import analysis
@@ -100,6 +105,7 @@ def test_probe_on_separable_features_is_accurate():
   assert analysis.train_probe(x[:200], y[:200], x[200:], y[200:], 3) > 0.95
 
 
+@pytest.mark.slow
 def test_span_qa_on_squad_scores_answer_texts(pretrained, tmp_path, monkeypatch):
   datadir.require_data("squad", "dev-v1.1.json")
   config = runs.finetune_config(pretrained, "full", name="squad", max_len=64, doc_stride=32,
@@ -116,6 +122,7 @@ def test_span_qa_on_squad_scores_answer_texts(pretrained, tmp_path, monkeypatch)
   assert 0.0 <= results["test"]["exact_match"] <= results["test"]["f1"] <= 100.0
 
 
+@pytest.mark.slow
 def test_text_to_text_on_t5_writes_label_words(pretrained, tmp_path):
   span = importlib.import_module("jaxtl.configs.pretrain_span").get_config()
   data = datadir.data_dir()
@@ -149,6 +156,7 @@ def test_text_to_text_on_t5_writes_label_words(pretrained, tmp_path):
     finetune.finetune_and_evaluate(config, str(tmp_path / "bert"))
 
 
+@pytest.mark.slow
 def test_a_stopped_run_resumes_and_ends_as_if_never_stopped(pretrained, tmp_path,
                                                           monkeypatch):
   config = runs.finetune_config(pretrained, "full")
@@ -189,6 +197,7 @@ def test_trim_padding_cuts_to_the_longest_row_rounded_up():
   assert finetune.trim_padding(batch, "encoder", 0)["encoder_input_tokens"].shape == (2, 64)
 
 
+@pytest.mark.slow
 def test_minilm_recipe_fine_tunes_a_hugging_face_folder(tmp_path):
   """configs/finetune_minilm.py end to end on real weights: the HF folder's
   backbone and BERT pooler load, the classifier is new, WordPiece feeds it."""
@@ -207,6 +216,8 @@ def test_minilm_recipe_fine_tunes_a_hugging_face_folder(tmp_path):
   assert 0.0 <= results["test"]["accuracy"] <= 1.0
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_jaxtl_pretrained_model_exports_to_transformers(pretrained, tmp_path):
   """python -m jaxtl.convert: transformers loads it and computes the same logits."""
   import subprocess  # pylint: disable=g-import-not-at-top

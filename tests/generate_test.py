@@ -54,6 +54,7 @@ def _naive_greedy(cfg, params, tokens, n, eos=None, pad=0):
   return seq[:, start:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg", [DECODER, T5, DECODER.replace(scan_layers=True),
                                  T5.replace(scan_layers=True), BART],
                          ids=["decoder", "t5", "decoder_scan", "t5_scan", "bart"])
@@ -76,6 +77,7 @@ def test_left_padding_does_not_change_a_prompt_s_output():
   np.testing.assert_array_equal(both[0], alone[0])
 
 
+@pytest.mark.slow
 def test_sampling_settings():
   params = _params(DECODER)
   tokens = np.random.RandomState(1).randint(2, 61, (2, 5))
@@ -113,6 +115,7 @@ def test_repetition_penalty_avoids_repeats():
   assert len(set(seq)) == len(seq)
 
 
+@pytest.mark.slow
 def test_beam_search():
   params = _params(T5)
   tokens = np.random.RandomState(2).randint(2, 61, (2, 6))
@@ -145,6 +148,7 @@ def test_bad_requests_are_refused():
     G.generate(DECODER, {}, np.ones((1, 2)), gen=G.GenerationConfig(num_beams=2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["gpt2", "t5", "bart"])
 def test_greedy_matches_transformers_generate(model_type, tmp_path):
   torch = pytest.importorskip("torch")
@@ -193,6 +197,8 @@ def test_greedy_matches_transformers_generate(model_type, tmp_path):
     assert (from_pad != ours).any()
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_command_line_generates_text(tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top

@@ -93,6 +93,7 @@ def test_decoder_only_loss_weights_cover_the_output_and_eos_only(tok):
     assert t5["decoder_loss_weights"][0].sum() == len(target)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fields", [GPT2, T5], ids=["gpt2", "t5"])
 def test_the_loss_is_the_output_tokens_cross_entropy_whatever_the_padding(tok, fields):
   task = _Task()
@@ -123,6 +124,7 @@ def test_the_loss_is_the_output_tokens_cross_entropy_whatever_the_padding(tok, f
   np.testing.assert_allclose(float(other["loss_sum"]), float(sums["loss_sum"]), rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fields", [GPT2, T5, BART], ids=["gpt2", "t5", "bart"])
 def test_decoding_writes_the_teacher_forced_argmax_whatever_the_padding(tok, fields):
   task, family = _Task(), fields["family"]
@@ -181,6 +183,7 @@ def test_metrics_come_from_rouge_score_and_sacrebleu():
     generation_metrics.generation_metrics(["rogue"], preds, refs)
 
 
+@pytest.mark.slow
 def test_files_generation_trains_scores_and_predicts_text(tmp_path, monkeypatch):
   # One device: see finetune_test's SQuAD test (XLA:CPU's collectives on 8
   # fake devices can hang on the 2-core CI machine).

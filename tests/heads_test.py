@@ -47,6 +47,7 @@ def test_concat_pooling_is_last_max_mean_over_real_tokens_only():
   assert np.isfinite(heads.pool(h_BTD, jnp.zeros_like(seg_BT), "concat")).all()
 
 
+@pytest.mark.slow
 def test_concat_pooling_head_reads_three_times_d_model():
   cfg = TransformerConfig(**BASE, **FAMILIES["decoder"])
   model = heads.TaskModel(cfg, num_labels=3, pooling="concat")
@@ -79,6 +80,7 @@ def test_every_head_on_every_family(family, kind, shape):
     assert "decoder" not in params["backbone"]
 
 
+@pytest.mark.slow
 def test_scalar_mix_starts_uniform_and_learns():
   cfg = TransformerConfig(**BASE, **FAMILIES["encoder"])
   model = heads.TaskModel(cfg, kind="classification", num_labels=2,
@@ -109,6 +111,7 @@ def test_best_spans_respects_order_length_and_context():
   assert (int(s[0]), int(e[0])) == (3, 3)  # 9 + 0 beats 1 + 4 and 5 + 0
 
 
+@pytest.mark.slow
 def test_text_to_text_scores_each_label_text_with_the_lm():
   cfg = TransformerConfig(**BASE, **FAMILIES["encoder_decoder"])
   labels = ((5, 7, 1), (9, 1, 0))  # two label texts + EOS (1), padded with 0

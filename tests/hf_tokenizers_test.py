@@ -27,6 +27,7 @@ def texts():
           + tasks.read_glue("sst2", "dev").texts + tasks.read_glue("sst2", "train").texts[:5000])
 
 
+@pytest.mark.slow
 def test_wordpiece_ids_equal_transformers(texts):
   folder = _minilm()
   ours = get_tokenizer(f"{folder}/vocab.txt")
@@ -44,6 +45,7 @@ def test_wordpiece_ids_equal_transformers(texts):
   assert len(folder_tok.encode(long_text)) > 512
 
 
+@pytest.mark.slow  # `texts` reads TREC and SST-2: 5 s
 def test_byte_level_bpe_ids_equal_transformers(texts):
   vocab = datadir.require_data(*GPT2)
   ours = get_tokenizer(vocab)

@@ -38,6 +38,7 @@ def test_reads_the_bracketed_kernel_mode(tmp_path):
   assert hugepages.thp_mode(str(tmp_path / "missing")) == ""
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc tunables are Linux-only")
 def test_an_entry_point_reexecutes_itself_once_with_the_tunable():
   code = ("import os; from jaxtl import hugepages; print('start', flush=True); "

@@ -84,6 +84,7 @@ def _write_tasks(tmp_path):
         """) + textwrap.dedent(body))
 
 
+@pytest.mark.slow
 def test_harness_runs_local_tasks_end_to_end(model, tmp_path, monkeypatch):
   monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
   monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -103,6 +104,7 @@ def test_harness_runs_local_tasks_end_to_end(model, tmp_path, monkeypatch):
   np.testing.assert_allclose(float(sample["resps"][1][0][0]), want, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_rolling_windows_score_every_token_once(model):
   from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # pylint: disable=g-import-not-at-top
   lm = lm_eval_adapter.JaxtlLM(loaded=model, batch_size=4)
@@ -130,6 +132,7 @@ def test_generation_stops_at_the_stop_strings(model):
   assert len(out) == 2 and all("e" not in o for o in out)
 
 
+@pytest.mark.slow
 def test_an_encoder_decoder_answers_all_three_requests(model):
   cfg = TransformerConfig(family="encoder_decoder", vocab_size=model.config.vocab_size,
                           d_model=32, num_heads=4, head_dim=8, mlp_dim=64, num_layers=2,

@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import runs
+
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
 MISSING = "/nonexistent/jaxtl-model"
 

@@ -43,6 +43,7 @@ def init(model, toks):
   return nn.unbox(model.init(jax.random.key(1), *args)["params"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
 def test_future_tokens_do_not_change_past_outputs(name):
   _, model = make(name)
@@ -58,6 +59,7 @@ def test_future_tokens_do_not_change_past_outputs(name):
   assert not np.allclose(a[:, 7:], b[:, 7:])
 
 
+@pytest.mark.slow
 def test_causal_gradient_is_zero_for_future_positions():
   """d logits[t] / d position_embedding[s] vanishes exactly for s > t."""
   _, model = make("gpt2")
@@ -76,6 +78,7 @@ def test_causal_gradient_is_zero_for_future_positions():
   assert np.all(norms[:t + 1] > 0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
 def test_padding_does_not_change_unpadded_outputs(name):
   _, model = make(name)
@@ -92,6 +95,7 @@ def test_padding_does_not_change_unpadded_outputs(name):
   np.testing.assert_allclose(a, b[:, :9], atol=2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_packed_segments_match_separate_sequences(name):
   _, model = make(name)
@@ -120,6 +124,7 @@ def _stack_layers(params, n):
   return traverse_util.unflatten_dict(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
 def test_scan_and_remat_match_the_loop(name):
   _, model = make(name)
@@ -140,6 +145,7 @@ def test_scan_and_remat_match_the_loop(name):
     np.testing.assert_allclose(u, v, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
 def test_hidden_states_attentions_and_jit(name):
   cfg, model = make(name)
@@ -207,6 +213,7 @@ def test_dropout_mask_is_the_same_however_it_is_sharded():
   np.testing.assert_array_equal(np.asarray(draw(jax.sharding.PartitionSpec(None, "a", "b"))), whole)
 
 
+@pytest.mark.slow
 def test_relative_position_buckets():
   rel = jnp.arange(-200, 201)
   bi = masks.relative_position_buckets(rel, True, 32, 128)

@@ -14,9 +14,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import checkpoint_test
 import runs
+
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.multiprocess]
 
 config_file = checkpoint_test.config_file  # the tiny CLM recipe (a fixture)
 

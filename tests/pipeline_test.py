@@ -198,6 +198,7 @@ def test_rows_on_disk_give_the_batches_of_rows_in_memory(tmp_path):
       np.testing.assert_array_equal(a[k], b[k])
 
 
+@pytest.mark.multiprocess
 def test_grain_workers_make_the_same_batches_and_resume_exactly(tmp_path):
   store = _store(tmp_path)
   alone = _take(batches.BatchIterator(store, _noisy, batch_size=8, seed=5), 9)

@@ -51,6 +51,7 @@ def tuned(pretrained, tmp_path_factory):
   return workdir, finetune.finetune_and_evaluate(config, workdir)
 
 
+@pytest.mark.slow
 def test_the_workdir_holds_what_reloads_it(tuned):
   workdir, _ = tuned
   for name in ("model_config.json", "task.json", "tokenizer", "best"):
@@ -66,6 +67,8 @@ def test_the_workdir_holds_what_reloads_it(tuned):
   assert json.load(open(os.path.join(workdir, "task.json"))) == saved
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_exported_to_transformers_it_predicts_the_same_labels(tuned, tmp_path):
   """Pretrain -> fine-tune -> export (python -m jaxtl.convert) -> transformers
   gives jaxtl.load's labels on the same token ids."""
@@ -102,6 +105,7 @@ def test_exported_to_transformers_it_predicts_the_same_labels(tuned, tmp_path):
                              theirs.last_hidden_state.numpy(), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_load_predicts_what_finetuning_scored(tuned):
   workdir, results = tuned
   test = tasks.load_task("trec", "test").sample(N_TEST, 0)  # as max_eval_examples
@@ -119,6 +123,8 @@ def test_load_predicts_what_finetuning_scored(tuned):
       [p["label"] for p in preds[:3]]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_cli_writes_the_rows_plus_label_names(tuned, tmp_path):
   workdir, _ = tuned
   texts = tasks.load_task("trec", "test").texts[:5]
@@ -146,6 +152,7 @@ def test_the_cli_writes_the_rows_plus_label_names(tuned, tmp_path):
   assert [r["n"] for r in lines] == list(range(5))  # the input's own fields kept
 
 
+@pytest.mark.slow  # `tuned` fine-tunes TREC
 def test_malformed_input_names_the_file_and_line(tuned, tmp_path):
   workdir, _ = tuned
   bad = tmp_path / "bad.jsonl"
@@ -164,6 +171,7 @@ def test_malformed_input_names_the_file_and_line(tuned, tmp_path):
     jaxtl.load(workdir).predict(["Who?", ("a", "b")])
 
 
+@pytest.mark.slow
 def test_every_row_comes_out_with_its_prediction_in_a_field_of_its_own(tuned, tmp_path):
   """Blank lines and empty texts are rows; a table has every row's fields;
   a gold label stays beside the prediction on every row (issue 28)."""
@@ -188,6 +196,7 @@ def test_every_row_comes_out_with_its_prediction_in_a_field_of_its_own(tuned, tm
       ("", "", expected[0]), ("7", "gold", expected[1]), ("", "", expected[2])]
 
 
+@pytest.mark.slow
 def test_init_from_a_finetuned_workdir_loads_its_backbone_and_a_new_head(tuned, tmp_path):
   workdir, _ = tuned
   loaded = pretrained_lib.load(workdir)
@@ -207,6 +216,7 @@ def test_init_from_a_finetuned_workdir_loads_its_backbone_and_a_new_head(tuned, 
   np.testing.assert_array_equal(frozen(again), frozen(best))  # the tuned backbone
 
 
+@pytest.mark.slow  # `tuned` fine-tunes TREC
 def test_inputs_for_pairs_tagging_and_questions_become_the_kinds_examples(tuned):
   workdir, _ = tuned
   tok = jaxtl.load(workdir).tokenizer
@@ -233,6 +243,7 @@ def test_inputs_for_pairs_tagging_and_questions_become_the_kinds_examples(tuned)
       ("Who barks?", "The dog barks.", ())
 
 
+@pytest.mark.subprocess
 def test_import_jaxtl_stays_light():
   code = "import sys, jaxtl; assert 'jax' not in sys.modules and callable(jaxtl.load)"
   subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -32,6 +32,7 @@ def _continued(init_from, **train_settings):
   return config
 
 
+@pytest.mark.slow
 def test_a_continued_workdir_starts_from_the_sources_weights_and_tokenizer(
     pretrained, tmp_path):
   workdir = str(tmp_path)
@@ -68,6 +69,7 @@ def hf_bert(tmp_path_factory):
   return str(folder)
 
 
+@pytest.mark.slow
 def test_continuing_a_bert_for_pretraining_with_nsp_loads_its_sentence_head(
     hf_bert, tmp_path, caplog):
   """BertForPreTraining's next-sentence head goes on training under mlm_nsp."""
@@ -87,6 +89,7 @@ def test_continuing_a_bert_for_pretraining_with_nsp_loads_its_sentence_head(
   assert 0 <= metrics["sentence_accuracy"] <= 1
 
 
+@pytest.mark.slow
 def test_continuing_a_hugging_face_bert_loads_its_mlm_head_and_tokenizer(
     hf_bert, tmp_path, caplog):
   workdir = str(tmp_path)
@@ -133,6 +136,7 @@ def _tiny_denoising_config(tmp, recipe, arg):
   return config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe,arg", [("pretrain_bart", None),
                                         ("pretrain_prefix_lm", None),
                                         ("pretrain_prefix_lm", "model=bart_tiny")])
@@ -173,6 +177,7 @@ def _records(workdir, key):
             if r["split"] in ("train", "eval")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["mlm_nsp", "mlm_sop"])
 def test_a_sentence_pair_run_stopped_after_a_checkpoint_resumes_exactly(
     objective, tmp_path):

@@ -66,6 +66,7 @@ def _label_logp(context, word):
   return sum(float(logp[i, t]) for i, t in enumerate(cont))
 
 
+@pytest.mark.slow
 def test_rank_classification_picks_the_likeliest_label_words():
   r = prompting.evaluate(CFG, _params(), TOK, PROMPT, TRAIN, TEST, shots=2, seed=0,
                          batch_size=4)
@@ -132,6 +133,7 @@ def test_prompts_are_checked():
       "unacceptable", "acceptable")
 
 
+@pytest.mark.slow
 def test_few_shot_table_and_figure_on_real_tasks(tmp_path):
   vocab = datadir.require_data("tokenizers", "gpt2_vocab.json")
   datadir.require_data("glue", "SST-2", "dev.tsv")
@@ -154,6 +156,8 @@ def test_few_shot_table_and_figure_on_real_tasks(tmp_path):
   assert (tmp_path / few_shot.FIGURE).stat().st_size > 10_000
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_command_line_writes_the_table(tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top

@@ -30,6 +30,7 @@ def _holder(path):
   return proc
 
 
+@pytest.mark.subprocess
 def test_a_second_run_on_a_workdir_fails_at_once_naming_the_holder(tmp_path):
   proc = _holder(tmp_path)
   try:

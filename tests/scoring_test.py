@@ -52,6 +52,7 @@ def _brute_force(cfg, params, context, continuation, max_len=64):
   return total, greedy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg", [DECODER, T5], ids=["decoder", "t5"])
 def test_batched_equals_each_example_alone(cfg):
   params, pairs = _params(cfg), _pairs()
@@ -63,6 +64,7 @@ def test_batched_equals_each_example_alone(cfg):
     assert greedy[i] == want_greedy
 
 
+@pytest.mark.slow
 def test_greedy_continuations_are_flagged():
   params = _params(DECODER)
   ctx = [5, 9, 2]
@@ -81,6 +83,7 @@ def test_long_contexts_are_cut_on_the_left():
                                atol=1e-4)
 
 
+@pytest.mark.slow
 def test_lengths_compile_a_few_buckets_only():
   scoring._score_batch.clear_cache()  # pylint: disable=protected-access
   params = _params(DECODER)

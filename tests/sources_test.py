@@ -193,6 +193,7 @@ def test_data_dir_resolution(monkeypatch):
   assert sources.require_data_dir() == "/env"
 
 
+@pytest.mark.subprocess
 def test_import_does_not_load_tensorflow():
   code = ("import sys, jaxtl.data.sources, jaxtl.data.tokenizers, jaxtl.data.hf_datasets; "
           "assert 'tensorflow' not in sys.modules and 'datasets' not in sys.modules")
@@ -248,6 +249,7 @@ def test_trec_is_latin1():
   assert "\xf0" in rows[65]
 
 
+@pytest.mark.slow
 def test_tfds_tiny_shakespeare(tmp_path):
   pytest.importorskip("tensorflow_datasets")
   manual = datadir.require_data("tiny_shakespeare")

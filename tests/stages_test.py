@@ -46,6 +46,7 @@ def reference(tmp_path_factory):
   return workdir, runs.logged_losses(workdir), _flat(checkpoint.load_params(workdir))
 
 
+@pytest.mark.slow
 def test_stages_run_in_order_under_one_schedule(reference):
   workdir, losses, _ = reference
   records = _records(workdir)
@@ -66,6 +67,7 @@ def test_stages_run_in_order_under_one_schedule(reference):
         by_step[step]["steps_per_s"] * tokens, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stopped_at", [1, STEPS[0], STEPS[0] + 1])
 def test_a_run_stopped_inside_a_stage_resumes_exactly(reference, tmp_path, stopped_at):
   """Inside stage 1, at its last step, inside stage 2: as if killed right

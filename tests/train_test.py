@@ -79,6 +79,7 @@ def run_steps(cfg, mesh_shape, data, *, accum=1, loss_fn=None, optim_cfg=OPTIM,
   return losses, state, metrics
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
 def test_meshes_match_single_device(family):
   data = batches(family, 1) * 4  # the same batch: the loss must fall.
@@ -99,6 +100,7 @@ def test_meshes_match_single_device(family):
       np.testing.assert_allclose(a, b, atol=2e-5, err_msg=str(shape))
 
 
+@pytest.mark.slow
 def test_electra_meshes_match_single_device():
   """The generator's sampling (a categorical over vocabulary-sharded logits),
   the scatter of its samples, the two losses and a token table narrower than
@@ -145,6 +147,7 @@ BART = dict(position="learned", pre_norm=False, embed_norm=True, lm_head_bias=Tr
             norm_eps=1e-5, max_len=16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,names,kw", [
     ("decoder", ("prefix_lm",), {}),
     ("encoder_decoder", ("bart", "prefix_lm_encdec"), BART)])
@@ -161,6 +164,7 @@ def test_new_objectives_match_single_device_on_the_mesh(family, names, kw):
     np.testing.assert_allclose(a, b, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_sentence_pair_objectives_match_on_a_mesh_with_accumulation():
   # mlm_nsp / mlm_sop's features (they differ only in how pairs are drawn):
   # token types and sentence labels, whose loss is normalised by the full
@@ -183,6 +187,7 @@ def test_sentence_pair_objectives_match_on_a_mesh_with_accumulation():
     np.testing.assert_allclose(x, y, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_parameters_are_sharded_as_the_rules_say():
   data = batches("decoder", 1)
   _, state, _ = run_steps(tiny(), (2, 2, 2), data)
@@ -201,12 +206,14 @@ def test_parameters_are_sharded_as_the_rules_say():
   assert spec(mu["token_embed"]["embedding"]) == P("tensor", "fsdp")
 
 
+@pytest.mark.slow
 def test_scanned_layers_shard_with_a_replicated_layer_axis():
   _, state, _ = run_steps(tiny(scan_layers=True), (1, 2, 2), batches("decoder", 1))
   kernel = state.params["stack"]["layers"]["mlp"]["wi"]["kernel"]
   assert kernel.sharding.spec == P(None, "fsdp", "tensor")
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_the_full_batch():
   data = batches("decoder", 3)
   # Two data-parallel devices where there are (the 8 fake CPU devices), so
@@ -242,6 +249,7 @@ def test_the_guards_cond_and_select_forms_agree(finite):
   jax.tree.map(np.testing.assert_array_equal, cond, expected)
 
 
+@pytest.mark.slow
 def test_non_finite_steps_are_skipped_and_counted():
   cfg = tiny()
   model = build_model(cfg)
@@ -291,6 +299,7 @@ def test_mesh_and_rule_errors_name_the_problem():
     sharding.make_rules({"embed": "model"})
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_params():
   data = batches("decoder", 1) * 3
   losses, state, _ = run_steps(tiny(dtype="bfloat16"), (1, 1, 1), data)
@@ -300,6 +309,7 @@ def test_bfloat16_compute_keeps_float32_params():
   np.testing.assert_allclose(losses, ref, rtol=2e-2)
 
 
+@pytest.mark.slow
 def test_mlm_logits_only_at_masked_positions_give_the_same_loss():
   cfg = tiny("encoder", lm_head_transform=True, lm_head_bias=True)
   model = build_model(cfg)
@@ -317,6 +327,7 @@ def test_mlm_logits_only_at_masked_positions_give_the_same_loss():
     np.testing.assert_allclose(sparse[1][k], full[1][k], rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,kw", [
     ("decoder", {}),  # tied head (GPT-2)
     ("encoder", dict(lm_head_transform=True, lm_head_bias=True)),  # BERT

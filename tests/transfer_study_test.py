@@ -24,6 +24,7 @@ def _tiny(pre, data):
                    checkpoint_every=2)
 
 
+@pytest.mark.slow
 def test_study_pretrains_finetunes_and_reports(tmp_path):
   pytest.importorskip("matplotlib")
   data = datadir.require_data()

@@ -31,6 +31,7 @@ def _layer_kernel(params, i):
   return np.asarray(params["stack"][f"layer_{i}"]["mlp"]["wi"]["kernel"])
 
 
+@pytest.mark.slow
 def test_general_lm_then_target_lm_then_classifier(tmp_path):
   datadir.require_data("trec", "train_5500.label")
   general = _config_from_file(runs.tiny_clm_config(tmp_path, """

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from jaxtl import xla_cpu
 
 INTEL_AMX = xla_cpu.Cpu("Intel(R) Xeon(R) Platinum 8481C", "GenuineIntel",
@@ -43,6 +45,7 @@ def test_apply_appends_to_xla_flags(tmp_path):
   assert xla_cpu.describe({}) == "XLA:CPU flags: default"
 
 
+@pytest.mark.subprocess
 def test_the_chosen_flags_are_flags_this_xla_knows():
   # XLA aborts on an unknown flag at start-up; a renamed flag must fail here.
   env = {**os.environ, "XLA_FLAGS": " ".join(ONEDNN), "JAX_PLATFORMS": "cpu"}

@@ -99,6 +99,9 @@ class Objective:
       (any tree; the loss function reads it).
     model_needs: the least value of each TransformerConfig field it needs
       (NSP: token types and a sentence head).
+    summarize: a run's summed loss metrics -> the logged ones: an LM's by
+      default; objectives with sums of their own add their metrics, so the
+      trainer never needs to know them.
   """
   name: str
   family: str
@@ -108,6 +111,7 @@ class Objective:
   make_loss_fn: Callable[[nn.Module, int | None, Any], losses.LossFn] = token_loss
   weight_total: Callable[[Any, str], Any] = losses.loss_weight_total
   model_needs: Mapping[str, int] = dataclasses.field(default_factory=dict)
+  summarize: Callable[[Mapping[str, Any]], dict[str, float]] = losses.summarize
 
   def check_family(self, family: str, where: str = "config.model.family") -> None:
     """Fails early, naming both, when paired with the wrong model (``where``

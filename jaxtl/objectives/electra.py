@@ -18,7 +18,7 @@ table from both.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
@@ -111,8 +111,19 @@ def make_loss_fn(model: nn.Module, max_predictions: int | None,
   return loss_fn
 
 
+def summarize(sums: Mapping[str, Any]) -> dict[str, float]:
+  """The generator's MLM metrics plus the discriminator's: its detection
+  loss and accuracy over real tokens, and the share of them replaced."""
+  real = max(float(sums["rtd_weight_sum"]), 1.0)
+  return {**losses.summarize(sums),
+          "rtd_loss": float(sums["rtd_loss_sum"]) / real,
+          "rtd_accuracy": float(sums["rtd_correct_sum"]) / real,
+          "replaced": float(sums["replaced_sum"]) / real}
+
+
 OBJECTIVE = Objective(
     "electra", "encoder", mlm.prepare,
     "ELECTRA: a small MLM generator's samples replace masked tokens; the "
     "discriminator detects them (rtd_weight 50)",
-    build_model=build_model, make_loss_fn=make_loss_fn, weight_total=weight_total)
+    build_model=build_model, make_loss_fn=make_loss_fn, weight_total=weight_total,
+    summarize=summarize)

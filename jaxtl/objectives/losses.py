@@ -248,8 +248,9 @@ def normalized_loss(sums: Mapping[str, Array],
 
 
 def summarize(sums: Mapping[str, Any]) -> dict[str, float]:
-  """Turns accumulated sums into loss, accuracy, token count and perplexity
-  (and ELECTRA's detection loss, accuracy and replaced fraction)."""
+  """Turns accumulated sums into loss, accuracy, token count and perplexity:
+  a language model's metrics. An objective with sums of its own adds their
+  metrics in its :attr:`~jaxtl.objectives.base.Objective.summarize`."""
   weight = max(float(sums["weight_sum"]), 1.0)
   loss = float(sums["loss_sum"]) / weight
   out = {
@@ -258,13 +259,13 @@ def summarize(sums: Mapping[str, Any]) -> dict[str, float]:
       "tokens": float(sums["weight_sum"]),
       "perplexity": float(np.exp(min(loss, 50.0))),
   }
-  if "rtd_weight_sum" in sums:  # ELECTRA's discriminator
-    real = max(float(sums["rtd_weight_sum"]), 1.0)
-    out.update(rtd_loss=float(sums["rtd_loss_sum"]) / real,
-               rtd_accuracy=float(sums["rtd_correct_sum"]) / real,
-               replaced=float(sums["replaced_sum"]) / real)
-  if "sentence_loss_sum" in sums:  # NSP / SOP: "loss" stays the token loss
-    pairs = max(float(sums["sentence_weight_sum"]), 1.0)
-    out["sentence_loss"] = float(sums["sentence_loss_sum"]) / pairs
-    out["sentence_accuracy"] = float(sums["sentence_correct_sum"]) / pairs
   return out
+
+
+def summarize_sentences(sums: Mapping[str, Any]) -> dict[str, float]:
+  """An LM's metrics plus the sentence head's (NSP, SOP): "loss" stays the
+  token loss, beside ``sentence_loss`` and ``sentence_accuracy``."""
+  pairs = max(float(sums["sentence_weight_sum"]), 1.0)
+  return {**summarize(sums),
+          "sentence_loss": float(sums["sentence_loss_sum"]) / pairs,
+          "sentence_accuracy": float(sums["sentence_correct_sum"]) / pairs}

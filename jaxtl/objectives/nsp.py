@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxtl.data import row_store
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.objectives import sentence_pairs
+from jaxtl.objectives import losses, sentence_pairs
 from jaxtl.objectives.base import Example, Objective, Prepared, Rows, one_row
 from jaxtl.objectives.mlm import mlm_batch
 
@@ -71,6 +71,8 @@ def _prepare(task: str):
 
 
 NSP = Objective("mlm_nsp", "encoder", _prepare("nsp"),
-                "masked LM + next-sentence prediction (BERT)", model_needs=MODEL_NEEDS)
+                "masked LM + next-sentence prediction (BERT)", model_needs=MODEL_NEEDS,
+                summarize=losses.summarize_sentences)
 SOP = Objective("mlm_sop", "encoder", _prepare("sop"),
-                "masked LM + sentence-order prediction (ALBERT)", model_needs=MODEL_NEEDS)
+                "masked LM + sentence-order prediction (ALBERT)", model_needs=MODEL_NEEDS,
+                summarize=losses.summarize_sentences)

@@ -458,7 +458,8 @@ def finetune_and_evaluate(config: Any, workdir: str,
       prepare=lambda batch: trim_padding(batch, side, multiple),
       init_params=load_pretrained, steps_per_epoch=steps_per_epoch,
       finish=test_scores if "test" in feats else None,
-      summarize=None if kind.make_loss is not None else task_summary)  # generation: an LM's
+      # A head's metrics; generation's are an LM's (perplexity included).
+      summarize=objectives.summarize if kind.make_loss is not None else task_summary)
   out = train.run(work, loop_config(config, steps_per_epoch), tx, schedule, mesh,
                   rules, workdir)
   history = [{"epoch": h.pop("step") // steps_per_epoch, **h} for h in out.history]

@@ -103,12 +103,13 @@ class Workload:
       :func:`jaxtl.train.stopping.check`) saves the final state first, so
       the rerun only finishes.
     finish_name: the split its metrics are logged under.
-    summarize: a window's summed step metrics -> the logged ones (None:
-      :func:`jaxtl.objectives.summarize`, an LM's, with perplexity).
+    summarize: a window's summed step metrics -> the logged ones (the
+      objective's, or a task head's).
   """
   model: nn.Module
   weight_fn: Callable[[Batch], Array]
   init_inputs: Mapping[str, Any]
+  summarize: Callable[[Mapping[str, float]], dict[str, float]]
   loss_fn: Callable | None = None
   batches: Any = None
   stages: tuple[Stage, ...] = ()
@@ -123,7 +124,6 @@ class Workload:
   info: Mapping[str, float] | None = None
   finish: Callable[[Any], dict[str, float]] | None = None
   finish_name: str = "test"
-  summarize: Callable[[Mapping[str, float]], dict[str, float]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

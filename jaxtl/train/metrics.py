@@ -18,20 +18,19 @@ import jax
 import numpy as np
 import tqdm
 
-from jaxtl import layout, objectives
+from jaxtl import layout
 
 
 def summarize_train(window: list[dict[str, Any]], seconds: float,
                      batch_size: int, flops_per_example: float,
                      peak_per_device: float | None, tokens_per_example: int,
                      summarize: Callable[[Mapping[str, float]], dict[str, float]]
-                     | None = None) -> dict[str, float]:
-  """Averages a window of step metrics (``summarize`` turns their sums into
-  the loss and its company; default an LM's, :func:`jaxtl.objectives.summarize`)
-  and adds throughput and MFU."""
+                     ) -> dict[str, float]:
+  """Averages a window of step metrics (``summarize``, the workload's, turns
+  their sums into the loss and its company) and adds throughput and MFU."""
   sums = {k: sum(float(m[k]) for m in window)  # the token loss's, NSP's too
           for k in window[0] if k.endswith("_sum")}
-  out = (summarize or objectives.summarize)(sums)
+  out = summarize(sums)
   out["grad_norm"] = float(np.mean([m["grad_norm"] for m in window]))
   out["learning_rate"] = float(window[-1]["learning_rate"])
   out["skipped_steps"] = int(sum(int(m["skipped"]) for m in window))

@@ -276,7 +276,7 @@ def train_and_evaluate(config: Any, workdir: str,
   def evaluate(params):
     return step_lib.evaluate(p_eval, params, (
         sharding.shard_batch(b, mesh)
-        for b in data.eval_iterator(config.train.eval_batches)))
+        for b in data.eval_iterator(config.train.eval_batches)), objective.summarize)
 
   example = next(data.train_iterator())
   init_inputs = step_lib.lm_init_inputs(model, example)
@@ -301,7 +301,8 @@ def train_and_evaluate(config: Any, workdir: str,
   work = loop.Workload(
       model=model,
       weight_fn=functools.partial(objective.weight_total, family=model_cfg.family),
-      init_inputs=init_inputs, stages=stages, evaluate=evaluate,
+      init_inputs=init_inputs, summarize=objective.summarize, stages=stages,
+      evaluate=evaluate,
       info={"params": n_params, "flops_per_example": flops,
             "unigram_entropy": data.unigram_entropy},
       init_params=load_params)

@@ -19,7 +19,6 @@ import numpy as np
 import optax
 from flax import struct
 
-from jaxtl import objectives
 from jaxtl.models.config import input_side
 from jaxtl.models.family import family_of
 from jaxtl.train import sharding
@@ -174,9 +173,11 @@ def eval_step(params: Any, batch: Mapping[str, Array], *, loss_fn: Callable
   return sums
 
 
-def evaluate(eval_fn: Callable, params: Any, batches: Iterator[Mapping[str, Any]]
+def evaluate(eval_fn: Callable, params: Any, batches: Iterator[Mapping[str, Any]],
+             summarize: Callable[[Mapping[str, Any]], dict[str, float]]
              ) -> dict[str, float]:
-  """Sums eval_fn over all batches, then summarises (loss, accuracy, ppl)."""
+  """Sums eval_fn over all batches, then ``summarize`` turns the sums into
+  the metrics (the objective's: loss, accuracy, perplexity, ...)."""
   total = None
   for batch in batches:
     sums = eval_fn(params, batch)
@@ -184,7 +185,7 @@ def evaluate(eval_fn: Callable, params: Any, batches: Iterator[Mapping[str, Any]
   if total is None:
     raise ValueError("evaluation got no batches: the eval split is smaller "
                      "than one batch")
-  return objectives.summarize(jax.device_get(total))
+  return summarize(jax.device_get(total))
 
 
 
