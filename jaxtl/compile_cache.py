@@ -20,6 +20,7 @@ already set is JAX's own setting and is left alone.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from typing import Mapping
@@ -51,9 +52,7 @@ def enable(environ: Mapping[str, str] = os.environ) -> str | None:
   folder = cache_dir(environ)
   if folder is None:
     return None
-  try:
-    import filelock  # pylint: disable=g-import-not-at-top,unused-import
-  except ImportError:  # JAX's bounded (evicting) cache locks with it
+  if importlib.util.find_spec("filelock") is None:  # JAX's bounded cache locks with it
     log.warning("no compilation cache: the filelock package is not installed")
     return None
   try:

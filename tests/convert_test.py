@@ -627,8 +627,6 @@ def _electra_workdir(tmp_path):
   model_config.json with the generator's entry, tokenizer/, a checkpoint):
   a width-48 discriminator and a width-16 generator (1 head) reading a
   width-24 token table, at random (tests/checkpoint_test.py trains one)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from jaxtl import layout  # pylint: disable=g-import-not-at-top
   from jaxtl.models import TransformerConfig, electra  # pylint: disable=g-import-not-at-top

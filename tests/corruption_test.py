@@ -113,13 +113,13 @@ def test_mlm_can_mask_and_edge_cases():
   np.testing.assert_array_equal(weights, [0, 1, 0])
 
 
-@pytest.mark.parametrize('kwargs, bad', [
-  (dict(mask_rate=0.0), 'mask_rate'),
-  (dict(mask_rate=1.0), 'mask_rate'),
-  (dict(mask_rate=-0.1), 'mask_rate'),
-  (dict(mask_token_rate=1.2), 'mask_token_rate'),
-  (dict(random_token_rate=-0.1), 'random_token_rate'),
-  (dict(mask_token_rate=0.8, random_token_rate=0.3), '0.3'),
+@pytest.mark.parametrize("kwargs, bad", [
+  (dict(mask_rate=0.0), "mask_rate"),
+  (dict(mask_rate=1.0), "mask_rate"),
+  (dict(mask_rate=-0.1), "mask_rate"),
+  (dict(mask_token_rate=1.2), "mask_token_rate"),
+  (dict(random_token_rate=-0.1), "random_token_rate"),
+  (dict(mask_token_rate=0.8, random_token_rate=0.3), "0.3"),
 ])
 def test_mlm_bad_rates_raise(kwargs, bad):
   with pytest.raises(ValueError, match=bad):
@@ -190,7 +190,7 @@ def test_span_corrupt_span_lengths_vary():
   assert len({len(s) for s in spans.values()}) > 2
 
 
-@pytest.mark.parametrize('inputs_length, expected', [
+@pytest.mark.parametrize("inputs_length, expected", [
   (512, (568, 114)),  # T5's published numbers for its pretraining setup.
   (64, None), (114, None), (568, None), (2, None), (1, None)])
 def test_span_corruption_lengths_is_exact_and_maximal(inputs_length, expected):
@@ -210,7 +210,7 @@ def test_span_corruption_lengths_is_exact_and_maximal(inputs_length, expected):
     assert inputs.size > inputs_length  # One more raw token overflows.
 
 
-@pytest.mark.parametrize('density, mean_span, exact', [
+@pytest.mark.parametrize("density, mean_span, exact", [
   (0.15, 3.0, True), (0.3, 1.0, True), (0.5, 3.0, True),
   (0.5, 1.0, False), (0.9, 2.0, False)])
 def test_span_corruption_lengths_sweep(density, mean_span, exact):
@@ -240,18 +240,18 @@ def test_span_corrupt_reproducible_and_validates():
                 sentinel_ids=SENTINELS, eos_id=EOS)
   np.testing.assert_array_equal(a[0], b[0])
   np.testing.assert_array_equal(a[1], b[1])
-  with pytest.raises(ValueError, match='sentinel'):
+  with pytest.raises(ValueError, match="sentinel"):
     corruption.span_corrupt(tokens, np.random.default_rng(0),
                 sentinel_ids=SENTINELS[:3], eos_id=EOS)
-  with pytest.raises(ValueError, match='noise_density'):
+  with pytest.raises(ValueError, match="noise_density"):
     corruption.span_corrupt(tokens, np.random.default_rng(0),
                 sentinel_ids=SENTINELS, eos_id=EOS,
                 noise_density=1.0)
-  with pytest.raises(ValueError, match='mean_noise_span_length'):
+  with pytest.raises(ValueError, match="mean_noise_span_length"):
     corruption.span_corruption_lengths(512, mean_noise_span_length=0.0)
 
 
-@pytest.mark.parametrize('whole_word', [False, True])
+@pytest.mark.parametrize("whole_word", [False, True])
 def test_mlm_mask_rows_is_mlm_mask_of_each_row(whole_word):
   """A row's masking depends on its tokens and generator alone, not on the
   batch it is made in (the pipeline's batches are made that way)."""
@@ -282,7 +282,7 @@ def test_span_corrupt_rows_is_span_corrupt_of_each_row():
                                   sentinel_ids=SENTINELS, eos_id=EOS)
     np.testing.assert_array_equal(inputs[i], one[0])
     np.testing.assert_array_equal(targets[i], one[1])
-  with pytest.raises(ValueError, match='generators'):
+  with pytest.raises(ValueError, match="generators"):
     corruption.span_corrupt_rows(tokens, [np.random.default_rng(0)],
                                  sentinel_ids=SENTINELS, eos_id=EOS)
 

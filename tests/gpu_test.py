@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxtl import generate as G
-from jaxtl.models import build_model, layers
+from jaxtl.models import layers
 
 from models_test import init, make, tokens  # the tiny families
 

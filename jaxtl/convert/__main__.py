@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 flags.DEFINE_string("checkpoint", None, "A jaxtl workdir, checkpoints dir or step dir.",
                     required=True)

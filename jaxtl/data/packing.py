@@ -56,7 +56,7 @@ def chunk_blocks(
   """`chunk_stream` on an unbounded stream: its rows, in int32 [n, length]
   blocks of about `block_tokens` tokens, holding one block at a time."""
   if length < 1:
-    raise ValueError(f'length must be >= 1, got {length!r}.')
+    raise ValueError(f"length must be >= 1, got {length!r}.")
   pieces, size = [], 0
   def cut(final: bool) -> np.ndarray:
     stream = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
@@ -103,11 +103,11 @@ def pack_blocks(
   """
   held: list[np.ndarray] = []
   def pack(final: bool) -> dict[str, np.ndarray] | None:
-    rows = pack_sequences([{'tokens': d} for d in held], {'tokens': length},
+    rows = pack_sequences([{"tokens": d} for d in held], {"tokens": length},
                           pad_id=pad_id)
-    keep = len(rows['tokens']) if final else len(rows['tokens']) - 1
+    keep = len(rows["tokens"]) if final else len(rows["tokens"]) - 1
     if not final and keep >= 0:  # hold the open row's documents back
-      open_docs = int(rows['tokens_segment_ids'][-1].max())
+      open_docs = int(rows["tokens_segment_ids"][-1].max())
       real = [d for d in held if np.size(d)]
       held[:] = real[len(real) - open_docs:]
     else:
@@ -172,11 +172,11 @@ def _feature_lengths(
   for name, max_len in lengths.items():
     if max_len < 1:
       raise ValueError(
-        f'lengths[{name!r}] must be >= 1, got {max_len!r}.')
+        f"lengths[{name!r}] must be >= 1, got {max_len!r}.")
     sizes = []
     for i, ex in enumerate(examples):
       if name not in ex:
-        raise ValueError(f'Example {i} has no feature {name!r}.')
+        raise ValueError(f"Example {i} has no feature {name!r}.")
       sizes.append(np.asarray(ex[name]).size)
     out[name] = np.minimum(np.asarray(sizes, dtype=np.int64), max_len)
   return out
@@ -214,8 +214,8 @@ def _build(
       seg_ids.ravel()[dest] = np.repeat(segments, size)
       positions.ravel()[dest] = pos
     out[name] = tokens
-    out[f'{name}_segment_ids'] = seg_ids
-    out[f'{name}_positions'] = positions
+    out[f"{name}_segment_ids"] = seg_ids
+    out[f"{name}_positions"] = positions
   return out
 
 

@@ -21,8 +21,8 @@ def _check_unit_interval(name: str, value: float, *, closed: bool) -> None:
   """Raises ValueError unless `value` lies in (0, 1), or [0, 1] if closed."""
   ok = (0.0 <= value <= 1.0) if closed else (0.0 < value < 1.0)
   if not ok:
-    bounds = '[0, 1]' if closed else '(0, 1)'
-    raise ValueError(f'{name} must be in {bounds}, got {value!r}.')
+    bounds = "[0, 1]" if closed else "(0, 1)"
+    raise ValueError(f"{name} must be in {bounds}, got {value!r}.")
 
 
 def _as_1d_tokens(tokens: np.ndarray) -> np.ndarray:
@@ -30,10 +30,10 @@ def _as_1d_tokens(tokens: np.ndarray) -> np.ndarray:
   tokens = np.asarray(tokens)
   if tokens.ndim != 1:
     raise ValueError(
-      f'Expected a 1-D token sequence, got shape {tokens.shape}.')
+      f"Expected a 1-D token sequence, got shape {tokens.shape}.")
   if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
     raise ValueError(
-      f'Expected integer token ids, got dtype {tokens.dtype}.')
+      f"Expected integer token ids, got dtype {tokens.dtype}.")
   return tokens.astype(np.int32)
 
 
@@ -51,10 +51,10 @@ def _non_special_ids(uniforms: np.ndarray, vocab_size: int,
   num_allowed = vocab_size - excluded.size
   if num_allowed <= 0:
     raise ValueError(
-      'Every id in [0, vocab_size) is special; nothing to sample.')
+      "Every id in [0, vocab_size) is special; nothing to sample.")
   ranks = np.minimum((uniforms * num_allowed).astype(np.int64), num_allowed - 1)
   shifted = excluded - np.arange(excluded.size)
-  return (ranks + np.searchsorted(shifted, ranks, side='right')).astype(np.int32)
+  return (ranks + np.searchsorted(shifted, ranks, side="right")).astype(np.int32)
 
 
 def mlm_mask(
@@ -137,16 +137,16 @@ def mlm_mask_rows(
       the loss).
     weights: float32, 1.0 at chosen positions and 0.0 elsewhere.
   """
-  _check_unit_interval('mask_rate', mask_rate, closed=False)
-  _check_unit_interval('mask_token_rate', mask_token_rate, closed=True)
-  _check_unit_interval('random_token_rate', random_token_rate, closed=True)
+  _check_unit_interval("mask_rate", mask_rate, closed=False)
+  _check_unit_interval("mask_token_rate", mask_token_rate, closed=True)
+  _check_unit_interval("random_token_rate", random_token_rate, closed=True)
   if mask_token_rate + random_token_rate > 1.0:
     raise ValueError(
-      'mask_token_rate + random_token_rate must be <= 1, got '
-      f'{mask_token_rate!r} + {random_token_rate!r} = '
-      f'{mask_token_rate + random_token_rate!r}.')
+      "mask_token_rate + random_token_rate must be <= 1, got "
+      f"{mask_token_rate!r} + {random_token_rate!r} = "
+      f"{mask_token_rate + random_token_rate!r}.")
   if vocab_size <= 0:
-    raise ValueError(f'vocab_size must be positive, got {vocab_size!r}.')
+    raise ValueError(f"vocab_size must be positive, got {vocab_size!r}.")
   tokens = _as_rows(tokens, rngs)
   _check_like(tokens, can_mask=can_mask, word_starts=word_starts)
   batch, length = tokens.shape
@@ -186,10 +186,10 @@ def _as_rows(tokens: np.ndarray, rngs: Sequence[np.random.Generator]) -> np.ndar
   """[B, L] int32 token ids, one generator per row; callers pass a batch."""
   tokens = np.asarray(tokens)
   if tokens.ndim != 2 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
-    raise ValueError(f'Expected [batch, length] integer token ids, got shape '
-                     f'{tokens.shape} and dtype {tokens.dtype}.')
+    raise ValueError(f"Expected [batch, length] integer token ids, got shape "
+                     f"{tokens.shape} and dtype {tokens.dtype}.")
   if len(rngs) != tokens.shape[0]:
-    raise ValueError(f'{tokens.shape[0]} rows need as many generators, got {len(rngs)}.')
+    raise ValueError(f"{tokens.shape[0]} rows need as many generators, got {len(rngs)}.")
   return tokens.astype(np.int32)
 
 
@@ -197,8 +197,8 @@ def _check_like(tokens: np.ndarray, **masks: np.ndarray | None) -> None:
   """Raises unless each given mask has the tokens' shape, naming it."""
   for name, mask in masks.items():
     if mask is not None and np.shape(mask) != tokens.shape:
-      raise ValueError(f'{name} has shape {np.shape(mask)}, tokens '
-                       f'have {tokens.shape}.')
+      raise ValueError(f"{name} has shape {np.shape(mask)}, tokens "
+                       f"have {tokens.shape}.")
 
 
 def _choose_words(maskable: np.ndarray, word_starts: np.ndarray, budget: int,
@@ -248,10 +248,10 @@ def _noise_counts(tokens_length: int, noise_density: float,
 
 def _check_span_args(noise_density: float,
                      mean_noise_span_length: float) -> None:
-  _check_unit_interval('noise_density', noise_density, closed=False)
+  _check_unit_interval("noise_density", noise_density, closed=False)
   if not mean_noise_span_length > 0:
-    raise ValueError('mean_noise_span_length must be positive, got '
-                         f'{mean_noise_span_length!r}.')
+    raise ValueError("mean_noise_span_length must be positive, got "
+                         f"{mean_noise_span_length!r}.")
 
 
 def span_corruption_lengths(
@@ -274,7 +274,7 @@ def span_corruption_lengths(
   """
   _check_span_args(noise_density, mean_noise_span_length)
   if inputs_length < 1:
-    raise ValueError(f'inputs_length must be >= 1, got {inputs_length!r}.')
+    raise ValueError(f"inputs_length must be >= 1, got {inputs_length!r}.")
 
   def corrupted_lengths(tokens_length: int) -> tuple[int, int]:
     noise, spans = _noise_counts(tokens_length, noise_density,
@@ -378,8 +378,8 @@ def span_corrupt_rows(
   if num_spans == 0:
     return np.concatenate([tokens, eos], axis=1), eos
   if sentinel_ids.size < num_spans:
-    raise ValueError(f'{num_spans} noise spans need as many sentinel ids, '
-                     f'got {sentinel_ids.size}.')
+    raise ValueError(f"{num_spans} noise spans need as many sentinel ids, "
+                     f"got {sentinel_ids.size}.")
 
   # One draw per row: keys for the noise's gaps, then for the rest's.
   keys = np.stack([rng.random(length - 2) for rng in rngs])
