@@ -1,5 +1,6 @@
 """The package's import graph: no cycles, and the core never imports the
-tools, the recipes or the tasks built on it."""
+tools, the recipes or the tasks built on it. Every module is in a layer,
+``__main__`` files included (a program sits above what it runs)."""
 
 import ast
 import pathlib
@@ -14,7 +15,7 @@ LAYERS = [
      "jaxtl.sampling", "jaxtl.console", "jaxtl.layout"),
     ("jaxtl.generate", "jaxtl.tasks", "jaxtl.predict", "jaxtl.eval"),
     ("jaxtl.tools", "jaxtl.configs"),
-    ("jaxtl.main", "jaxtl.cli", "jaxtl.recipes"),
+    ("jaxtl.main", "jaxtl.cli", "jaxtl.recipes", "jaxtl.convert.__main__"),
 ]
 
 
@@ -22,9 +23,7 @@ def _modules() -> dict[str, pathlib.Path]:
   out = {}
   for path in PACKAGE.rglob("*.py"):
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-    if parts[-1] != "__main__":
-      out[name] = path
+    out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
   return out
 
 
@@ -48,10 +47,19 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def _layer(module: str) -> int:
-  for i, prefixes in enumerate(LAYERS):
-    if any(module == p or module.startswith(p + ".") for p in prefixes):
-      return i
-  raise AssertionError(f"{module} is in no layer of LAYERS: add it")
+  """The layer of the longest prefix naming ``module`` (a package's
+  ``__main__`` may sit above its package)."""
+  found = [(len(p), i) for i, prefixes in enumerate(LAYERS) for p in prefixes
+           if module == p or module.startswith(p + ".")]
+  if not found:
+    raise AssertionError(f"{module} is in no layer of LAYERS: add it")
+  return max(found)[1]
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+  """Every import of a module from a layer above the importer's."""
+  return [f"{a} imports {b}" for a, edges in graph.items() for b in sorted(edges)
+          if a != "jaxtl" and _layer(b) > _layer(a)]
 
 
 def test_the_import_graph_has_no_cycles():
@@ -74,6 +82,15 @@ def test_the_import_graph_has_no_cycles():
 
 
 def test_no_module_imports_a_layer_above_its_own():
-  upward = [f"{a} imports {b}" for a, edges in import_graph().items() for b in edges
-            if a != "jaxtl" and _layer(b) > _layer(a)]
-  assert not upward, "\n".join(upward)
+  found = upward(import_graph())
+  assert not found, "\n".join(found)
+
+
+def test_the_layer_check_sees_an_import_up_a_layer_and_every_module():
+  """The check itself: a model importing the trainer's program is caught,
+  the export program sits above the converters, and __main__ files count."""
+  graph = import_graph()
+  assert "jaxtl.convert.__main__" in graph
+  assert _layer("jaxtl.convert.__main__") > _layer("jaxtl.convert.hf")
+  bad = {**graph, "jaxtl.models.layers": graph["jaxtl.models.layers"] | {"jaxtl.main"}}
+  assert upward(bad) == ["jaxtl.models.layers imports jaxtl.main"]
