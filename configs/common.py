@@ -283,7 +283,7 @@ def _pretraining() -> Keys:
       train=pretrain_train_config, mesh=mesh_config,
       # Each stage a dict of its ``steps`` (adding up to train.steps) and
       # overrides of ``data`` (seq_len, batch_size, source, ...) and
-      # ``objective`` keys (jaxtl.train.pretrain.stage_configs), e.g. BERT's
+      # ``objective`` keys (jaxtl.pretraining.pretrain.stage_configs), e.g. BERT's
       # (dict(steps=900, data=dict(seq_len=128)), dict(steps=100)) with
       # data.seq_len=512. Evaluation uses data and objective as they are.
       stages=Key((), "stages run in order under one schedule, each dict(steps=N, "

@@ -16,24 +16,24 @@ the order a run writes it::
                       accepted start's settings (jaxtl.train.identity.record,
                       process 0), once the run's own checks passed.
   config.txt          every start's full config under a header with the time
-                      and the command, appended (jaxtl.main.write_config,
+                      and the command, appended (jaxtl.programs.train.write_config,
                       process 0, right after identity.json).
   tokenizer/          the tokenizer the run trained, or a copy of the one it
                       was given, so the model travels with it (process 0,
-                      before training: jaxtl.data.pipeline's build_tokenizer
+                      before training: jaxtl.pretraining.pipeline's build_tokenizer
                       and keep_tokenizer, from DataSetup when pretraining and
                       jaxtl.tasks.finetune.keep_loadable when fine-tuning).
                       A trained SentencePiece model is cached here too.
   model_config.json   the architecture (TransformerConfig's fields; ELECTRA's
                       generator under "generator"): what makes the workdir
-                      loadable (jaxtl.train.pretrained.save_model_config,
+                      loadable (jaxtl.pretraining.pretrained.save_model_config,
                       process 0, before training).
   task.json           fine-tuning only: the task and head of the model
                       (jaxtl.tasks.spec.save, before training); its presence
                       is what makes a workdir a fine-tuning one.
   data_cache/         pretraining's tokenized rows of each split, kept across
                       restarts when config.data.cache (DataSetup of
-                      jaxtl.data.pipeline; the files are jaxtl.data.row_store's).
+                      jaxtl.pretraining.pipeline; the files are jaxtl.data.row_store's).
   checkpoints/        the full train state every checkpoint_every steps, at
                       the end and on a stop, last K kept
                       (jaxtl.train.loop via jaxtl.train.checkpoint): N/state,

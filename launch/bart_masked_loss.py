@@ -23,7 +23,7 @@ from jaxtl.objectives import denoising
 from jaxtl.models import build_model
 from jaxtl.objectives import bart
 from jaxtl.objectives.span import encoder_decoder_example
-from jaxtl.train import pretrained
+from jaxtl.pretraining import pretrained
 
 
 def noised(tokens: np.ndarray, ends: np.ndarray, seed: int, mask_id: int

@@ -7,7 +7,7 @@ usage() {
   cat <<'EOF'
 Usage: launch/local.sh RECIPE WORKDIR [OVERRIDE...]
 
-Runs `python -m jaxtl.main --config=configs/RECIPE.py --workdir=WORKDIR OVERRIDE...`
+Runs `python -m jaxtl.programs.train --config=configs/RECIPE.py --workdir=WORKDIR OVERRIDE...`
 from the repository root, as one process on this machine.
 
   RECIPE    pretrain_mlm | pretrain_clm | pretrain_span (or any configs/*.py),
@@ -54,7 +54,7 @@ else
   die "no config file '$config_file' (see $REPO/configs/)"
 fi
 
-# We cd to the repo root below (so `-m jaxtl.main` finds the package without
+# We cd to the repo root below (so `-m jaxtl.programs.train` finds the package without
 # an install), so a relative workdir must be pinned to the caller's cwd first.
 # Remote URLs (gs://...) are left alone.
 if [[ $workdir != /* && $workdir != *://* ]]; then
@@ -81,5 +81,5 @@ cd "$REPO"
 echo "local.sh: config=$config_file$config_arg workdir=$workdir" \
      "data=${JAXTL_DATA_DIR:-<unset>}" >&2
 # exec: Ctrl-C and kill reach Python directly, and its exit code is ours.
-exec "${PYTHON:-python}" -m jaxtl.main \
+exec "${PYTHON:-python}" -m jaxtl.programs.train \
   --config="$config_file$config_arg" --workdir="$workdir" "$@"

@@ -16,7 +16,8 @@ import os
 
 from absl import app, flags
 
-from jaxtl import layout, startup
+from jaxtl import layout
+from jaxtl.runtime import startup
 
 flags.DEFINE_string("workdir", "/tmp/minilm_glue", "Output folder.")
 flags.DEFINE_list("tasks", ["sst2", "cola", "mrpc", "rte", "stsb"], "GLUE tasks.")

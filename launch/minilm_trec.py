@@ -27,7 +27,7 @@ from typing import Any
 
 from absl import app, flags
 
-from jaxtl import startup
+from jaxtl.runtime import startup
 
 flags.DEFINE_string("workdir", "/tmp/minilm_trec", "Output folder.")
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (data order, dropout, head).")

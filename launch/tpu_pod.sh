@@ -12,7 +12,7 @@ usage() {
 Usage: launch/tpu_pod.sh [--setup] TPU_NAME ZONE RECIPE WORKDIR [OVERRIDE...]
        launch/tpu_pod.sh --setup-only TPU_NAME ZONE
 
-Runs `python3 -m jaxtl.main --multiprocess --config=... --workdir=...` on all
+Runs `python3 -m jaxtl.programs.train --multiprocess --config=... --workdir=...` on all
 workers of the TPU VM TPU_NAME in ZONE.
 
   --setup       first put the code on every worker and install it, then train:
@@ -45,7 +45,7 @@ Environment:
 
 Notes: training stops if this ssh session ends, so run the script inside
 tmux/screen. If a killed run leaves a worker's TPU busy ("TPU in use"), end
-the leftover python process on that worker (find it with pgrep -af jaxtl.main).
+the leftover python process on that worker (find it with pgrep -af jaxtl.programs.train).
 Example:
   launch/tpu_pod.sh --setup my-v4-32 us-central2-b pretrain_mlm \
       gs://my-bucket/runs/mlm --config.mesh.shape='(1,-1,1)'
@@ -126,7 +126,7 @@ config_arg=""
 
 cmd=(env)
 [[ -n ${JAXTL_DATA_DIR-} ]] && cmd+=("JAXTL_DATA_DIR=$JAXTL_DATA_DIR")
-cmd+=("$REMOTE_PYTHON" -m jaxtl.main --multiprocess
+cmd+=("$REMOTE_PYTHON" -m jaxtl.programs.train --multiprocess
       "--config=$config_file$config_arg" "--workdir=$workdir" ${1+"$@"})
 
 remote="cd $(q "$REMOTE_DIR") &&"

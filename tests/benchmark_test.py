@@ -89,8 +89,8 @@ def test_unknown_names_are_refused():
   with pytest.raises(ValueError, match="unknown benchmark presets"):
     benchmark.benchmark(["gpt3"], torch_side=False, warmup=0, steps=1)
   with pytest.raises(ValueError, match="FIELD=VALUE"):
-    benchmark._parse_overrides(["nope=1"])
-  assert benchmark._parse_overrides(["remat=full", "scan_layers=true", "num_layers=3"]) == {
+    benchmark.parse_overrides(["nope=1"])
+  assert benchmark.parse_overrides(["remat=full", "scan_layers=true", "num_layers=3"]) == {
       "remat": "full", "scan_layers": True, "num_layers": 3}
 
 

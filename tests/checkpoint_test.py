@@ -13,7 +13,8 @@ import pytest
 
 from jaxtl import convert, layout
 from jaxtl.models import electra, heads, paths
-from jaxtl.train import checkpoint, fingerprints, pretrained, storage
+from jaxtl.train import checkpoint, fingerprints, storage
+from jaxtl.pretraining import pretrained
 from jaxtl import train
 
 import runs

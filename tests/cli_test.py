@@ -12,7 +12,7 @@ import zipfile
 import pytest
 import setuptools
 
-from jaxtl import cli
+from jaxtl.programs import cli
 import datadir
 import runs
 
@@ -49,7 +49,7 @@ def test_unknown_recipes_and_commands_are_named(capsys):
 
 @pytest.mark.subprocess
 def test_the_command_runs_a_module_with_its_flags():
-  out = subprocess.run([sys.executable, "-m", "jaxtl.cli", "convert", "--help"],
+  out = subprocess.run([sys.executable, "-m", "jaxtl", "convert", "--help"],
                        capture_output=True, text=True, timeout=120,
                        env={**os.environ, "JAXTL_HUGE_PAGES": "0"})
   assert "--checkpoint: A jaxtl workdir" in out.stdout + out.stderr  # absl's --help

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from jaxtl import compile_cache
+from jaxtl.runtime import compile_cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +33,7 @@ def test_a_folder_that_cannot_be_made_leaves_the_cache_off(tmp_path):
 
 _PROGRAM = """
 import jax, jax.numpy as jnp
-from jaxtl import startup
+from jaxtl.runtime import startup
 startup.tune_process()
 hits = []
 jax.monitoring.register_event_listener(

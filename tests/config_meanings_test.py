@@ -8,7 +8,8 @@ import dataclasses
 
 import pytest
 
-from jaxtl import cli, recipes
+from jaxtl.programs import cli
+from jaxtl import recipes
 from jaxtl.configs import common
 from jaxtl.models import TransformerConfig
 from jaxtl.train.identity import leaves

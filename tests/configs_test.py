@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import ml_collections
 import pytest
 
+from jaxtl.pretraining import pretrain
 from jaxtl.configs import common, models
-from jaxtl import objectives, train
+from jaxtl import objectives
 from jaxtl.models import TransformerConfig, build_model
 from jaxtl.tools import transfer_study
 import datadir
@@ -52,7 +53,7 @@ def test_every_recipe_and_preset_builds(recipe, preset):
     with pytest.raises(ValueError, match="needs a"):
       objectives.check_objective(config.objective.name, config.model.family)
     return
-  model_cfg = train.model_config_from(config, vocab_size=1000)
+  model_cfg = pretrain.model_config_from(config, vocab_size=1000)
   assert model_cfg.vocab_size == 1024  # padded to a multiple of 128
   model = objectives.get(config.objective.name).build_model(model_cfg, config.objective)
   toks = jnp.ones((1, 8), jnp.int32)
@@ -70,7 +71,7 @@ def test_every_objective_has_a_recipe_whose_model_it_fits(objective):
                  }.get(objective, ("pretrain_mlm", f"objective={objective}"))
   config = importlib.import_module(f"jaxtl.configs.{recipe}").get_config(arg)
   assert config.objective.name == objective
-  model_cfg = train.model_config_from(config, vocab_size=1000)
+  model_cfg = pretrain.model_config_from(config, vocab_size=1000)
   objectives.check_objective(objective, model_cfg.family)
   objectives.check_model(objective, model_cfg)
   toks = jnp.ones((1, 8), jnp.int32)
@@ -208,7 +209,7 @@ def test_the_unread_key_check_names_dead_keys():
 
 
 def _main(*args, env=None, timeout=300):
-  return subprocess.run([sys.executable, "-m", "jaxtl.main", *args], cwd=REPO,
+  return subprocess.run([sys.executable, "-m", "jaxtl", "pretrain", *args], cwd=REPO,
                         capture_output=True, text=True, timeout=timeout,
                         env={**os.environ, "XLA_FLAGS": runs.XLA_FLAGS, **(env or {})})
 

@@ -27,7 +27,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_cpu_enable_xprof_traceme=true"
                            + " " + runs.XLA_FLAGS)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# XLA's own defaults on every CPU (no jaxtl.xla_cpu choice by CPU vendor), so
+# XLA's own defaults on every CPU (no jaxtl.runtime.xla_cpu choice by CPU vendor), so
 # that results compared across processes do not depend on the CI machine's
 # CPU; tests/xla_cpu_test.py checks the choice itself.
 os.environ["JAXTL_CPU_FLAGS"] = "0"

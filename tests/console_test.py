@@ -14,7 +14,7 @@ import sys
 from absl import logging as absl_logging
 import pytest
 
-from jaxtl import console
+from jaxtl.runtime import console
 from jaxtl.train import metrics
 
 import runs
@@ -41,7 +41,7 @@ def _main(config, workdir, *flags):
   for name in LOG_ENV:  # what the entry point decides, not the test runner
     env.pop(name, None)
   proc = subprocess.run(
-      [sys.executable, "-m", "jaxtl.main", f"--config={config}",
+      [sys.executable, "-m", "jaxtl", "pretrain", f"--config={config}",
        f"--workdir={workdir}", *flags], cwd=REPO, env=env, capture_output=True,
       text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]

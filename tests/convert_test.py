@@ -333,7 +333,7 @@ def test_a_broken_hugging_face_folder_is_named_with_what_is_wrong(broken, bert_f
   """As init_from too: a folder with a config.json is a Hugging Face folder,
   so its error is about that folder, not a missing jaxtl model_config.json."""
   import shutil  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrained  # pylint: disable=g-import-not-at-top
   folder = tmp_path / "bert"
   shutil.copytree(bert_folder, folder)
   damage, message = BROKEN_FOLDERS[broken]
@@ -533,9 +533,9 @@ def _random_params(module, *inputs, seed=0):
 
 
 def _cli_export(checkpoint, out, *flags):
-  """``python -m jaxtl.convert``'s main, in this process."""
+  """``jaxtl convert``'s main, in this process."""
   import sys  # pylint: disable=g-import-not-at-top
-  from jaxtl.convert import __main__ as cli  # pylint: disable=g-import-not-at-top
+  from jaxtl.programs import export as cli  # pylint: disable=g-import-not-at-top
   cli.FLAGS([sys.argv[0], f"--checkpoint={checkpoint}", f"--out={out}", *flags])
   try:
     cli.main([])
@@ -593,7 +593,7 @@ def test_a_jaxtl_bart_workdir_exports_its_tokenizers_special_ids(tmp_path):
   from jaxtl.configs import models  # pylint: disable=g-import-not-at-top
   from jaxtl import layout  # pylint: disable=g-import-not-at-top
   from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrained  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / "work"
   _word_tokenizer(workdir / layout.TOKENIZER_DIR, ["<unk>", "<mask>", "</s>", "<s>", "<pad>"])
   cfg = TransformerConfig.from_mapping({
@@ -630,7 +630,7 @@ def _electra_workdir(tmp_path):
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from jaxtl import layout  # pylint: disable=g-import-not-at-top
   from jaxtl.models import TransformerConfig, electra  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrained  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / "electra"
   _word_tokenizer(workdir / layout.TOKENIZER_DIR,
                   ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], words=40)
@@ -691,7 +691,7 @@ def test_a_gpt2_exports_its_tokenizers_special_ids(tmp_path):
   from jaxtl.configs import models  # pylint: disable=g-import-not-at-top
   from jaxtl import layout  # pylint: disable=g-import-not-at-top
   from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrained  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / "work"
   _word_tokenizer(workdir / layout.TOKENIZER_DIR, ["<unk>", "<mask>", "</s>", "<s>", "<pad>"])
   cfg = TransformerConfig.from_mapping({

@@ -151,7 +151,7 @@ def test_loss_is_mlm_plus_weighted_detection_and_rtd_skips_the_generator(setup):
 
 
 def test_stages_cannot_switch_between_mlm_and_electra():
-  from jaxtl.train import pretrain  # pylint: disable=import-outside-toplevel
+  from jaxtl.pretraining import pretrain  # pylint: disable=import-outside-toplevel
   pretrain.check_same_model(objectives.get("mlm"), objectives.get("span"))  # same module
   with pytest.raises(ValueError, match="trains another model than the run's 'electra'"):
     pretrain.check_same_model(objectives.get("mlm"), objectives.get("electra"))

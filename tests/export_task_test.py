@@ -313,7 +313,7 @@ def _workdir(tmp_path, pooling):
   from jaxtl.data import hf_tokenizers  # pylint: disable=g-import-not-at-top
   from jaxtl.data.tokenizer_files import save_tokenizer  # pylint: disable=g-import-not-at-top
   from jaxtl.tasks import spec  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrained  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / "work"
   vocab = tmp_path / "vocab.txt"
   vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -330,8 +330,8 @@ def _workdir(tmp_path, pooling):
 
 
 def _convert(*flags):
-  """``python -m jaxtl.convert``'s main with ``flags``."""
-  from jaxtl.convert import __main__ as cli  # pylint: disable=g-import-not-at-top
+  """``jaxtl convert``'s main with ``flags``."""
+  from jaxtl.programs import export as cli  # pylint: disable=g-import-not-at-top
   cli.FLAGS([sys.argv[0], *flags])
   try:
     cli.main([])

@@ -1,4 +1,4 @@
-"""Faults done for real to real runs (``python -m jaxtl.main`` subprocesses):
+"""Faults done for real to real runs (``python -m jaxtl pretrain`` subprocesses):
 kill -9 in the middle of a checkpoint save, damaged checkpoint files, a
 disk that fills or turns read-only, two runs on one workdir, bad config
 values and bad data files from the command line. Each asserts the outcome:
@@ -27,7 +27,7 @@ import runs
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
 STEPS, EVERY = 40, 5
-SAVE_FAILED = 74  # jaxtl.main.EXIT_SAVE_FAILED
+SAVE_FAILED = 74  # jaxtl.programs.train.EXIT_SAVE_FAILED
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from ml_collections import config_flags
 
 import datadir
 import jaxtl
-from jaxtl import cli
+from jaxtl.programs import cli
 from jaxtl.data import row_files
 from jaxtl.tasks import file_task, finetune, readers
 from jaxtl.tasks.examples import Examples
@@ -21,7 +21,7 @@ TEXT = file_task.FileTask(("text",), "label")
 
 
 def _config(*argv: str):
-  """The config exactly as ``python -m jaxtl.main ARGV`` builds it."""
+  """The config exactly as ``jaxtl finetune ARGV`` builds it."""
   argv = ["main", *cli.with_recipe_paths(list(argv))]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "", flag_values=values,
@@ -332,7 +332,7 @@ def test_one_file_alone_trains_and_predict_reads_its_columns(vocab, tmp_path):
   records = [json.loads(line) for line in (tmp_path / "w" / "metrics.jsonl").open()]
   train = [r for r in records if r["split"] == "train"]
   assert train and all("perplexity" not in r for r in train)  # a class distribution's
-  from jaxtl import predict  # pylint: disable=g-import-not-at-top
+  from jaxtl.tasks import file_predictions as predict  # pylint: disable=g-import-not-at-top
   out = tmp_path / "out.jsonl"
   assert predict.predict_file(str(tmp_path / "w"), str(path), str(out)) == 24
   rows = [json.loads(line) for line in out.read_text().splitlines()]

@@ -28,7 +28,7 @@ STEPS = EPOCHS * STEPS_PER_EPOCH
 @pytest.fixture(scope="module")
 def config_file(pretrained, tmp_path_factory):
   """A small TREC fine-tuning (like ``_config``) as a config file for
-  ``jaxtl.main``: checkpoints every 3/4 epoch (steps 3, 6, 9: all but the
+  ``jaxtl.programs.train``: checkpoints every 3/4 epoch (steps 3, 6, 9: all but the
   last mid-epoch), a log line every step."""
   path = tmp_path_factory.mktemp("ftcfg") / "tiny_trec.py"
   path.write_text(textwrap.dedent(f"""

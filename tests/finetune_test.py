@@ -8,9 +8,10 @@ import jax
 import numpy as np
 import pytest
 
+from jaxtl.pretraining import pretrain
+from jaxtl.pretraining.pretrained import load_model_config, save_model_config
 from jaxtl.train import checkpoint, sharding
 from jaxtl.tasks import finetune
-from jaxtl import train
 
 import datadir
 import runs
@@ -73,8 +74,8 @@ def test_shape_mismatch_names_the_parameter(pretrained, tmp_path):
   config = runs.finetune_config(pretrained, "full")
   bad = tmp_path / "bad"
   bad.mkdir()
-  cfg = train.load_model_config(pretrained).replace(mlp_dim=48)
-  train.save_model_config(cfg, str(bad))
+  cfg = load_model_config(pretrained).replace(mlp_dim=48)
+  save_model_config(cfg, str(bad))
   import shutil
   shutil.copytree(f"{pretrained}/checkpoints", bad / "checkpoints")
   shutil.copytree(f"{pretrained}/tokenizer", bad / "tokenizer")
@@ -136,7 +137,7 @@ def test_text_to_text_on_t5_writes_label_words(pretrained, tmp_path):
                     head_dim=16, mlp_dim=64)
   span.train.update(steps=2, log_every=1, eval_every=2, eval_batches=1,
                     checkpoint_every=2)
-  train.train_and_evaluate(span, str(tmp_path / "span"))
+  pretrain.train_and_evaluate(span, str(tmp_path / "span"))
   config = runs.finetune_config(str(tmp_path / "span"), "lora")
   config.task.kind = "text_to_text"
   assert config.task.label_words[0] == "abbreviation"
@@ -224,10 +225,10 @@ def test_a_jaxtl_pretrained_model_exports_to_transformers(pretrained, tmp_path):
   import sys  # pylint: disable=g-import-not-at-top
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  from jaxtl.train import pretrained as pretrained_lib  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrained as pretrained_lib  # pylint: disable=g-import-not-at-top
   from jaxtl.models import build_model  # pylint: disable=g-import-not-at-top
   out = tmp_path / "hf"
-  subprocess.run([sys.executable, "-m", "jaxtl.convert", f"--checkpoint={pretrained}",
+  subprocess.run([sys.executable, "-m", "jaxtl", "convert", f"--checkpoint={pretrained}",
                   f"--out={out}"], check=True, capture_output=True, timeout=300)
   assert (out / "spiece.model").is_file()
   model, info = transformers.BertForMaskedLM.from_pretrained(out, output_loading_info=True)

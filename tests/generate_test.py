@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtl import generate as G
+from jaxtl.decoding import generate as G
 from jaxtl.models import TransformerConfig, build_model
 
 DECODER = TransformerConfig(family="decoder", vocab_size=61, d_model=32, num_heads=4,
@@ -210,7 +210,7 @@ def test_command_line_generates_text(tmp_path):
   params = build_model(cfg).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
   convert.export_hf(tmp_path / "gpt2", cfg, params)
   out = subprocess.run(
-      [sys.executable, "-m", "jaxtl.generate", f"--checkpoint={tmp_path / 'gpt2'}",
+      [sys.executable, "-m", "jaxtl", "generate", f"--checkpoint={tmp_path / 'gpt2'}",
        f"--tokenizer={vocab}", "--prompt=Hello there", "--prompt=Why",
        "--max_new_tokens=4", "--temperature=1.0", "--num_return_sequences=2"],
       capture_output=True, text=True, timeout=300, check=True)

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtl import generate as generate_lib
-from jaxtl import predict as predict_lib
+from jaxtl.decoding import generate as generate_lib
+from jaxtl.tasks import file_predictions as predict_lib
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.models import TransformerConfig, build_model, paths
 from jaxtl.models.heads import TaskModel

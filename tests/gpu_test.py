@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtl import generate as G
+from jaxtl.decoding import generate as G
 from jaxtl.models import layers
 
 from models_test import init, make, tokens  # the tiny families

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from jaxtl import hugepages
+from jaxtl.runtime import hugepages
 
 GLIBC = ("glibc", "2.36")
 

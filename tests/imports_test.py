@@ -7,15 +7,20 @@ import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxtl"
 # The layers of the house, bottom up: a module may import its own layer and
-# those below it, never one above.
+# those below it, never one above. docs/architecture.md tables the same.
 LAYERS = [
-    ("jaxtl.models", "jaxtl.data", "jaxtl.objectives", "jaxtl.convert",
-     "jaxtl.train", "jaxtl.hugepages", "jaxtl.xla_cpu", "jaxtl.compile_cache",
-     "jaxtl.startup",
-     "jaxtl.sampling", "jaxtl.console", "jaxtl.layout"),
-    ("jaxtl.generate", "jaxtl.tasks", "jaxtl.predict", "jaxtl.eval"),
-    ("jaxtl.tools", "jaxtl.configs"),
-    ("jaxtl.main", "jaxtl.cli", "jaxtl.recipes", "jaxtl.convert.__main__"),
+    ("jaxtl.runtime", "jaxtl.layout"),  # process set-up, console, workdir names
+    ("jaxtl.models",),                  # Flax modules, configs, families
+    ("jaxtl.decoding",),                # KV-cache generation, sampling
+    ("jaxtl.data",),                    # sources, tokenizers, rows, batches
+    ("jaxtl.objectives",),              # pretraining objectives and losses
+    ("jaxtl.convert",),                 # Hugging Face weights in and out
+    ("jaxtl.train",),                   # the step, the loop, checkpoints, sharding
+    ("jaxtl.pretraining",),             # the pretraining workload, loading by path
+    ("jaxtl.tasks",),                   # fine-tuning workloads and prediction
+    ("jaxtl.eval", "jaxtl.tools"),      # prompting, lm-eval, the study, benchmarks
+    ("jaxtl.configs",),                 # the shipped recipes
+    ("jaxtl.programs", "jaxtl.recipes", "jaxtl.__main__"),  # the commands
 ]
 
 
@@ -90,7 +95,7 @@ def test_the_layer_check_sees_an_import_up_a_layer_and_every_module():
   """The check itself: a model importing the trainer's program is caught,
   the export program sits above the converters, and __main__ files count."""
   graph = import_graph()
-  assert "jaxtl.convert.__main__" in graph
-  assert _layer("jaxtl.convert.__main__") > _layer("jaxtl.convert.hf")
-  bad = {**graph, "jaxtl.models.layers": graph["jaxtl.models.layers"] | {"jaxtl.main"}}
-  assert upward(bad) == ["jaxtl.models.layers imports jaxtl.main"]
+  assert "jaxtl.__main__" in graph
+  assert _layer("jaxtl.programs.export") > _layer("jaxtl.convert.hf")
+  bad = {**graph, "jaxtl.models.layers": graph["jaxtl.models.layers"] | {"jaxtl.programs.train"}}
+  assert upward(bad) == ["jaxtl.models.layers imports jaxtl.programs.train"]

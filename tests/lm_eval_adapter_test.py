@@ -14,7 +14,7 @@ lm_eval = pytest.importorskip("lm_eval")
 from jaxtl.data.tokenizers import train_sentencepiece  # noqa: E402
 from jaxtl.eval import lm_eval_adapter, scoring  # noqa: E402
 from jaxtl.models import TransformerConfig, build_model  # noqa: E402
-from jaxtl.train.pretrained import Pretrained  # noqa: E402
+from jaxtl.pretraining.pretrained import Pretrained  # noqa: E402
 
 REVIEWS = [("a fine and moving film", 1), ("dull and far too long", 0),
            ("the best film this year", 1), ("a waste of time", 0)]

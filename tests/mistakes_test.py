@@ -1,6 +1,6 @@
 """A user's mistake in any command is one line naming the thing and the
 fix, exit 2, no traceback (``--verbose`` adds it): each command driven for
-real (``python -m jaxtl.cli``), with mistakes a first user makes."""
+real (``python -m jaxtl``), with mistakes a first user makes."""
 
 import os
 import subprocess
@@ -44,7 +44,7 @@ CASES = [
 def _start(args):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": runs.XLA_FLAGS,
          "JAXTL_HUGE_PAGES": "0"}
-  return subprocess.Popen([sys.executable, "-m", "jaxtl.cli", *args], cwd=runs.REPO,
+  return subprocess.Popen([sys.executable, "-m", "jaxtl", *args], cwd=runs.REPO,
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from jaxtl.configs import pretrain_clm
-from jaxtl.data import mixtures, pipeline, sources
+from jaxtl.data import mixtures, sources
+from jaxtl.pretraining import pipeline
 
 SIZES = {"big": 900, "mid": 90, "small": 10}
 

@@ -1,6 +1,6 @@
 """Multi-host training on one machine: 2 processes x 2 CPU devices.
 
-Each process starts ``python -m jaxtl.main --multiprocess`` against a
+Each process starts ``python -m jaxtl pretrain --multiprocess`` against a
 localhost coordinator, feeds its own half of every global batch and talks to
 the other over CPU collectives (gloo). With the parameters sharded FSDP-style
 over all 4 devices, each process writes its own shards of each checkpoint.
@@ -27,7 +27,7 @@ MESH = "--config.mesh.shape=(1,-1,1)"  # FSDP over every device of every process
 
 
 def _command(config_file, workdir, steps):
-  return [sys.executable, "-m", "jaxtl.main", f"--config={config_file}",
+  return [sys.executable, "-m", "jaxtl", "pretrain", f"--config={config_file}",
           f"--workdir={workdir}", MESH, f"--config.train.steps={steps}",
           "--config.train.checkpoint_every=3"]
 

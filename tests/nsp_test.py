@@ -9,6 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from jaxtl.pretraining import pretrain
 from jaxtl import objectives
 from jaxtl.data import packing
 from jaxtl.data.tokenizers import Tokenizer
@@ -176,12 +177,11 @@ def test_loss_is_mlm_plus_the_mean_sentence_cross_entropy():
 
 
 def test_a_run_whose_model_lacks_the_sentence_head_fails_before_any_work(tmp_path):
-  from jaxtl import train  # pylint: disable=g-import-not-at-top
   config = importlib.import_module("jaxtl.configs.pretrain_mlm").get_config(
       "objective=mlm_sop")
   config.model.sentence_classes = 0
   with pytest.raises(ValueError, match=r"mlm_sop' needs config.model.sentence_classes"):
-    train.train_and_evaluate(config, str(tmp_path))
+    pretrain.train_and_evaluate(config, str(tmp_path))
   assert not os.listdir(tmp_path)
 
 
@@ -199,7 +199,8 @@ def test_a_model_without_the_sentence_head_fails_naming_the_key():
 def _corpus_pairs(tmp_path, lengths, partners=True, batches=40, **kw):
   """``(A, B, label)`` of the NSP examples the pipeline makes from a corpus
   whose document k has ``lengths[k]`` tokens (rows on disk, as in a run)."""
-  from jaxtl.data import pipeline, row_store  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pipeline  # pylint: disable=g-import-not-at-top
+  from jaxtl.data import row_store
   prep = prepared("nsp")
   path = str(tmp_path / "rows")
   if not row_store.RowStore.exists(path):

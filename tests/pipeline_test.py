@@ -5,7 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from jaxtl.data import batches, pipeline
+from jaxtl.data import batches
+from jaxtl.pretraining import pipeline
 from jaxtl.objectives import clm, span
 
 import datadir
@@ -169,7 +170,7 @@ def test_unreadable_data_leaves_no_tokenizer_folder(tmp_path):
   empty one would be taken for a trained tokenizer's folder next time.
   (TFDS's offline error itself: sources_test.)"""
   from jaxtl.configs import pretrain_clm  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import pretrain  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrain  # pylint: disable=g-import-not-at-top
   config = pretrain_clm.get_config()
   missing = str(tmp_path / "missing.jsonl")
   config.data.source.update(kind="jsonl", name="", manual_dir="")

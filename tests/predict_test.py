@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 
 import jaxtl
-from jaxtl import predict as predict_cli
+from jaxtl.tasks import file_predictions as predict_cli
 from jaxtl.models import TransformerConfig
 from jaxtl.tasks import finetune, kinds, predictor, rows
 from jaxtl.tasks import readers as tasks
 from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.metrics import compute_metrics
-from jaxtl.train import checkpoint, sharding, pretrained as pretrained_lib
+from jaxtl.train import checkpoint, sharding
+from jaxtl.pretraining import pretrained as pretrained_lib
 
 import runs
 
@@ -76,7 +77,7 @@ def test_exported_to_transformers_it_predicts_the_same_labels(tuned, tmp_path):
   transformers = pytest.importorskip("transformers")
   workdir, _ = tuned
   out = str(tmp_path / "hf")
-  subprocess.run([sys.executable, "-m", "jaxtl.convert", f"--checkpoint={workdir}",
+  subprocess.run([sys.executable, "-m", "jaxtl", "convert", f"--checkpoint={workdir}",
                   f"--out={out}"], check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   hf_model = transformers.BertForSequenceClassification.from_pretrained(out).eval()
   assert hf_model.config.id2label == dict(enumerate(tasks.TREC_LABELS))
@@ -93,7 +94,7 @@ def test_exported_to_transformers_it_predicts_the_same_labels(tuned, tmp_path):
                                                   dtype=torch.long)).logits
   assert [hf_model.config.id2label[i] for i in logits.argmax(-1).tolist()] == ours
   # Naming a class exports the tuned backbone alone.
-  subprocess.run([sys.executable, "-m", "jaxtl.convert", f"--checkpoint={workdir}",
+  subprocess.run([sys.executable, "-m", "jaxtl", "convert", f"--checkpoint={workdir}",
                   f"--out={out}_backbone", "--architecture=BertModel"], check=True,
                  env={**os.environ, "JAX_PLATFORMS": "cpu"})
   backbone = transformers.BertModel.from_pretrained(f"{out}_backbone").eval()
@@ -143,7 +144,7 @@ def test_the_cli_writes_the_rows_plus_label_names(tuned, tmp_path):
   jsonl.write_text("".join(json.dumps({"text": t, "n": i}) + "\n"
                            for i, t in enumerate(texts)))
   proc = subprocess.run(
-      [sys.executable, "-m", "jaxtl.predict", f"--workdir={workdir}",
+      [sys.executable, "-m", "jaxtl", "predict", f"--workdir={workdir}",
        f"--input={jsonl}"], capture_output=True, text=True, timeout=120,
       env={**os.environ, "XLA_FLAGS": runs.XLA_FLAGS})
   assert proc.returncode == 0, proc.stderr[-2000:]

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from jaxtl.configs import pretrain_clm
-from jaxtl.data import pipeline, pretokenized, sources
-from jaxtl.tools import pretokenize
+from jaxtl.pretraining import pipeline
+from jaxtl.data import pretokenized, sources
+from jaxtl.pretraining import pretokenize
 
 pytest.importorskip("array_record")
 
@@ -69,7 +70,7 @@ def test_another_tokenizer_is_refused_naming_both(tmp_path):
 
 def test_a_folder_without_metadata_says_how_to_make_one(tmp_path):
   (tmp_path / "train-00000-of-00001.array_record").write_bytes(b"")
-  with pytest.raises(FileNotFoundError, match="jaxtl.tools.pretokenize"):
+  with pytest.raises(FileNotFoundError, match="jaxtl pretokenize"):
     pretokenized.metadata(str(tmp_path))
   (tmp_path / "pretokenized.json").write_text(json.dumps({"format": 99}))
   with pytest.raises(ValueError, match="format 99"):

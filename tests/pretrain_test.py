@@ -16,10 +16,10 @@ import pytest
 from flax import traverse_util
 
 import runs
-from jaxtl import train
+from jaxtl.pretraining import pretrain
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.train import checkpoint
-from jaxtl.train import pretrained as pretrained_lib
+from jaxtl.pretraining import pretrained as pretrained_lib
 
 TEXT = "To be, or not to be: that is the question."
 
@@ -36,7 +36,7 @@ def _continued(init_from, **train_settings):
 def test_a_continued_workdir_starts_from_the_sources_weights_and_tokenizer(
     pretrained, tmp_path):
   workdir = str(tmp_path)
-  train.train_and_evaluate(_continued(pretrained), workdir)
+  pretrain.train_and_evaluate(_continued(pretrained), workdir)
   source_eval = runs.logged_losses(pretrained, ("eval",))
   last = source_eval[max(source_eval)]
   # Same eval batches, same weights and LM head: the same loss before any step.
@@ -82,7 +82,7 @@ def test_continuing_a_bert_for_pretraining_with_nsp_loads_its_sentence_head(
   run = _continued(str(folder))
   run.objective.name = "mlm_nsp"
   with caplog.at_level(logging.INFO):
-    metrics = train.train_and_evaluate(run, str(tmp_path / "work"))
+    metrics = pretrain.train_and_evaluate(run, str(tmp_path / "work"))
   assert "LM head: 5 tensors loaded" in caplog.text
   assert "; new []" in caplog.text  # the sentence head came from the source
   assert pretrained_lib.load(str(tmp_path / "work")).config.sentence_classes == 2
@@ -94,7 +94,7 @@ def test_continuing_a_hugging_face_bert_loads_its_mlm_head_and_tokenizer(
     hf_bert, tmp_path, caplog):
   workdir = str(tmp_path)
   with caplog.at_level(logging.INFO):
-    train.train_and_evaluate(_continued(hf_bert), workdir)
+    pretrain.train_and_evaluate(_continued(hf_bert), workdir)
   assert "LM head: 5 tensors loaded" in caplog.text
   assert "training a" not in caplog.text  # no new tokenizer
   assert os.listdir(os.path.join(workdir, "tokenizer")) == ["tokenizer.json"]
@@ -109,7 +109,7 @@ def test_an_objective_of_another_family_fails_naming_both(hf_bert, tmp_path):
   config.objective.name = "clm"
   with pytest.raises(ValueError, match=r"objective 'clm' needs a 'decoder'.*"
                                        r"init_from=.* is 'encoder'"):
-    train.train_and_evaluate(config, str(tmp_path))
+    pretrain.train_and_evaluate(config, str(tmp_path))
   assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
 
 
@@ -146,13 +146,13 @@ def test_new_objectives_resume_exactly_after_a_kill(recipe, arg, tmp_path):
   logs the uninterrupted run's losses and ends with its parameters."""
   config = _tiny_denoising_config(tmp_path, recipe, arg)
   ref_dir, workdir = str(tmp_path / "ref"), str(tmp_path / "killed")
-  train.train_and_evaluate(config, ref_dir)
+  pretrain.train_and_evaluate(config, ref_dir)
   shutil.copytree(ref_dir, workdir)
   os.remove(os.path.join(workdir, "metrics.jsonl"))
   for step in runs.checkpoint_steps(workdir):
     if step > 2:
       shutil.rmtree(os.path.join(workdir, "checkpoints", str(step)))
-  train.train_and_evaluate(config, workdir)
+  pretrain.train_and_evaluate(config, workdir)
   ref, resumed = runs.logged_losses(ref_dir), runs.logged_losses(workdir)
   assert sorted(resumed) == sorted(k for k in ref if k[1] > 2)
   assert resumed == {k: ref[k] for k in resumed}
@@ -184,13 +184,13 @@ def test_a_sentence_pair_run_stopped_after_a_checkpoint_resumes_exactly(
   """As if killed right after step 2's checkpoint (the later ones removed):
   the same MLM and sentence losses and the same final weights."""
   ref_dir, workdir = str(tmp_path / "ref"), str(tmp_path / "resumed")
-  train.train_and_evaluate(_sentence_pair_config(objective), ref_dir)
+  pretrain.train_and_evaluate(_sentence_pair_config(objective), ref_dir)
   shutil.copytree(ref_dir, workdir)
   os.remove(os.path.join(workdir, "metrics.jsonl"))
   for step in runs.checkpoint_steps(workdir):
     if step > 2:
       shutil.rmtree(os.path.join(workdir, "checkpoints", str(step)))
-  train.train_and_evaluate(_sentence_pair_config(objective), workdir)
+  pretrain.train_and_evaluate(_sentence_pair_config(objective), workdir)
   for key in ("loss", "sentence_loss", "sentence_accuracy"):
     ref, resumed = _records(ref_dir, key), _records(workdir, key)
     assert sorted(resumed) == sorted(k for k in ref if k[1] > 2)

@@ -139,7 +139,7 @@ def test_few_shot_table_and_figure_on_real_tasks(tmp_path):
   datadir.require_data("glue", "SST-2", "dev.tsv")
   datadir.require_data("trec", "TREC_10.label")
   from jaxtl.data.hf_tokenizers import HuggingFaceTokenizer  # pylint: disable=g-import-not-at-top
-  from jaxtl.train.pretrained import Pretrained  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining.pretrained import Pretrained  # pylint: disable=g-import-not-at-top
   tok = HuggingFaceTokenizer.byte_level_bpe(vocab, vocab.parent / "gpt2_merges.txt")
   cfg = CFG.replace(vocab_size=tok.vocab_size, max_len=128)
   params = build_model(cfg).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
@@ -169,7 +169,7 @@ def test_command_line_writes_the_table(tmp_path):
   params = build_model(cfg).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
   convert.export_hf(tmp_path / "gpt2", cfg, params)
   out = subprocess.run(
-      [sys.executable, "-m", "jaxtl.cli", "prompt", f"--checkpoint={tmp_path / 'gpt2'}",
+      [sys.executable, "-m", "jaxtl", "prompt", f"--checkpoint={tmp_path / 'gpt2'}",
        f"--tokenizer={vocab}", "--task=sst2", "--shots=1", "--seeds=0",
        "--max_eval_examples=4", f"--out={tmp_path / 'out'}"],
       capture_output=True, text=True, timeout=300, check=True)

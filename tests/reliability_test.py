@@ -51,7 +51,7 @@ def test_a_second_run_on_a_workdir_fails_at_once_naming_the_holder(tmp_path):
 
 def test_a_workdir_refuses_a_run_of_another_model(tmp_path):
   from jaxtl.models import TransformerConfig  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrained  # pylint: disable=g-import-not-at-top
   cfg = TransformerConfig(num_layers=2, d_model=32, num_heads=2, head_dim=16, mlp_dim=64)
   pretrained.save_model_config(cfg, str(tmp_path))
   (tmp_path / "checkpoints" / "10").mkdir(parents=True)
@@ -70,7 +70,7 @@ def test_a_workdir_refuses_a_run_of_another_model(tmp_path):
 
 def test_an_electra_workdir_records_its_generator_and_refuses_another(tmp_path):
   from jaxtl.models import TransformerConfig, electra  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrained  # pylint: disable=g-import-not-at-top
   cfg = TransformerConfig(num_layers=2, d_model=32, num_heads=2, head_dim=16, mlp_dim=64)
   pretrained.save_model_config(cfg, str(tmp_path))  # as before generators were recorded
   (tmp_path / "checkpoints" / "10").mkdir(parents=True)
@@ -97,7 +97,7 @@ def test_an_electra_workdir_records_its_generator_and_refuses_another(tmp_path):
 def test_bad_loop_values_name_their_key(key, value, message):
   from jaxtl import train  # pylint: disable=g-import-not-at-top
   from jaxtl.configs import pretrain_clm  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import pretrain  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrain  # pylint: disable=g-import-not-at-top
   config = pretrain_clm.get_config()
   section, field = key.split(".")
   config[section][field] = value
@@ -123,7 +123,7 @@ def test_checkpoint_every_zero_means_no_periodic_saves_in_pretraining_and_fine_t
   from jaxtl.configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
   from jaxtl.configs import pretrain_clm  # pylint: disable=g-import-not-at-top
   from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import pretrain  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrain  # pylint: disable=g-import-not-at-top
   pre, fine = pretrain_clm.get_config(), finetune_config.get_config()
   pre.train.checkpoint_every = fine.train.checkpoint_every = 0
   pre_loop, fine_loop = pretrain.loop_config(pre), finetune.loop_config(fine, steps_per_epoch=10)
@@ -139,16 +139,16 @@ def test_two_tokenizers_in_a_workdir_or_one_past_the_embedding_are_refused(tmp_p
   loader took sorted()[0], and fine-tuning then read ids past its 2,048-row
   embedding (NaN losses, blamed on the learning rate)."""
   import types  # pylint: disable=g-import-not-at-top
-  from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
+  from jaxtl.data import tokenizer_files  # pylint: disable=g-import-not-at-top
   from jaxtl.models import TransformerConfig  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrained  # pylint: disable=g-import-not-at-top
   folder = tmp_path / layout.TOKENIZER_DIR
   folder.mkdir()
   for name in ("spm_unigram_2000.model", "spm_unigram_10000.model"):
     (folder / name).write_bytes(b"")
   with pytest.raises(ValueError, match=r"holds 2 tokenizers \(spm_unigram_10000.model, "
                      r"spm_unigram_2000.model\): keep the one"):
-    pipeline.workdir_tokenizer(str(tmp_path))
+    tokenizer_files.workdir_tokenizer(str(tmp_path))
   tok = types.SimpleNamespace(vocab_size=10000)
   with pytest.raises(ValueError, match=r"has 10000 ids, but the model in .* embeds 2048 "
                      r"tokens .*not the tokenizer it was trained with"):

@@ -1,4 +1,4 @@
-"""``python -m jaxtl.main`` in a subprocess: what the kill and SIGTERM tests
+"""``python -m jaxtl pretrain`` (or ``finetune``) in a subprocess: what the kill and SIGTERM tests
 of pretraining and fine-tuning share (a real process, real signals)."""
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ XLA_FLAGS = "--xla_backend_optimization_level=0"
 def start(config_file: str, workdir: str, *flags: str) -> subprocess.Popen:
   """Starts a run on one CPU device; stderr (the log) is piped."""
   env = {**os.environ, "XLA_FLAGS": XLA_FLAGS, "JAX_PLATFORMS": "cpu"}
+  command = "finetune" if "--mode=finetune" in flags else "pretrain"
+  flags = tuple(f for f in flags if not f.startswith("--mode="))
   return subprocess.Popen(
-      [sys.executable, "-m", "jaxtl.main", f"--config={config_file}",
+      [sys.executable, "-m", "jaxtl", command, f"--config={config_file}",
        f"--workdir={workdir}", *flags], cwd=REPO, env=env,
       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtl import sampling
+from jaxtl.decoding import sampling
 
 
 @pytest.mark.parametrize("block", [4, 128])  # several blocks; one padded block

@@ -10,8 +10,8 @@ import pytest
 from flax import traverse_util
 
 import runs
-from jaxtl import train
-from jaxtl.data import pipeline
+from jaxtl.pretraining import pretrain
+from jaxtl.pretraining import pipeline
 from jaxtl.train import checkpoint, optim
 
 STEPS = (2, 2)  # stage 1: length 32, batch 16; stage 2: length 64, batch 8
@@ -42,7 +42,7 @@ def _flat(params):
 def reference(tmp_path_factory):
   """An uninterrupted two-stage run: its workdir, losses and final params."""
   workdir = str(tmp_path_factory.mktemp("staged"))
-  train.train_and_evaluate(_staged_config(), workdir)
+  pretrain.train_and_evaluate(_staged_config(), workdir)
   return workdir, runs.logged_losses(workdir), _flat(checkpoint.load_params(workdir))
 
 
@@ -79,7 +79,7 @@ def test_a_run_stopped_inside_a_stage_resumes_exactly(reference, tmp_path, stopp
   for step in runs.checkpoint_steps(workdir):
     if step > stopped_at:
       shutil.rmtree(os.path.join(workdir, "checkpoints", str(step)))
-  train.train_and_evaluate(_staged_config(), workdir)
+  pretrain.train_and_evaluate(_staged_config(), workdir)
   resumed = runs.logged_losses(workdir)
   assert sorted(resumed) == sorted(k for k in ref_losses if k[1] > stopped_at)
   assert resumed == {k: ref_losses[k] for k in resumed}
@@ -104,7 +104,7 @@ def test_a_bad_stage_is_named_before_any_work(tmp_path, stages, error):
   config = _staged_config()
   config.stages = stages
   with pytest.raises(ValueError, match=error):
-    train.train_and_evaluate(config, str(tmp_path))
+    pretrain.train_and_evaluate(config, str(tmp_path))
   assert not os.listdir(tmp_path)
 
 
@@ -116,7 +116,7 @@ def test_a_stage_longer_than_the_models_positions_is_named(tmp_path):
   with pytest.raises(ValueError, match=r"config.stages\[1\].data.seq_len: batches "
                                        r"of 64 tokens need 64 positions, but the "
                                        r"model has 48 \(config.model.max_len\)"):
-    train.train_and_evaluate(config, str(tmp_path))
+    pretrain.train_and_evaluate(config, str(tmp_path))
 
 
 def test_a_later_stage_over_the_same_rows_draws_its_own_order_and_masks():

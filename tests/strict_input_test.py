@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from jaxtl import predict
+from jaxtl.tasks import file_predictions as predict
 from jaxtl.tasks import file_task, rows
 
 TEXT = file_task.FileTask(("text",), "label")

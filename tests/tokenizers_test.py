@@ -164,7 +164,7 @@ def test_clm_recipe_rows_keep_the_line_breaks_of_the_source(tmp_path):
   """The CLM recipe reads tiny Shakespeare as TFDS gives it, one document
   of the whole text; a text file read whole stands in for it here."""
   from jaxtl.configs import pretrain_clm  # pylint: disable=import-outside-toplevel
-  from jaxtl.data import pipeline  # pylint: disable=import-outside-toplevel
+  from jaxtl.pretraining import pipeline  # pylint: disable=import-outside-toplevel
   corpus = tmp_path / "play.txt"
   corpus.write_text(_play(), encoding="utf-8")
   config = pretrain_clm.get_config()

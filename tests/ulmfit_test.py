@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtl import train
+from jaxtl.pretraining import pretrain
 from jaxtl.configs import ulmfit
 from jaxtl.tasks import finetune
 from jaxtl.train import checkpoint, optim
@@ -41,14 +41,14 @@ def test_general_lm_then_target_lm_then_classifier(tmp_path):
       c.train.update(steps=2, log_every=1, eval_every=2, eval_batches=1,
                      checkpoint_every=2)
   """, lines=300))
-  train.train_and_evaluate(general, str(tmp_path / "clm"))
+  pretrain.train_and_evaluate(general, str(tmp_path / "clm"))
 
   lm = ulmfit.get_config("stage=lm,task=trec")
   lm.init_from = str(tmp_path / "clm")
   lm.data.update(seq_len=16, batch_size=8, max_docs=200)
   lm.train.update(steps=10, log_every=1, eval_every=10, eval_batches=1,
                   checkpoint_every=10)
-  train.train_and_evaluate(lm, str(tmp_path / "lm"))
+  pretrain.train_and_evaluate(lm, str(tmp_path / "lm"))
   records = [json.loads(l) for l in open(tmp_path / "lm" / "metrics.jsonl")]
   rates = [r["learning_rate"] for r in records if r["split"] == "train"]
   # STLR: the first step runs at lr/32 (not 0), the second (10%) at lr.

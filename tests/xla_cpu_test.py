@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from jaxtl import xla_cpu
+from jaxtl.runtime import xla_cpu
 
 INTEL_AMX = xla_cpu.Cpu("Intel(R) Xeon(R) Platinum 8481C", "GenuineIntel",
                         frozenset({"avx2", "avx512f", "amx_tile"}))

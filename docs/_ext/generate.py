@@ -107,7 +107,7 @@ def _flags(module: str) -> str:
 
 
 def cli_page() -> str:
-  from jaxtl import cli  # pylint: disable=g-import-not-at-top
+  from jaxtl.programs import cli  # pylint: disable=g-import-not-at-top
   modules = sorted({spec.module for spec in cli.COMMANDS.values()
                     if spec.module and spec.module != "jaxtl.eval.lm_eval_adapter"})
   with futures.ThreadPoolExecutor(4) as pool:

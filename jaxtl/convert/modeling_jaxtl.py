@@ -1,7 +1,7 @@
 """A jaxtl fine-tuned model in PyTorch: a stock ``transformers`` backbone and
 jaxtl's task head.
 
-jaxtl's export (``python -m jaxtl.convert``) writes this file beside
+jaxtl's export (``jaxtl convert``) writes this file beside
 ``config.json`` when no stock class computes what the fine-tuned model does
 (a mean, last, first or concat pooling, an ELMo scalar mix of all layers,
 Houlsby adapters, an encoder-decoder's encoder under a classifier).

@@ -1,7 +1,7 @@
 """Batches of examples made from rows: deterministic, resumable, and the
 same whoever makes them.
 
-The serving half of the host input pipeline (:mod:`jaxtl.data.pipeline`
+The serving half of the host input pipeline (:mod:`jaxtl.pretraining.pipeline`
 makes the rows). It knows nothing of sources, tokenizers or objectives: it
 takes rows (a :class:`~jaxtl.data.row_store.RowStore` or arrays) and a
 ``make_example`` function, and is also what fine-tuning feeds its task

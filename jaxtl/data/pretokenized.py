@@ -1,7 +1,7 @@
 """Corpora tokenized once, kept as ArrayRecord shards with their tokenizer.
 
 A big corpus costs its tokenization on every run (and every cache miss);
-``python -m jaxtl.tools.pretokenize`` does it once and writes a folder that
+``jaxtl pretokenize`` does it once and writes a folder that
 a run reads as ``config.data.source.kind = "pretokenized"`` with
 ``data_dir`` = that folder:
 
@@ -113,7 +113,7 @@ def metadata(folder: str) -> dict[str, Any]:
   if not os.path.isfile(path):
     raise FileNotFoundError(
         f"{path} not found: source.data_dir of a 'pretokenized' source is a "
-        "folder written by python -m jaxtl.tools.pretokenize (an interrupted "
+        "folder written by jaxtl pretokenize (an interrupted "
         "write has shards but no metadata)")
   with open(path) as f:
     meta = json.load(f)

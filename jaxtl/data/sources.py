@@ -455,7 +455,7 @@ def iter_texts(source: Mapping[str, Any], split: str, *, seed: int = 0
   (T5's, with `cap` and `temperature`) draw the split at those shares
   (jaxtl.data.mixtures). "parquet" takes `files` and `field` (a string
   column). "pretokenized" (`data_dir`: shards written by
-  jaxtl.tools.pretokenize) has token ids, not texts: jaxtl.data.row_store
+  jaxtl pretokenize) has token ids, not texts: jaxtl.data.row_store
   reads it.
 
   Files are opened when the first text is asked for and read as the texts

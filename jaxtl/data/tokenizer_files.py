@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 
+from jaxtl import layout
 from jaxtl.data import hf_tokenizers
 from jaxtl.data.tokenizers import SentencePieceTokenizer, Tokenizer
 
@@ -53,3 +55,26 @@ def save_tokenizer(tok: Tokenizer, folder: str | os.PathLike[str],
   write(tmp)
   os.replace(tmp, path)
   return path
+
+
+def workdir_tokenizer(workdir: str) -> Tokenizer:
+  """The tokenizer a pretraining run trained (or loaded) into its workdir."""
+  folder = layout.tokenizer_dir(workdir)
+  models = sorted(glob.glob(os.path.join(folder, "*.model")))
+  if len(models) > 1:  # never taken by guess: ids of another vocabulary are garbage
+    raise ValueError(f"{folder} holds {len(models)} tokenizers "
+                     f"({', '.join(map(os.path.basename, models))}): keep the one the "
+                     "run was trained with, or set config.tokenizer_path")
+  if models:
+    return get_tokenizer(models[0])
+  if os.path.isfile(os.path.join(folder, "tokenizer.json")):
+    return get_tokenizer(folder)
+  raise FileNotFoundError(f"no tokenizer in {folder}; set config.tokenizer_path")
+
+
+def keep_tokenizer(tok: Tokenizer, workdir: str | None) -> Tokenizer:
+  """Copies a given tokenizer into the workdir: it travels with the
+  checkpoints, so fine-tuning (or continuing) the run finds it."""
+  if workdir is not None:
+    save_tokenizer(tok, layout.tokenizer_dir(workdir))
+  return tok

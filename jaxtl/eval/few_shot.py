@@ -24,7 +24,6 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from jaxtl.eval import prompting
-from jaxtl.models.family import family_of
 from jaxtl.tasks import readers
 
 MARKDOWN, FIGURE, RESULTS = "prompting.md", "prompting.png", "prompting.json"
@@ -59,7 +57,7 @@ def run(loaded: Any, tasks: Sequence[str], shots: Sequence[int], seeds: Sequence
         ) -> list[dict[str, Any]]:
   """One row per (task, shots, seed): accuracies and what was shown.
 
-  ``loaded``: a :class:`jaxtl.train.pretrained.Pretrained` causal model.
+  ``loaded``: a :class:`jaxtl.pretraining.pretrained.Pretrained` causal model.
   """
   rows = []
   for task in tasks:
@@ -170,57 +168,3 @@ def write(rows: list[dict[str, Any]], out: str) -> None:
   with open(os.path.join(out, MARKDOWN), "w") as f:
     f.write(markdown_table(rows))
   plot(rows, os.path.join(out, FIGURE))
-
-
-def _define_flags() -> None:
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string("checkpoint", None, "A jaxtl workdir or a Hugging Face folder.",
-                      required=True)
-  flags.DEFINE_string("tokenizer", "", "Overrides the model's tokenizer.")
-  flags.DEFINE_list("task", ["trec"], "Built-in classification tasks.")
-  flags.DEFINE_list("shots", ["0", "1", "4", "8"], "Demonstrations per prompt.")
-  flags.DEFINE_list("seeds", ["0", "1", "2"], "Draws of demonstrations (k > 0).")
-  flags.DEFINE_string("template", "", "Prompt template ({text}, {text_pair}, ending "
-                      "in {label}); default: the task's (jaxtl.eval.prompting.PROMPTS).")
-  flags.DEFINE_list("label_words", [], "Words per class, in class-id order (with "
-                    "--template).")
-  flags.DEFINE_bool("calibrate", True, "Also score with contextual calibration.")
-  flags.DEFINE_integer("max_len", 0, "Tokens the model reads (0: its max_len).")
-  flags.DEFINE_integer("batch_size", 32, "Rows per forward pass.")
-  flags.DEFINE_integer("max_eval_examples", 0, "Score a fixed sample (0: all).")
-  flags.DEFINE_string("out", "", "Folder for prompting.{md,png,json} (default: "
-                      "print the table only).")
-
-
-def main(argv: list[str]) -> None:
-  from absl import app, flags  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  f = flags.FLAGS
-  prompts = None
-  if f.template or f.label_words:
-    if len(f.task) != 1:
-      raise app.UsageError("--template/--label_words describe one task: pass one --task")
-    prompts = {f.task[0]: prompting.Prompt(f.template, tuple(f.label_words))}
-  loaded = pretrained.load(f.checkpoint, f.tokenizer)
-  no_prompting = family_of(loaded.config).generation_error(
-      f"--checkpoint={f.checkpoint} (few-shot prompting)")
-  if no_prompting:
-    raise app.UsageError(no_prompting)
-  rows = run(loaded, f.task, [int(k) for k in f.shots], [int(s) for s in f.seeds],
-             calibrated=f.calibrate, batch_size=f.batch_size, max_len=f.max_len or None,
-             max_eval_examples=f.max_eval_examples, prompts=prompts)
-  print(markdown_table(rows))
-  if f.out:
-    write(rows, f.out)
-    logging.info("wrote %s", ", ".join(os.path.join(f.out, n)
-                                        for n in (MARKDOWN, FIGURE, RESULTS)))
-
-
-if __name__ == "__main__":
-  from jaxtl import console, startup  # pylint: disable=g-import-not-at-top
-  console.quiet_libraries(sys.argv)
-  startup.tune_process()
-  _define_flags()
-  console.run(main)

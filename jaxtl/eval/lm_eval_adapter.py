@@ -4,18 +4,18 @@ jaxtl causal or encoder-decoder model.
   jaxtl lm_eval --model_args=checkpoint=workdirs/clm,max_length=64 \
     --tasks=my_task --include_path=my_tasks/ --batch_size=32
 
-``jaxtl lm_eval`` (or ``python -m jaxtl.eval.lm_eval_adapter --model=jaxtl``)
-is lm-eval's own command line with the model ``jaxtl`` registered; from
+``jaxtl lm_eval`` (:mod:`jaxtl.programs.lm_eval`) is lm-eval's own command
+line with the model ``jaxtl`` registered; from
 Python, import this module before ``lm_eval.simple_evaluate(model="jaxtl",
 ...)``, or pass it a :class:`JaxtlLM`. ``checkpoint`` is a jaxtl
 workdir or a Hugging Face GPT-2 / T5 folder, loaded as
-:func:`jaxtl.train.pretrained.load` does.
+:func:`jaxtl.pretraining.pretrained.load` does.
 
 The harness asks three things, each answered by jaxtl's own code:
 ``loglikelihood`` (multiple-choice tasks) and ``loglikelihood_rolling``
 (perplexity, in windows of ``max_length``) by
 :func:`jaxtl.eval.scoring.loglikelihoods`, and ``generate_until`` by
-:func:`jaxtl.generate.generate` (greedy, or sampling when a task asks),
+:func:`jaxtl.decoding.generate.generate` (greedy, or sampling when a task asks),
 cut at the task's stop strings. Tokenization (where a continuation's word
 boundary goes, the empty-context prefix) follows the harness's
 ``TemplateLM``.
@@ -23,7 +23,6 @@ boundary goes, the empty-context prefix) follows the harness's
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import numpy as np
@@ -31,9 +30,10 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from jaxtl import generate as generate_lib
+from jaxtl.decoding import generate as generate_lib
 from jaxtl.eval import scoring
 from jaxtl.models.family import family_of
+from jaxtl.pretraining import pretrained
 
 NAME = "jaxtl"  # --model of lm_eval
 
@@ -49,7 +49,7 @@ class JaxtlLM(TemplateLM):
     max_length: Tokens the model reads (default: the model's ``max_len``);
       give the length it was trained on when shorter.
     max_gen_toks: New tokens per generation unless a task says otherwise.
-    loaded: An already loaded :class:`jaxtl.train.pretrained.Pretrained`
+    loaded: An already loaded :class:`jaxtl.pretraining.pretrained.Pretrained`
       (instead of ``checkpoint``).
   """
 
@@ -61,7 +61,6 @@ class JaxtlLM(TemplateLM):
     if loaded is None:
       if not checkpoint:
         raise ValueError("lm_eval --model jaxtl needs --model_args checkpoint=PATH")
-      from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
       loaded = pretrained.load(checkpoint, tokenizer)
     family = family_of(loaded.config)
     family.check_generates("lm_eval --model jaxtl")
@@ -187,7 +186,3 @@ class JaxtlLM(TemplateLM):
       texts.append(self.tok.decode(ids))
     return texts
 
-
-if __name__ == "__main__":
-  from lm_eval.__main__ import cli_evaluate  # pylint: disable=g-import-not-at-top
-  sys.exit(cli_evaluate())

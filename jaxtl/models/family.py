@@ -45,7 +45,7 @@ class Family:
       a loss may gather just those before the LM head.
     can_generate: It writes text (and so scores a continuation's
       likelihood); an encoder only reads.
-    can_beam_search: :mod:`jaxtl.generate` runs beam search for it.
+    can_beam_search: :mod:`jaxtl.decoding.generate` runs beam search for it.
     default_pooling: What a task head pools when ``config.task.pooling`` is
       empty: [CLS] (``first``) for BERT-style encoders, the token mean for
       the others. A T5 encoder has no [CLS]. In a causal model only the last

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxtl import sampling
+from jaxtl.decoding import sampling
 from jaxtl.models import electra as electra_model
 from jaxtl.models.config import TransformerConfig
 from jaxtl.objectives import losses, mlm

@@ -1,6 +1,6 @@
 """Pretraining objectives as loss functions over t5x-style batches.
 
-The host pipeline (:mod:`jaxtl.data.pipeline`) already did the objective's
+The host pipeline (:mod:`jaxtl.pretraining.pipeline`) already did the objective's
 work on the inputs (MLM masking, causal shifting, span corruption), so every
 objective reduces to a weighted token cross-entropy between the model's logits
 and ``*_target_tokens``, weighted by ``*_loss_weights``. What differs is which

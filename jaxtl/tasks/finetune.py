@@ -9,7 +9,7 @@ LoRA, ULMFiT schedules). Evaluates every epoch on the dev split, keeps the
 best parameters by the task's first metric, scores them on the test split,
 and writes ``results.json`` in the workdir. Before training it writes
 ``model_config.json``, ``tokenizer/`` and ``task.json``, so the workdir is a
-complete model (``jaxtl.load``, ``python -m jaxtl.predict``).
+complete model (``jaxtl.load``, ``jaxtl predict``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import numpy as np
 
 from jaxtl import layout, objectives, train
 from jaxtl.data import batches as batches_lib
-from jaxtl.data import pipeline, sources
+from jaxtl.data import tokenizer_files
+from jaxtl.data import sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, layers, paths
@@ -42,7 +43,8 @@ from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.squad import SquadExamples, split_squad_by_article
 from jaxtl.train import checkpoint
 from jaxtl.train import identity as identity_lib
-from jaxtl.train import optim, pretrain, pretrained, sharding, stopping
+from jaxtl.train import optim, sharding, stopping
+from jaxtl.pretraining import pretrain, pretrained
 from jaxtl.train import workdir as workdir_lib
 
 Array = jax.Array
@@ -289,7 +291,7 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any, tuple[str
                        "jaxtl workdir or a Hugging Face folder), or for a random "
                        "start --config.tokenizer_path=VOCAB")
     tok = get_tokenizer(sources.expand_path(config.tokenizer_path))
-    cfg, params = train.model_config_from(config, tok.vocab_size), None
+    cfg, params = pretrain.model_config_from(config, tok.vocab_size), None
   cfg = cfg.replace(dropout_rate=adapt.dropout_rate,
                     attention_dropout_rate=adapt.attention_dropout_rate,
                     adapter_dim=adapt.adapter_dim if adapt.scheme == "adapters" else 0,
@@ -305,12 +307,12 @@ def check_loadable(workdir: str, tok: Tokenizer, spec: task_spec.TaskSpec) -> bo
   with: the labels read from this run's data, the head, the vocabulary.
   Returns whether the workdir's task and tokenizer are bound to checkpoints
   already. Reads only; the architecture is checked as it is written
-  (:func:`jaxtl.train.pretrained.save_model_config`)."""
+  (:func:`jaxtl.pretraining.pretrained.save_model_config`)."""
   if not (workdir_lib.holds_checkpoints(workdir) and task_spec.exists(workdir)):
     return False
   changed = task_spec.differences(task_spec.load(workdir), spec)
   try:
-    if pipeline.workdir_tokenizer(workdir).fingerprint() != tok.fingerprint():
+    if tokenizer_files.workdir_tokenizer(workdir).fingerprint() != tok.fingerprint():
       changed.append(f"tokenizer: {layout.tokenizer_dir(workdir)} -> "
                      "another vocabulary")
   except FileNotFoundError:
@@ -333,7 +335,7 @@ def keep_loadable(workdir: str, cfg: TransformerConfig, tok: Tokenizer,
   and tokenizer describe its checkpoints already): they stay as they are."""
   pretrained.save_model_config(cfg, workdir)
   if not bound:
-    pipeline.keep_tokenizer(tok, workdir)
+    tokenizer_files.keep_tokenizer(tok, workdir)
     task_spec.save(spec, workdir)
 
 
@@ -380,7 +382,7 @@ def finetune_and_evaluate(config: Any, workdir: str,
                           on_start: Callable[[], None] = lambda: None) -> dict[str, Any]:
   """Fine-tunes per config in the one training loop; returns (and writes)
   the results dict. ``on_start`` runs once the run's checks passed, before
-  it writes anything to ``workdir`` (``python -m jaxtl.main`` records the
+  it writes anything to ``workdir`` (``jaxtl pretrain`` records the
   config and the workdir's identity there)."""
   os.makedirs(workdir, exist_ok=True)
   task, adapt = config.task, config.adapt

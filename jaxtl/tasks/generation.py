@@ -2,7 +2,7 @@
 
 The task kind ``generation`` trains a T5 (encoder-decoder) or GPT-2
 (decoder-only) backbone with teacher forcing and its own LM head, no new
-parameters, and evaluates by decoding with :mod:`jaxtl.generate` (KV cache;
+parameters, and evaluates by decoding with :mod:`jaxtl.decoding.generate` (KV cache;
 greedy, or beam search on T5) and scoring the texts
 (:mod:`jaxtl.tasks.generation_metrics`: ROUGE, BLEU, exact match, F1).
 
@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxtl import generate as generate_lib
+from jaxtl.decoding import generate as generate_lib
 from jaxtl import objectives
 from jaxtl.data import packing
 from jaxtl.data.tokenizers import Tokenizer

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import jax
 
-from jaxtl.data import pipeline
+from jaxtl.data import tokenizer_files
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.models.config import input_side
@@ -30,7 +30,8 @@ from jaxtl.tasks import finetune, generation, kinds
 from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.examples import Examples
 from jaxtl.tasks.squad import SquadExample
-from jaxtl.train import checkpoint, pretrained, sharding
+from jaxtl.train import checkpoint, sharding
+from jaxtl.pretraining import pretrained
 
 # One input: a text, a (text, text_pair) or (question, context) pair, a
 # word list (tagging), or a mapping from the task's text field names.
@@ -96,7 +97,7 @@ def load(workdir: str) -> FineTuned:
   newest checkpoint), architecture, tokenizer and task."""
   spec = task_spec.load(workdir)
   cfg = pretrained.load_model_config(workdir)
-  tok = pipeline.workdir_tokenizer(workdir)
+  tok = tokenizer_files.workdir_tokenizer(workdir)
   pretrained.check_tokenizer(tok, cfg, workdir)
   params = checkpoint.load_selected(workdir)
   if paths.BACKBONE not in params:

@@ -1,7 +1,4 @@
-r"""What is in a representation: layer-wise linear probes and attention maps.
-
-  python -m jaxtl.tools.analysis probe --init_from=/tmp/mlm --task=trec --out=/tmp/probe
-  python -m jaxtl.tools.analysis attention --init_from=/tmp/mlm --text="..." --out=/tmp/attn
+"""What is in a representation: layer-wise linear probes and attention maps.
 
 ``probe`` trains a linear softmax classifier on each layer's frozen states
 (mean-pooled per sentence, or the first sub-word of each word for ``pos``)
@@ -12,7 +9,6 @@ writes one PNG per layer with a heatmap per head.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Sequence
 
 import jax
@@ -20,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxtl.train import pretrained
+from jaxtl.pretraining import pretrained
 from jaxtl.tasks import features as task_features, readers as tasks
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import build_model
@@ -170,34 +166,3 @@ def attention_maps(workdir: str, text: str, out_dir: str) -> list[str]:
     plt.close(fig)
     paths.append(path)
   return paths
-
-
-def main(argv: Sequence[str]) -> None:
-  from absl import app, flags  # pylint: disable=g-import-not-at-top
-  command = argv[1] if len(argv) > 1 else ""
-  f = flags.FLAGS
-  if command == "probe":
-    accs = probe_layers(f.init_from, f.task, f.max_len, f.max_examples)
-    write_probe_report(accs, f.task, f.out)
-    print(open(os.path.join(f.out, "probe.md")).read())
-  elif command == "attention":
-    for path in attention_maps(f.init_from, f.text, f.out):
-      print(path)
-  else:
-    raise app.UsageError(f"unknown analysis {command!r}: jaxtl analysis "
-                         "{probe,attention} --init_from=DIR ...")
-
-
-if __name__ == "__main__":
-  from jaxtl import console, startup  # pylint: disable=g-import-not-at-top
-  console.quiet_libraries(sys.argv)
-  startup.tune_process()
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string("init_from", None, "A jaxtl pretraining workdir or a Hugging Face folder.")
-  flags.DEFINE_string("task", "trec", "probe: trec, sst2, cola, mrpc, rte, imdb or pos.")
-  flags.DEFINE_string("text", "What is the capital of France?", "attention: the text.")
-  flags.DEFINE_string("out", "analysis", "Output folder for tables and PNGs.")
-  flags.DEFINE_integer("max_len", 64, "Tokens per example.")
-  flags.DEFINE_integer("max_examples", 2000, "Examples per split for probing.")
-  flags.mark_flag_as_required("init_from")
-  console.run(main)

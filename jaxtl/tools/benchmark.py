@@ -1,7 +1,5 @@
-r"""Training-step benchmarks, with Hugging Face PyTorch side by side.
-
-  python -m jaxtl.tools.benchmark --presets=tiny_gpt2,tiny_bert,tiny_t5,tiny_cls --torch
-  python -m jaxtl.tools.benchmark --presets=gpt2_small,bert_base,t5_small,minilm_cls --torch
+"""Training-step benchmarks, with Hugging Face PyTorch side by side
+(``jaxtl benchmark``, :mod:`jaxtl.programs.benchmark`).
 
 Each preset is one model, objective, batch and length. jaxtl runs its real
 train step (``train.train_step``: AdamW, global-norm clipping, dropout,
@@ -33,13 +31,13 @@ import dataclasses
 import datetime
 import json
 import os
-import sys
 import time
 from typing import Any, Callable
 
 import jax
 
-from jaxtl import hugepages, objectives, startup, train, xla_cpu
+from jaxtl.runtime import hugepages, xla_cpu
+from jaxtl import objectives, train
 from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.tools.presets import (PRESETS, Measurement, Preset, init_inputs, jaxtl_step,
                                  make_batch, max_predictions, model_config,
@@ -245,7 +243,7 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
   return rows
 
 
-def _parse_overrides(items: list[str]) -> dict[str, Any]:
+def parse_overrides(items: list[str]) -> dict[str, Any]:
   """``["remat=full", "scan_layers=true"]`` -> TransformerConfig field values."""
   fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
   out = {}
@@ -262,89 +260,3 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
     else:
       out[key] = value or None
   return out
-
-
-def main(argv: list[str]) -> None:
-  del argv
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from jaxtl.tools import footprint  # pylint: disable=g-import-not-at-top
-  f = flags.FLAGS
-  if f.pipeline:
-    rows = [r for recipe in f.pipeline
-            for r in footprint.pipeline_rows(recipe, f.workdir, f.pipeline_docs,
-                                             workers=tuple(map(int, f.workers)),
-                                             overrides=tuple(f.pipeline_set))]
-  elif f.rss:
-    rows = [r for recipe in f.rss
-            for r in footprint.corpus_rss_rows(recipe, f.workdir,
-                                               tuple(map(int, f.rss_repeats)),
-                                               steps=f.steps)]
-  elif f.memory:
-    rows = footprint.memory_rows(f.presets)
-  else:
-    rows = benchmark(f.presets, torch_side=f.torch, warmup=f.warmup, steps=f.steps,
-                     dtype=f.dtype, batch_size=f.batch_size, length=f.length,
-                     num_devices=f.devices,
-                     overrides=_parse_overrides(f.model), loss_chunk_len=f.loss_chunk_len,
-                     profile_dir=f.profile)
-  print(markdown(rows))
-  if f.results:
-    append_results(f.results, rows, "python -m jaxtl.tools.benchmark " + " ".join(sys.argv[1:]))
-
-
-def _define_flags() -> None:
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from jaxtl.tools.footprint import MEMORY_MESHES  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_list("presets", ["tiny_gpt2", "tiny_bert", "tiny_t5", "tiny_cls"],
-                    f"Presets: {', '.join(PRESETS)}.")
-  flags.DEFINE_boolean("torch", False, "Also time transformers (PyTorch) side by side.")
-  flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
-  flags.DEFINE_integer("steps", 10, "Timed steps (the median is reported).")
-  flags.DEFINE_string("dtype", "auto", "Compute dtype; auto: bfloat16 on accelerators, "
-                      "float32 on CPU.")
-  flags.DEFINE_integer("batch_size", 0, "Override every preset's batch size (0: the preset's; on "
-                       "GPUs and TPUs its accelerator_batch_size per device).")
-  flags.DEFINE_integer("length", 0, "Override every preset's (input) sequence length "
-                       "(0: keep).")
-  flags.DEFINE_integer("devices", 0, "Devices jaxtl runs on, data parallel (0: all). "
-                       "PyTorch always runs on one: compare at --devices=1.")
-  flags.DEFINE_list("model", [], "TransformerConfig overrides, e.g. remat=full,scan_layers=true.")
-  flags.DEFINE_integer("loss_chunk_len", objectives.LOSS_CHUNK_LEN, "Positions whose "
-                       "logits exist at once in the loss (0: all), as "
-                       "config.objective.loss_chunk_len.")
-  flags.DEFINE_boolean("memory", False, "Instead of timing: parameter + optimizer "
-                       f"bytes per device under the meshes {MEMORY_MESHES} "
-                       "(on a CPU, 8 host devices are made for it).")
-  flags.DEFINE_list("pipeline", [], "Instead of timing steps: the host input pipeline "
-                    "of these pretraining recipes (pretrain_mlm, pretrain_span:arg, ...).")
-  flags.DEFINE_list("pipeline_set", [], "--pipeline: config keys to set, e.g. a "
-                    "GPU preset's shape: data.seq_len=512,data.batch_size=128.")
-  flags.DEFINE_integer("pipeline_docs", 5000, "Documents per split read by --pipeline.")
-  flags.DEFINE_list("workers", ["0", "1", "2"], "--pipeline: Grain worker counts to "
-                    "time the objective's batches with.")
-  flags.DEFINE_list("rss", [], "Instead of timing steps: peak host memory of these "
-                    "pretraining recipes' runs (--steps steps) as the corpus grows.")
-  flags.DEFINE_list("rss_repeats", ["1", "10"], "--rss: how many times the train files "
-                    "are listed (the corpus repeated).")
-  flags.DEFINE_string("workdir", "/tmp/jaxtl_benchmark", "--pipeline keeps its "
-                      "trained tokenizers here.")
-  flags.DEFINE_string("profile", "", "Also trace --steps more jaxtl steps into "
-                      "DIR/PRESET and print where their device time goes.")
-  flags.DEFINE_string("results", "", "Markdown file to append the table to (empty: none).")
-
-
-if __name__ == "__main__":
-  from jaxtl import console  # pylint: disable=g-import-not-at-top
-  console.quiet_libraries(sys.argv)
-  startup.tune_process(compilation_cache=False)  # compile times are cold starts'
-  from absl import app  # pylint: disable=g-import-not-at-top
-  # Growing, not preallocating, device memory leaves PyTorch room on the GPU.
-  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-  if any(a.startswith("--profile=") for a in sys.argv):  # CPU thunks traced
-    from jaxtl.tools.profiling import CPU_TRACE_FLAG  # pylint: disable=g-import-not-at-top
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " " + CPU_TRACE_FLAG
-  if "--memory" in sys.argv:  # before the CPU backend starts
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=8")
-  _define_flags()
-  app.run(main)

@@ -3,7 +3,7 @@
 ``state_bytes_per_device``: parameter + optimizer bytes on the fullest device
 under a (data, fsdp, tensor) mesh, from the shardings the state is created
 with. ``pipeline_rows``: tokens/s of a recipe's host input pipeline. Both
-feed ``python -m jaxtl.tools.benchmark --memory`` / ``--pipeline``.
+feed ``jaxtl benchmark --memory`` / ``--pipeline``.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def pipeline_rows(recipe: str, workdir: str, max_docs: int = 5000,
   (``data.seq_len=512``, ...) set config keys, e.g. to a benchmark preset's
   shape, so the figure compares with the step that would consume it.
   """
-  from jaxtl.data import pipeline  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pipeline  # pylint: disable=g-import-not-at-top
   module, _, arg = recipe.partition(":")
   config = importlib.import_module(f"jaxtl.configs.{module}").get_config(arg or None)
   config.data.update(max_docs=max_docs, cache=False)
@@ -180,7 +180,7 @@ def corpus_rss_rows(recipe: str, workdir: str, repeats: tuple[int, ...] = (1, 10
                     steps: int = 20, tokenizer: str = "") -> list[dict[str, str]]:
   """Peak host memory of a pretraining run as its corpus grows.
 
-  Each run is ``python -m jaxtl.main`` on the recipe with its train files
+  Each run is ``jaxtl pretrain`` on the recipe with its train files
   listed ``r`` times (the corpus repeated), for ``steps`` steps, in a fresh
   workdir, so it streams, tokenizes and packs the whole corpus and then
   trains. ``tokenizer`` (a .model file; default: one the first run trains)
@@ -203,7 +203,7 @@ def corpus_rss_rows(recipe: str, workdir: str, repeats: tuple[int, ...] = (1, 10
         [sys.executable, "-c",
          "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
          "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
-         sys.executable, "-m", "jaxtl.main", f"--config={config_file}",
+         sys.executable, "-m", "jaxtl.programs.train", f"--config={config_file}",
          f"--workdir={run_workdir}"],
         check=True, capture_output=True, text=True)
     peak_kib = int(out.stdout.strip().splitlines()[-1])

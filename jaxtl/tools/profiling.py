@@ -1,6 +1,6 @@
 """Where a train step's device time goes, from a ``jax.profiler`` trace.
 
-``python -m jaxtl.tools.benchmark --profile=DIR`` traces the timed steps and prints
+``jaxtl benchmark --profile=DIR`` traces the timed steps and prints
 :func:`op_breakdown`: device time per step by kind of op (matmuls, attention
 kernels, collectives, layout copies, other fusions) and the costliest ops,
 so "what limits this preset" is read from a profile, not guessed. On GPUs the

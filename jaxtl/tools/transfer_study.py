@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from jaxtl.pretraining import pretrain
 from jaxtl.tasks import finetune
-from jaxtl import layout, train
-from jaxtl.data import pipeline
+from jaxtl import layout
+from jaxtl.data import tokenizer_files
 
 # Named adaptation recipes: a fine-tuning scheme plus ``config.adapt``
 # overrides. ULMFiT is full fine-tuning with discriminative learning rates
@@ -50,10 +51,10 @@ def _pretrain(config: Any, workdir: str) -> dict[str, str]:
     dirs[name] = os.path.join(workdir, f"pretrain_{name}")
     if not _finished(dirs[name], pre.train.steps):
       start = time.time()
-      metrics = train.train_and_evaluate(pre, dirs[name])
+      metrics = pretrain.train_and_evaluate(pre, dirs[name])
       logging.info("pretraining %s: %s (%.0f s)", name, metrics, time.time() - start)
     if not tokenizer:
-      tokenizer = pipeline.workdir_tokenizer(dirs[name]).model_path
+      tokenizer = tokenizer_files.workdir_tokenizer(dirs[name]).model_path
   return dirs
 
 
@@ -90,7 +91,7 @@ def run_config(config: Any, model: str, init: str, recipe: str, num_labels: int,
     c.init_from = pretrained_dir
   elif init == "random":
     c.model = copy.deepcopy(config.pretrain[model].model)
-    c.tokenizer_path = pipeline.workdir_tokenizer(pretrained_dir).model_path
+    c.tokenizer_path = tokenizer_files.workdir_tokenizer(pretrained_dir).model_path
   else:
     raise ValueError(f"config.study.inits: unknown {init!r}; known: pretrained, random")
   return c

@@ -4,16 +4,13 @@ The names most callers need are here; the modules hold the rest:
 :mod:`~jaxtl.train.step` (state init and the jitted step),
 :mod:`~jaxtl.train.loop` (the loop, its :class:`Workload` and its
 :class:`Stage` s),
-:mod:`~jaxtl.train.pretrain` (pretraining, from scratch or continued),
-:mod:`~jaxtl.train.pretrained` (any pretrained model by path), :mod:`~jaxtl.train.optim`,
+:mod:`~jaxtl.train.optim`,
 :mod:`~jaxtl.train.sharding`, :mod:`~jaxtl.train.checkpoint`,
 :mod:`~jaxtl.train.metrics`, :mod:`~jaxtl.train.perf`.
 """
 
 from jaxtl.train.loop import ConfigError, LoopConfig, Outcome, Stage, Workload, run
 from jaxtl.train.metrics import MetricsWriter
-from jaxtl.train.pretrain import model_config_from, train_and_evaluate
-from jaxtl.train.pretrained import load_model_config, save_model_config
 from jaxtl.train.stopping import EXIT_PREEMPTED, Preempted
 from jaxtl.train.step import (TrainState, abstract_sharded_state, abstract_state,
                               create_sharded_state, eval_step, evaluate,
@@ -22,5 +19,4 @@ from jaxtl.train.step import (TrainState, abstract_sharded_state, abstract_state
 __all__ = ["ConfigError", "EXIT_PREEMPTED", "LoopConfig", "MetricsWriter", "Outcome", "Preempted", "Stage",
            "TrainState", "Workload", "abstract_sharded_state", "abstract_state",
            "create_sharded_state", "eval_step", "evaluate", "jit_train_step",
-           "lm_init_inputs", "load_model_config", "model_config_from", "run",
-           "save_model_config", "train_and_evaluate", "train_step"]
+           "lm_init_inputs", "run", "train_step"]

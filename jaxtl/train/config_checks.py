@@ -107,7 +107,7 @@ RULES: tuple[tuple[str, Bound], ...] = (
     ("model.lora_alpha", above(0)),
     ("model.norm_eps", above(0)),
     ("model.init_std", at_least(0)),
-    # Pretraining data and objectives (jaxtl.data.pipeline, jaxtl.objectives).
+    # Pretraining data and objectives (jaxtl.pretraining.pipeline, jaxtl.objectives).
     ("data.seq_len", whole(3, "room for [CLS], a token and [SEP]")),
     ("data.max_docs", whole(0, "0: all")),
     ("data.prefetch", whole(0)),

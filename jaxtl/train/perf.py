@@ -16,7 +16,7 @@ from typing import Any
 import jax
 from flax import traverse_util
 
-from jaxtl import xla_cpu
+from jaxtl.runtime import xla_cpu
 from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
 from jaxtl.models.family import family_of

@@ -9,7 +9,7 @@ on XLA's or Orbax's threads, and the process then dies in its teardown
 loop saves a checkpoint and raises :class:`Preempted`. A second Ctrl-C
 quits at once, without saving, for a user who will not wait.
 
-``python -m jaxtl.main`` installs the handlers for its whole life
+``jaxtl pretrain`` installs the handlers for its whole life
 (:func:`install`), so a request during set-up (tokenizer training, data
 reading, the first compile) or during the final test evaluation is kept
 too; the loop installs them for its own span when used as a library.
@@ -25,7 +25,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
-from jaxtl.console import EXIT_INTERRUPTED  # the shell's code for a Ctrl-C
+from jaxtl.runtime.console import EXIT_INTERRUPTED  # the shell's code for a Ctrl-C
 
 # sysexits.h's EX_TEMPFAIL, "a temporary failure; the user is invited to
 # retry": the same command resumes. launch/slurm.sbatch requeues on it.
@@ -39,7 +39,7 @@ _installed: list[dict[int, object]] = []  # a stack of the handlers replaced
 class Preempted(RuntimeError):
   """Training stopped early on SIGTERM or SIGINT, after saving a checkpoint.
 
-  ``python -m jaxtl.main`` then exits with :attr:`exit_code`
+  ``jaxtl pretrain`` then exits with :attr:`exit_code`
   (:data:`EXIT_PREEMPTED` for SIGTERM, :data:`EXIT_INTERRUPTED` for
   Ctrl-C), so that a shell chain (``&&``) or a job system does not take the
   run as finished.

@@ -10,7 +10,7 @@ versions and ``XLA_FLAGS``, so such a run loads its step instead of
 compiling it, and a changed program or flag can never hit a stale entry.
 
 The command-line entry points turn it on (through
-:func:`jaxtl.startup.tune_process`) in ``$XDG_CACHE_HOME/jaxtl/xla``
+:func:`jaxtl.runtime.startup.tune_process`) in ``$XDG_CACHE_HOME/jaxtl/xla``
 (``~/.cache/jaxtl/xla``), bounded to :data:`MAX_BYTES` with
 least-recently-used eviction under a file lock, so processes can share it;
 importing jaxtl as a library never does. ``JAXTL_COMPILATION_CACHE=DIR``

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import glob
 import hashlib
 import itertools
 import json
@@ -30,7 +29,7 @@ import numpy as np
 from jaxtl import layout, objectives
 from jaxtl.data import mixtures, packing, pretokenized, row_store, sources
 from jaxtl.data.batches import BatchIterator, Example, Row, Rows
-from jaxtl.data.tokenizer_files import get_tokenizer, save_tokenizer
+from jaxtl.data.tokenizer_files import get_tokenizer, keep_tokenizer
 from jaxtl.data.tokenizers import Tokenizer, train_sentencepiece
 
 log = logging.getLogger(__name__)
@@ -38,29 +37,6 @@ log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------
 # Tokenizer and tokenized rows.
-
-
-def workdir_tokenizer(workdir: str) -> Tokenizer:
-  """The tokenizer a pretraining run trained (or loaded) into its workdir."""
-  folder = layout.tokenizer_dir(workdir)
-  models = sorted(glob.glob(os.path.join(folder, "*.model")))
-  if len(models) > 1:  # never taken by guess: ids of another vocabulary are garbage
-    raise ValueError(f"{folder} holds {len(models)} tokenizers "
-                     f"({', '.join(map(os.path.basename, models))}): keep the one the "
-                     "run was trained with, or set config.tokenizer_path")
-  if models:
-    return get_tokenizer(models[0])
-  if os.path.isfile(os.path.join(folder, "tokenizer.json")):
-    return get_tokenizer(folder)
-  raise FileNotFoundError(f"no tokenizer in {folder}; set config.tokenizer_path")
-
-
-def keep_tokenizer(tok: Tokenizer, workdir: str | None) -> Tokenizer:
-  """Copies a given tokenizer into the workdir: it travels with the
-  checkpoints, so fine-tuning (or continuing) the run finds it."""
-  if workdir is not None:
-    save_tokenizer(tok, layout.tokenizer_dir(workdir))
-  return tok
 
 
 def build_tokenizer(data: Mapping[str, Any], workdir: str | None,
@@ -131,7 +107,7 @@ def pretokenized_dir(source: Mapping[str, Any]) -> str | None:
     return None
   if not source.get("data_dir"):
     raise ValueError("config.data.source.data_dir is empty: a 'pretokenized' "
-                     "source reads the folder jaxtl.tools.pretokenize wrote")
+                     "source reads the folder jaxtl pretokenize wrote")
   return sources.expand_path(source["data_dir"])
 
 

@@ -18,7 +18,8 @@ import os
 from typing import Any, Callable
 
 from jaxtl import convert, layout
-from jaxtl.data import pipeline, sources
+from jaxtl.data import tokenizer_files
+from jaxtl.data import sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, electra, layers, paths
@@ -164,7 +165,7 @@ def load(init_from: str, tokenizer_path: str = "") -> Pretrained:
     head = {k: v for k, v in imported.head.items()
             if k in (paths.POOLER, paths.DISCRIMINATOR_HEAD)}
     return Pretrained(imported.config, tok or get_tokenizer(path), imported.params, head)
-  cfg, tok = load_model_config(path), tok or pipeline.workdir_tokenizer(path)
+  cfg, tok = load_model_config(path), tok or tokenizer_files.workdir_tokenizer(path)
   check_tokenizer(tok, cfg, path)
   params = checkpoint.load_selected(path)
   if paths.BACKBONE in params:  # a fine-tuning workdir: a TaskModel's tree
@@ -189,7 +190,7 @@ def load_generator(path: str, tokenizer_path: str = "") -> Pretrained:
                      "(ElectraForMaskedLM) as any model; this reads a jaxtl workdir")
   cfg = load_generator_config(path)
   tok = (get_tokenizer(sources.expand_path(tokenizer_path)) if tokenizer_path
-         else pipeline.workdir_tokenizer(path))
+         else tokenizer_files.workdir_tokenizer(path))
   params = checkpoint.load_selected(path)
   if not electra.is_electra(params):
     raise ValueError(f"{path}'s checkpoint holds no ELECTRA pretrainer (no "

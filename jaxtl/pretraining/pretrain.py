@@ -20,10 +20,11 @@ import jax
 import ml_collections
 
 from jaxtl import objectives
-from jaxtl.data import pipeline
+from jaxtl.pretraining import pipeline
 from jaxtl.models import TransformerConfig, electra, layers, paths
 from jaxtl.train import identity as identity_lib
-from jaxtl.train import loop, optim, perf, pretrained, sharding
+from jaxtl.train import loop, optim, perf, sharding
+from jaxtl.pretraining import pretrained
 from jaxtl.train import step as step_lib
 
 

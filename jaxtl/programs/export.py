@@ -1,8 +1,8 @@
-r"""Export a jaxtl checkpoint as a Hugging Face model folder.
+r"""``jaxtl convert``: export a jaxtl checkpoint as a Hugging Face model folder.
 
-  python -m jaxtl.convert --checkpoint=workdirs/clm --out=/tmp/clm_hf
-  python -m jaxtl.convert --checkpoint=workdirs/sst2 --out=/tmp/sst2_hf
-  python -m jaxtl.convert --checkpoint=workdirs/electra --out=/tmp/gen_hf --generator
+  jaxtl convert --checkpoint=workdirs/clm --out=/tmp/clm_hf
+  jaxtl convert --checkpoint=workdirs/sst2 --out=/tmp/sst2_hf
+  jaxtl convert --checkpoint=workdirs/electra --out=/tmp/gen_hf --generator
 
 A pretraining workdir becomes GPT2LMHeadModel, BertForMaskedLM or
 T5ForConditionalGeneration, by family (BertForPreTraining with an NSP / SOP
@@ -30,9 +30,15 @@ classes need their own tokenizer files).
 
 from __future__ import annotations
 
-import sys
-
 from absl import flags, logging
+
+from jaxtl import convert
+from jaxtl.convert import remote_code
+from jaxtl.convert.electra import GENERATOR_CLASS
+from jaxtl.convert.family import SpecialIds
+from jaxtl.data.tokenizer_files import save_tokenizer
+from jaxtl.pretraining import pretrained
+from jaxtl.tasks import predictor, spec
 
 flags.DEFINE_string("checkpoint", None, "A jaxtl workdir, checkpoints dir or step dir.",
                     required=True)
@@ -50,13 +56,6 @@ FLAGS = flags.FLAGS
 
 def main(argv: list[str]) -> None:
   del argv
-  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
-  from jaxtl import convert  # pylint: disable=g-import-not-at-top
-  from jaxtl.convert.electra import GENERATOR_CLASS  # pylint: disable=g-import-not-at-top
-  from jaxtl.convert import remote_code  # pylint: disable=g-import-not-at-top
-  from jaxtl.convert.family import SpecialIds  # pylint: disable=g-import-not-at-top
-  from jaxtl.data.tokenizer_files import save_tokenizer  # pylint: disable=g-import-not-at-top
-  from jaxtl.tasks import predictor, spec  # pylint: disable=g-import-not-at-top
   if spec.exists(FLAGS.checkpoint) and not FLAGS.architecture and not FLAGS.generator:
     tuned = predictor.load(FLAGS.checkpoint)  # best/, LoRA merged
     arch = convert.export_task_hf(FLAGS.out, tuned.config, tuned.params, tuned.spec,
@@ -85,8 +84,3 @@ def main(argv: list[str]) -> None:
                " (load it with trust_remote_code=True)" if arch in remote_code.CLASSES
                else "")
 
-
-if __name__ == "__main__":
-  from jaxtl import console  # pylint: disable=g-import-not-at-top
-  console.quiet_libraries(sys.argv)
-  console.run(main)

@@ -1,4 +1,4 @@
-r"""Entry point: ``python -m jaxtl.main --config=configs/X.py --workdir=DIR``.
+r"""``jaxtl pretrain | finetune | study --config=RECIPE --workdir=DIR``.
 
 Overrides: ``--config.optim.lr=3e-4``, ``--config=configs/X.py:model=bert_mini``.
 Multi-process runs (GPU clusters, TPU pods) call ``jax.distributed.initialize``
@@ -18,11 +18,17 @@ import shlex
 import sys
 from typing import Any, Callable
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxtl import cli, console, layout, startup
+from jaxtl import layout, train
 from jaxtl.data import network
+from jaxtl.pretraining import pretrain
+from jaxtl.runtime import console
+from jaxtl.tasks import finetune
+from jaxtl.tools import transfer_study
+from jaxtl.train import checkpoint, config_checks, identity, stopping, storage, workdir
 
 FLAGS = flags.FLAGS
 # sysexits.h's EX_IOERR: a checkpoint could not be written (the log says
@@ -47,18 +53,18 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  import jax  # pylint: disable=g-import-not-at-top
+  # From here on, SIGTERM and Ctrl-C ask the run to save and stop (a
+  # KeyboardInterrupt inside a compile could crash the process).
+  stopping.install()
 
   if FLAGS.multiprocess:
     jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
                                num_processes=FLAGS.num_processes,
                                process_id=FLAGS.process_id)
-  from jaxtl import train  # pylint: disable=g-import-not-at-top
 
   logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
                jax.device_count(), jax.devices()[0].platform,
                jax.process_index(), jax.process_count())
-  from jaxtl.train import checkpoint, config_checks, identity, storage, workdir  # pylint: disable=g-import-not-at-top
   try:
     # Before anything touches the workdir: a bad value, or a run that is
     # not the one the workdir's checkpoints belong to, leaves no trace.
@@ -98,16 +104,11 @@ def main(argv: list[str]) -> None:
 
 def _identity(config: Any) -> dict[str, Any]:
   """The settings this mode binds a workdir's checkpoints to."""
-  from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import pretrain  # pylint: disable=g-import-not-at-top
   return {"pretrain": pretrain.identity, "finetune": finetune.identity,
           "study": lambda _: {}}[FLAGS.mode](config)
 
 
 def _run_mode(on_start: Callable[[], None]) -> None:
-  from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
-  from jaxtl import train
-  from jaxtl.tools import transfer_study
   if FLAGS.mode == "study":
     on_start()
     transfer_study.run_study(FLAGS.config, FLAGS.workdir)
@@ -119,7 +120,7 @@ def _run_mode(on_start: Callable[[], None]) -> None:
                  if best is None else best,
                  "- (no test split)" if test is None else test)
   else:
-    metrics = train.train_and_evaluate(FLAGS.config, FLAGS.workdir, on_start)
+    metrics = pretrain.train_and_evaluate(FLAGS.config, FLAGS.workdir, on_start)
     logging.info("final eval: %s", metrics)
 
 
@@ -135,17 +136,8 @@ def write_config(config: Any, workdir: str) -> str:
   path = layout.config_file(workdir)
   stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
   with open(path, "a") as f:
-    command = shlex.join(["python", "-m", "jaxtl.main", *sys.argv[1:]])
+    args = [a for a in sys.argv[1:] if not a.startswith("--mode=")]
+    command = shlex.join(["jaxtl", FLAGS.mode, *args])
     f.write(f"# {stamp}  {command}\n{str(config).rstrip()}\n\n")
   return path
 
-
-if __name__ == "__main__":
-  console.quiet_libraries(sys.argv)
-  startup.tune_process()
-  # From here on, SIGTERM and Ctrl-C ask the run to save and stop (a
-  # KeyboardInterrupt inside a compile could crash the process).
-  from jaxtl.train import stopping  # pylint: disable=g-import-not-at-top
-  stopping.install()
-  sys.argv = cli.with_recipe_paths(sys.argv)
-  console.run(main)

@@ -1,9 +1,7 @@
-r"""Autoregressive generation with a KV cache, for decoder-only and T5 models.
+"""Autoregressive generation with a KV cache, for decoder-only and
+encoder-decoder models (``jaxtl generate`` is its command, in
+:mod:`jaxtl.programs.generate`).
 
-  python -m jaxtl.generate --checkpoint=/tmp/clm --prompt="ROMEO:" --temperature=0.8 \
-    --top_p=0.9 --max_new_tokens=60 --num_return_sequences=3
-
-``--checkpoint`` is a jaxtl workdir or a Hugging Face GPT-2 / T5 folder.
 Greedy decoding, sampling (temperature, top-k, top-p), a repetition penalty,
 several sequences per prompt, stopping at EOS or a token budget, and beam
 search (encoder-decoders). The loop is one ``lax.while_loop`` over fixed
@@ -19,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 from typing import Any
 
 import flax.linen as nn
@@ -27,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtl import sampling
+from jaxtl.decoding import sampling
 from jaxtl.models import TransformerConfig, build_model, family_of, paths
 
 Array = jax.Array
@@ -295,7 +292,7 @@ def generate_ids(config: TransformerConfig, gen: GenerationConfig, params: Any,
   return run(cfg, gen, params, tokens, mask, rng)
 
 
-def _prompt_arrays(tok: Any, prompts: list[str], family: str
+def prompt_arrays(tok: Any, prompts: list[str], family: str
                    ) -> tuple[np.ndarray, np.ndarray]:
   """Token and mask arrays: left-padded for decoders, EOS-terminated for T5."""
   eos = [tok.eos_id] if family_of(family).eos_ends_prompt else []
@@ -306,50 +303,3 @@ def _prompt_arrays(tok: Any, prompts: list[str], family: str
   for i, r in enumerate(rows):
     tokens[i, width - len(r):], mask[i, width - len(r):] = r, 1
   return tokens, mask
-
-
-def main(argv: list[str]) -> None:
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from jaxtl.train import pretrained  # pylint: disable=g-import-not-at-top
-  del argv
-  f = flags.FLAGS
-  loaded = pretrained.load(f.checkpoint, f.tokenizer)
-  tok = loaded.tokenizer
-  gen = GenerationConfig(
-      max_new_tokens=f.max_new_tokens, temperature=f.temperature, top_k=f.top_k,
-      top_p=f.top_p, repetition_penalty=f.repetition_penalty,
-      num_return_sequences=f.num_return_sequences, num_beams=f.num_beams,
-      length_penalty=f.length_penalty, eos_id=tok.eos_id, pad_id=tok.pad_id)
-  tokens, mask = _prompt_arrays(tok, f.prompt, loaded.config.family)
-  out = generate(loaded.config, loaded.params, tokens, mask, gen=gen,
-                 rng=jax.random.key(f.seed))
-  for i, row in enumerate(out):
-    prompt = f.prompt[i // gen.num_return_sequences]
-    text = tok.decode([int(t) for t in row])
-    print(f"[{i}] {prompt}{'' if family_of(loaded.config).causal else ' ->'} {text}")
-
-
-def _define_flags() -> None:
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string("checkpoint", None, "A jaxtl workdir or a Hugging Face folder.",
-                      required=True)
-  flags.DEFINE_multi_string("prompt", None, "Prompt text (repeat for a batch).",
-                            required=True)
-  flags.DEFINE_string("tokenizer", "", "Tokenizer path (default: the checkpoint's).")
-  flags.DEFINE_integer("max_new_tokens", 40, "Tokens to generate.")
-  flags.DEFINE_float("temperature", 0.0, "0: greedy; > 0: sample.")
-  flags.DEFINE_integer("top_k", 0, "Sample among the k likeliest (0: all).")
-  flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass.")
-  flags.DEFINE_float("repetition_penalty", 1.0, "> 1 discourages repeats.")
-  flags.DEFINE_integer("num_return_sequences", 1, "Outputs per prompt.")
-  flags.DEFINE_integer("num_beams", 1, "Beam search width (T5, BART).")
-  flags.DEFINE_float("length_penalty", 1.0, "Beam score / length**this.")
-  flags.DEFINE_integer("seed", 0, "Sampling seed.")
-
-
-if __name__ == "__main__":
-  from jaxtl import console, startup  # pylint: disable=g-import-not-at-top
-  console.quiet_libraries(sys.argv)
-  startup.tune_process()
-  _define_flags()
-  console.run(main)

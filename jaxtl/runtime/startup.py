@@ -8,13 +8,13 @@ flags). Importing jaxtl as a library does none of this; a program that
 wants it calls :func:`tune_process` first thing.
 """
 
-from jaxtl import compile_cache, hugepages, xla_cpu
+from jaxtl.runtime import compile_cache, hugepages, xla_cpu
 
 
 def tune_process(compilation_cache: bool = True) -> None:
-  """XLA:CPU flags for this CPU (:mod:`jaxtl.xla_cpu`), the restart onto
-  huge pages where it helps (:mod:`jaxtl.hugepages`), then the persistent
-  compilation cache (:mod:`jaxtl.compile_cache`) unless
+  """XLA:CPU flags for this CPU (:mod:`jaxtl.runtime.xla_cpu`), the restart onto
+  huge pages where it helps (:mod:`jaxtl.runtime.hugepages`), then the persistent
+  compilation cache (:mod:`jaxtl.runtime.compile_cache`) unless
   ``compilation_cache`` is False (the benchmark, whose compile times are
   those of a cold start)."""
   xla_cpu.apply()

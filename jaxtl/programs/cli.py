@@ -6,54 +6,65 @@
   jaxtl predict   --workdir=workdirs/trec_full --input=texts.txt --output=out.jsonl
   jaxtl prompt    --checkpoint=workdirs/clm --task=trec,sst2 --shots=0,1,4,8 --out=DIR
   jaxtl lm_eval   --model_args=checkpoint=workdirs/clm --tasks=... (lm-eval's flags)
-  jaxtl pretokenize --config=pretrain_mixed --out=DIR  (jaxtl.tools.pretokenize)
+  jaxtl pretokenize --config=pretrain_mixed --out=DIR
   jaxtl generate | convert | benchmark | analysis  (their own flags)
 
-Each subcommand runs its module as ``python -m <module>`` would, so the two
-spellings take the same flags; ``jaxtl --help`` says what each does,
-``jaxtl recipes`` lists the recipes and ``jaxtl config RECIPE`` their keys. ``--config`` takes a config file path, or the
-name of a recipe shipped in :mod:`jaxtl.configs` (``pretrain_clm``,
+Every program starts the same way (:func:`start`): the libraries' INFO logs
+quieted, the process tuned for its CPU (:func:`jaxtl.runtime.startup.tune_process`,
+before JAX starts), then the program's module imported and its ``main`` run
+under absl with a user's mistake as one line. ``jaxtl --help`` says what
+each command does, ``jaxtl recipes`` lists the recipes and ``jaxtl config
+RECIPE`` their keys. ``--config`` takes a config file path, or the name of a
+recipe shipped in :mod:`jaxtl.configs` (``pretrain_clm``,
 ``configs/pretrain_clm.py``), optionally with ``:key=value,...``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.metadata
 import os
-import runpy
 import sys
 
 from absl import flags
 
-from jaxtl import console, recipes
+from jaxtl import recipes
+from jaxtl.runtime import console, startup
+
+flags.DEFINE_bool("verbose", False, "Also print the libraries' INFO logs "
+                  "(TensorFlow, JAX, Orbax, absl) and, for runs, the config.")
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-  """A subcommand: the module it runs (None: answered here), the flags put
-  before the user's, and what it does, in one line for ``jaxtl --help``."""
+  """A subcommand: the program it runs (a module of :mod:`jaxtl.programs`;
+  None: answered here), the flags put before the user's, what it does in one
+  line for ``jaxtl --help``, and whether compiled programs are kept between
+  runs (not for the benchmark, whose compile times are a cold start's)."""
   module: str | None
   preset: tuple[str, ...]
   summary: str
+  compilation_cache: bool = True
 
 
 COMMANDS: dict[str, Command] = {
-    "pretrain": Command("jaxtl.main", ("--mode=pretrain",),
+    "pretrain": Command("train", ("--mode=pretrain",),
                         "pretrain a model on text (MLM, causal LM, span, ELECTRA, BART, ...)"),
-    "finetune": Command("jaxtl.main", ("--mode=finetune",),
+    "finetune": Command("train", ("--mode=finetune",),
                         "adapt a model to a labeled task: a shipped one or your own files"),
-    "study": Command("jaxtl.main", ("--mode=study",),
+    "study": Command("train", ("--mode=study",),
                      "the transfer study: pretrain two models, adapt them every way"),
-    "predict": Command("jaxtl.predict", (), "a fine-tuned model's predictions for a file"),
-    "generate": Command("jaxtl.generate", (), "write text with a causal LM, a T5 or a BART"),
-    "convert": Command("jaxtl.convert", (), "export a model as a Hugging Face folder"),
-    "prompt": Command("jaxtl.eval.few_shot", (), "zero- and few-shot prompting on tasks"),
-    "lm_eval": Command("jaxtl.eval.lm_eval_adapter", ("--model=jaxtl",),
+    "predict": Command("predict", (), "a fine-tuned model's predictions for a file"),
+    "generate": Command("generate", (), "write text with a causal LM, a T5 or a BART"),
+    "convert": Command("export", (), "export a model as a Hugging Face folder"),
+    "prompt": Command("prompt", (), "zero- and few-shot prompting on tasks"),
+    "lm_eval": Command("lm_eval", (),
                        "EleutherAI's lm-evaluation-harness on a jaxtl model"),
-    "benchmark": Command("jaxtl.tools.benchmark", (),
-                         "time the train step (--torch: against PyTorch)"),
-    "analysis": Command("jaxtl.tools.analysis", (), "probe layers, draw attention maps"),
-    "pretokenize": Command("jaxtl.tools.pretokenize", (),
+    "benchmark": Command("benchmark", (),
+                         "time the train step (--torch: against PyTorch)",
+                         compilation_cache=False),
+    "analysis": Command("analysis", (), "probe layers, draw attention maps"),
+    "pretokenize": Command("pretokenize", (),
                            "tokenize a corpus once into shards for pretraining"),
     "recipes": Command(None, (), "list the shipped recipes"),
     "config": Command(None, (), "print a recipe's keys and defaults: jaxtl config "
@@ -138,7 +149,7 @@ def _show_config(args: list[str]) -> None:
 
 
 def run(argv: list[str] | None = None) -> None:
-  """Console-script entry point."""
+  """The ``jaxtl`` console script."""
   argv = list(sys.argv if argv is None else argv)
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
     print(usage())
@@ -160,11 +171,31 @@ def run(argv: list[str] | None = None) -> None:
   if command in MODE_RECIPES and {"-h", "--help", "--helpshort"} & set(rest):
     print(mode_help(command))
     return
-  # Recipe names work for every command that takes --config (main does
-  # this itself too, for python -m jaxtl.main).
-  sys.argv = [f"jaxtl {command}", *COMMANDS[command].preset, *with_recipe_paths(rest)]
-  runpy.run_module(COMMANDS[command].module, run_name="__main__", alter_sys=True)
+  # Recipe names work for every command that takes --config.
+  start(COMMANDS[command], [f"jaxtl {command}", *COMMANDS[command].preset,
+                            *with_recipe_paths(rest)])
 
 
-if __name__ == "__main__":
-  run()
+def start(command: Command, argv: list[str]) -> None:
+  """Runs ``command``'s program on ``argv`` the way every program starts.
+
+  The program's module is imported only after the process is tuned: XLA
+  reads its CPU flags when JAX starts its backend, and the huge-page
+  restart must come before anything is loaded.
+  """
+  sys.argv = argv
+  console.quiet_libraries(argv)
+  startup.tune_process(compilation_cache=command.compilation_cache)
+  try:
+    program = importlib.import_module(f"jaxtl.programs.{command.module}")
+  except ImportError as e:  # an optional package the program needs
+    console.fail(e)
+  # absl's --help prints the __main__ module's docstring and --helpshort
+  # the flags of the module named by argv[0]: the program's.
+  sys.modules["__main__"].__doc__ = program.__doc__
+  for flag in flags.FLAGS.get_key_flags_for_module(program.__name__):
+    flags.FLAGS.register_key_flag_for_module(argv[0], flag)
+  if getattr(program, "OWN_FLAGS", False):
+    program.main(argv)
+  else:
+    console.run(program.main)

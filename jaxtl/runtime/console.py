@@ -27,9 +27,6 @@ from absl import logging
 
 JAXTL_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
-flags.DEFINE_bool("verbose", False, "Also print the libraries' INFO logs "
-                  "(TensorFlow, JAX, Orbax, absl) and, for runs, the config.")
-
 
 class _OwnInfoOnly(py_logging.Filter):
   """Keeps warnings and errors, and INFO only from jaxtl's own code.
@@ -110,15 +107,8 @@ def set_program(name: str) -> None:
 
 
 def program() -> str:
-  """The command's name: as typed (``jaxtl finetune``), or the module's
-  (``python -m jaxtl.predict``: ``jaxtl predict``)."""
-  if _command:
-    return _command[0]
-  name = sys.argv[0] if sys.argv else ""
-  stem = os.path.splitext(os.path.basename(name))[0]
-  if stem == "__main__":
-    stem = os.path.basename(os.path.dirname(name))
-  return "jaxtl" if stem in ("", "main", "cli", "jaxtl") else f"jaxtl {stem}"
+  """The command's name, as typed (``jaxtl finetune``)."""
+  return _command[0] if _command else "jaxtl"
 
 
 def describe(e: BaseException) -> str:
@@ -148,7 +138,7 @@ def exit_mistake(message: str) -> NoReturn:
 def fail(e: BaseException) -> NoReturn:
   """Exits with :data:`EXIT_MISTAKE` after one line naming ``e``; with
   ``--verbose``, raises it instead (its traceback)."""
-  if flags.FLAGS.is_parsed() and flags.FLAGS.verbose:
+  if flags.FLAGS.is_parsed() and getattr(flags.FLAGS, "verbose", False):
     raise e
   exit_mistake(describe(e))
 

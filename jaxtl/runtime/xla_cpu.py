@@ -7,7 +7,7 @@ YNNPACK matmuls are 1.7-2x as fast as PyTorch's; on an Intel Xeon with AMX
 YNNPACK's fusions off for oneDNN's matmuls (which use AMX) took the step
 from 1.93-2.00 s to about 1.67 s (issue 19). So an entry point picks the
 flags for the CPU it finds (:func:`apply`, called by
-:func:`jaxtl.startup.tune_process` before JAX starts its CPU client, which
+:func:`jaxtl.runtime.startup.tune_process` before JAX starts its CPU client, which
 reads ``XLA_FLAGS`` once). docs/studies/performance.md has the
 measurements behind each rule.
 

@@ -1,0 +1,40 @@
+r"""``jaxtl analysis``: layer-wise linear probes and attention maps.
+
+  jaxtl analysis probe --init_from=/tmp/mlm --task=trec --out=/tmp/probe
+  jaxtl analysis attention --init_from=/tmp/mlm --text="..." --out=/tmp/attn
+
+What each writes: :mod:`jaxtl.tools.analysis`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from absl import app, flags
+
+from jaxtl.tools import analysis
+
+flags.DEFINE_string("init_from", None, "A jaxtl pretraining workdir or a Hugging Face folder.")
+flags.DEFINE_string("task", "trec", "probe: trec, sst2, cola, mrpc, rte, imdb or pos.")
+flags.DEFINE_string("text", "What is the capital of France?", "attention: the text.")
+flags.DEFINE_string("out", "analysis", "Output folder for tables and PNGs.")
+flags.DEFINE_integer("max_len", 64, "Tokens per example.")
+flags.DEFINE_integer("max_examples", 2000, "Examples per split for probing.")
+flags.mark_flag_as_required("init_from")
+FLAGS = flags.FLAGS
+
+
+def main(argv: Sequence[str]) -> None:
+  command = argv[1] if len(argv) > 1 else ""
+  f = FLAGS
+  if command == "probe":
+    accs = analysis.probe_layers(f.init_from, f.task, f.max_len, f.max_examples)
+    analysis.write_probe_report(accs, f.task, f.out)
+    print(open(os.path.join(f.out, "probe.md")).read())
+  elif command == "attention":
+    for path in analysis.attention_maps(f.init_from, f.text, f.out):
+      print(path)
+  else:
+    raise app.UsageError(f"unknown analysis {command!r}: jaxtl analysis "
+                         "{probe,attention} --init_from=DIR ...")

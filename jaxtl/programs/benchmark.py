@@ -1,0 +1,93 @@
+r"""``jaxtl benchmark``: time the train step, with PyTorch side by side.
+
+  jaxtl benchmark --presets=tiny_gpt2,tiny_bert,tiny_t5,tiny_cls --torch
+  jaxtl benchmark --presets=gpt2_small,bert_base,t5_small,minilm_cls --torch
+
+What is measured and how: :mod:`jaxtl.tools.benchmark`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+from absl import flags
+
+from jaxtl import objectives
+from jaxtl.tools import benchmark as bench
+from jaxtl.tools import footprint
+from jaxtl.tools.footprint import MEMORY_MESHES
+from jaxtl.tools.presets import PRESETS
+from jaxtl.tools.profiling import CPU_TRACE_FLAG
+
+flags.DEFINE_list("presets", ["tiny_gpt2", "tiny_bert", "tiny_t5", "tiny_cls"],
+                  f"Presets: {', '.join(PRESETS)}.")
+flags.DEFINE_boolean("torch", False, "Also time transformers (PyTorch) side by side.")
+flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
+flags.DEFINE_integer("steps", 10, "Timed steps (the median is reported).")
+flags.DEFINE_string("dtype", "auto", "Compute dtype; auto: bfloat16 on accelerators, "
+                    "float32 on CPU.")
+flags.DEFINE_integer("batch_size", 0, "Override every preset's batch size (0: the preset's; on "
+                     "GPUs and TPUs its accelerator_batch_size per device).")
+flags.DEFINE_integer("length", 0, "Override every preset's (input) sequence length "
+                     "(0: keep).")
+flags.DEFINE_integer("devices", 0, "Devices jaxtl runs on, data parallel (0: all). "
+                     "PyTorch always runs on one: compare at --devices=1.")
+flags.DEFINE_list("model", [], "TransformerConfig overrides, e.g. remat=full,scan_layers=true.")
+flags.DEFINE_integer("loss_chunk_len", objectives.LOSS_CHUNK_LEN, "Positions whose "
+                     "logits exist at once in the loss (0: all), as "
+                     "config.objective.loss_chunk_len.")
+flags.DEFINE_boolean("memory", False, "Instead of timing: parameter + optimizer "
+                     f"bytes per device under the meshes {MEMORY_MESHES} "
+                     "(on a CPU, 8 host devices are made for it).")
+flags.DEFINE_list("pipeline", [], "Instead of timing steps: the host input pipeline "
+                  "of these pretraining recipes (pretrain_mlm, pretrain_span:arg, ...).")
+flags.DEFINE_list("pipeline_set", [], "--pipeline: config keys to set, e.g. a "
+                  "GPU preset's shape: data.seq_len=512,data.batch_size=128.")
+flags.DEFINE_integer("pipeline_docs", 5000, "Documents per split read by --pipeline.")
+flags.DEFINE_list("workers", ["0", "1", "2"], "--pipeline: Grain worker counts to "
+                  "time the objective's batches with.")
+flags.DEFINE_list("rss", [], "Instead of timing steps: peak host memory of these "
+                  "pretraining recipes' runs (--steps steps) as the corpus grows.")
+flags.DEFINE_list("rss_repeats", ["1", "10"], "--rss: how many times the train files "
+                  "are listed (the corpus repeated).")
+flags.DEFINE_string("workdir", "/tmp/jaxtl_benchmark", "--pipeline keeps its "
+                    "trained tokenizers here.")
+flags.DEFINE_string("profile", "", "Also trace --steps more jaxtl steps into "
+                    "DIR/PRESET and print where their device time goes.")
+flags.DEFINE_string("results", "", "Markdown file to append the table to (empty: none).")
+FLAGS = flags.FLAGS
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  f = FLAGS
+  # Before the backend starts: growing, not preallocating, device memory
+  # leaves PyTorch room on the GPU; --profile traces the CPU thunks;
+  # --memory shards over 8 host devices.
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  extra = ([CPU_TRACE_FLAG] if f.profile else []) + (
+      ["--xla_force_host_platform_device_count=8"] if f.memory else [])
+  os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *extra]).strip()
+  if f.pipeline:
+    rows = [r for recipe in f.pipeline
+            for r in footprint.pipeline_rows(recipe, f.workdir, f.pipeline_docs,
+                                             workers=tuple(map(int, f.workers)),
+                                             overrides=tuple(f.pipeline_set))]
+  elif f.rss:
+    rows = [r for recipe in f.rss
+            for r in footprint.corpus_rss_rows(recipe, f.workdir,
+                                               tuple(map(int, f.rss_repeats)),
+                                               steps=f.steps)]
+  elif f.memory:
+    rows = footprint.memory_rows(f.presets)
+  else:
+    rows = bench.benchmark(f.presets, torch_side=f.torch, warmup=f.warmup, steps=f.steps,
+                     dtype=f.dtype, batch_size=f.batch_size, length=f.length,
+                     num_devices=f.devices,
+                     overrides=bench.parse_overrides(f.model), loss_chunk_len=f.loss_chunk_len,
+                     profile_dir=f.profile)
+  print(bench.markdown(rows))
+  if f.results:
+    bench.append_results(f.results, rows, shlex.join(["jaxtl", "benchmark", *sys.argv[1:]]))

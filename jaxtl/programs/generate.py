@@ -1,0 +1,52 @@
+r"""``jaxtl generate``: text from a causal LM, a T5 or a BART.
+
+  jaxtl generate --checkpoint=/tmp/clm --prompt="ROMEO:" --temperature=0.8 \
+    --top_p=0.9 --max_new_tokens=60 --num_return_sequences=3
+
+``--checkpoint`` is a jaxtl workdir or a Hugging Face GPT-2 / T5 / BART
+folder; the decoding itself is :mod:`jaxtl.decoding.generate`.
+"""
+
+from __future__ import annotations
+
+import jax
+from absl import flags
+
+from jaxtl.decoding.generate import GenerationConfig, generate, prompt_arrays
+from jaxtl.models import family_of
+from jaxtl.pretraining import pretrained
+
+flags.DEFINE_string("checkpoint", None, "A jaxtl workdir or a Hugging Face folder.",
+                    required=True)
+flags.DEFINE_multi_string("prompt", None, "Prompt text (repeat for a batch).",
+                          required=True)
+flags.DEFINE_string("tokenizer", "", "Tokenizer path (default: the checkpoint's).")
+flags.DEFINE_integer("max_new_tokens", 40, "Tokens to generate.")
+flags.DEFINE_float("temperature", 0.0, "0: greedy; > 0: sample.")
+flags.DEFINE_integer("top_k", 0, "Sample among the k likeliest (0: all).")
+flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass.")
+flags.DEFINE_float("repetition_penalty", 1.0, "> 1 discourages repeats.")
+flags.DEFINE_integer("num_return_sequences", 1, "Outputs per prompt.")
+flags.DEFINE_integer("num_beams", 1, "Beam search width (T5, BART).")
+flags.DEFINE_float("length_penalty", 1.0, "Beam score / length**this.")
+flags.DEFINE_integer("seed", 0, "Sampling seed.")
+FLAGS = flags.FLAGS
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  f = FLAGS
+  loaded = pretrained.load(f.checkpoint, f.tokenizer)
+  tok = loaded.tokenizer
+  gen = GenerationConfig(
+      max_new_tokens=f.max_new_tokens, temperature=f.temperature, top_k=f.top_k,
+      top_p=f.top_p, repetition_penalty=f.repetition_penalty,
+      num_return_sequences=f.num_return_sequences, num_beams=f.num_beams,
+      length_penalty=f.length_penalty, eos_id=tok.eos_id, pad_id=tok.pad_id)
+  tokens, mask = prompt_arrays(tok, f.prompt, loaded.config.family)
+  out = generate(loaded.config, loaded.params, tokens, mask, gen=gen,
+                 rng=jax.random.key(f.seed))
+  for i, row in enumerate(out):
+    prompt = f.prompt[i // gen.num_return_sequences]
+    text = tok.decode([int(t) for t in row])
+    print(f"[{i}] {prompt}{'' if family_of(loaded.config).causal else ' ->'} {text}")
