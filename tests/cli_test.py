@@ -133,3 +133,14 @@ def test_the_command_line_explains_itself(capsys):
   with pytest.raises(SystemExit) as stop:
     cli.run(["jaxtl", "config", "finetune", "--filter=nope"])
   assert stop.value.code == 2 and "no key starts so" in capsys.readouterr().err
+
+
+def test_the_wheel_lists_every_package_of_the_tree():
+  """pyproject.toml names the packages the wheel holds: a folder moved or
+  added under jaxtl/ must be listed there, or the installed jaxtl lacks it."""
+  repo = pathlib.Path(__file__).resolve().parent.parent
+  listed = set(tomllib.loads((repo / "pyproject.toml").read_text())
+               ["tool"]["setuptools"]["packages"])
+  tree = {".".join(p.parent.relative_to(repo).parts)
+          for p in (repo / "jaxtl").rglob("__init__.py")}
+  assert tree | {"jaxtl.configs"} == listed

@@ -36,7 +36,7 @@ class Family:
       this config has no place for (BERT's next-sentence head when
       ``sentence_classes`` is 0); dropped on import unless a rule claims them.
     tasks: A fine-tuned model's class per jaxtl task kind
-      (:data:`jaxtl.models.heads.TASK_KINDS`); kinds not listed have no
+      (:data:`jaxtl.tasks.kinds.REGISTRY`); kinds not listed have no
       Hugging Face class computing what jaxtl's head computes.
     sequence_pooling: The jaxtl pooling that this family's stock sequence
       classifier computes (a model fine-tuned with another one exports with

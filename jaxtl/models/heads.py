@@ -25,8 +25,11 @@ from jaxtl.models.transformer import build_model
 Array = jax.Array
 
 POOLINGS = ("first", "last", "mean", "concat", "pooler")
-TASK_KINDS = ("classification", "regression", "token_classification", "span_qa",
-              "text_to_text", "generation")
+# The width of each linear head (None: num_labels); text_to_text and
+# generation have none, their LM is the head. The task kinds themselves,
+# with what each reads and reports, are jaxtl.tasks.kinds.REGISTRY.
+HEAD_WIDTHS = {"classification": None, "regression": 1, "token_classification": None,
+               "span_qa": 2}
 
 
 def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
@@ -170,8 +173,6 @@ class TaskModel(nn.Module):
                positions_BT: Array | None = None,
                token_types_BT: Array | None = None, *,
                deterministic: bool = True) -> Array:
-    if self.kind not in TASK_KINDS:
-      raise ValueError(f"unknown task kind {self.kind!r}; expected one of {TASK_KINDS}")
     if segment_ids_BT is None:
       segment_ids_BT = jnp.ones_like(tokens_BT)
     backbone = build_model(self.config, name=paths.BACKBONE)
@@ -237,8 +238,10 @@ class ClassifierHead(nn.Module):
   def __call__(self, hidden_BTD: Array, segment_ids_BT: Array, *,
                deterministic: bool = True) -> Array:
     cfg = self.config
-    outputs = {"classification": self.num_labels, "regression": 1,
-               "token_classification": self.num_labels, "span_qa": 2}[self.kind]
+    if self.kind not in HEAD_WIDTHS:
+      raise ValueError(f"no linear head for task kind {self.kind!r}; heads: "
+                       f"{', '.join(HEAD_WIDTHS)}")
+    outputs = HEAD_WIDTHS[self.kind] or self.num_labels
     x = hidden_BTD
     if self.kind in ("classification", "regression"):
       x = pool(x, segment_ids_BT, "first" if self.pooling == "pooler" else self.pooling)

@@ -22,9 +22,9 @@ from jaxtl import layout
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig
 from jaxtl.models.family import family_of
-from jaxtl.models.heads import POOLINGS, TASK_KINDS, TaskModel
+from jaxtl.models.heads import POOLINGS, TaskModel
 from jaxtl.tasks import features as task_features
-from jaxtl.tasks import file_task
+from jaxtl.tasks import file_task, kinds
 
 # The input fields a predictor reads, by kind (and by whether the task has pairs).
 _FIELDS = {"single": ("text",), "pair": ("text", "text_pair"),
@@ -110,9 +110,7 @@ def from_config(config: Any, family: str, label_names: tuple[str, ...] | None,
   knows them, the config does not).
   """
   task, scheme = config.task, config.adapt.scheme
-  if task.kind not in TASK_KINDS:
-    raise ValueError(f"unknown task kind {task.kind!r} (config.task.kind); "
-                     f"known: {', '.join(TASK_KINDS)}")
+  kinds.get(task.kind)  # an unknown kind: its error names the known ones
   if task.kind in ("text_to_text", "generation") and scheme in ("features", "scalar_mix"):
     raise ValueError(f"config.adapt.scheme={scheme!r} trains only a "
                      f"classifier head, and {task.kind} has none (the LM writes "
