@@ -59,7 +59,7 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
       echo "=== $p" | tee -a "$out/bench.log"
       # Past the time limit, SIGABRT makes faulthandler print where Python was.
       env PYTHONFAULTHANDLER=1 "${envs[@]}" timeout -s ABRT -k 10 ${BENCH_TIMEOUT:-300} \
-        python3 -m jaxtl.tools.benchmark \
+        python3 -m jaxtl benchmark \
         --presets="$name" --steps=10 --warmup=3 --results="$out/benchmark_results.md" \
         "${args[@]}" ${BENCH_FLAGS:-} 2>&1 | tee -a "$out/bench.log" \
         | grep -vE "^(I|W|E)[0-9]{4}|^\[transformers\]|^\{" | tail -22
@@ -68,7 +68,7 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
   profile)
     for p in "$@"; do
       IFS=: read -r name extra <<<"$p"
-      timeout 300 python3 -m jaxtl.tools.benchmark --presets="$name" --steps=3 --warmup=2 \
+      timeout 300 python3 -m jaxtl benchmark --presets="$name" --steps=3 --warmup=2 \
         --profile="/tmp/prof" ${extra//+/ } ${BENCH_FLAGS:-} 2>&1 \
         | tee -a "$out/profile.log" | grep -vE "^(I|W)[0-9]{4}" | tail -30
       cp "/tmp/prof/$name/op_breakdown.json" "$out/ops_${name}${extra//[^a-z0-9]/_}.json" 2>/dev/null

@@ -7,10 +7,12 @@ usage() {
   cat <<'EOF'
 Usage: launch/local.sh RECIPE WORKDIR [OVERRIDE...]
 
-Runs `python -m jaxtl.programs.train --config=configs/RECIPE.py --workdir=WORKDIR OVERRIDE...`
-from the repository root, as one process on this machine.
+Runs `python -m jaxtl COMMAND --config=configs/RECIPE.py --workdir=WORKDIR OVERRIDE...`
+from the repository root, as one process on this machine; COMMAND is
+$JAXTL_COMMAND (default: pretrain).
 
-  RECIPE    pretrain_mlm | pretrain_clm | pretrain_span (or any configs/*.py),
+  RECIPE    pretrain_mlm | pretrain_clm | pretrain_span (or any configs/*.py;
+            finetune and transfer_study go with JAXTL_COMMAND=finetune/study),
             also as configs/NAME.py, a path to a config file, or with a config
             argument: pretrain_mlm:model=bert_mini
   WORKDIR   checkpoints, metrics and caches; a relative path is taken from the
@@ -19,6 +21,10 @@ from the repository root, as one process on this machine.
             --config.mesh.shape='(-1,1,1)'   (axes data, fsdp, tensor)
 
 Environment:
+  JAXTL_COMMAND     pretrain | finetune | study: the jaxtl command to run
+                    (default: pretrain), e.g.
+                    JAXTL_COMMAND=finetune launch/local.sh finetune:task=trec \
+                      /tmp/trec --config.init_from=/tmp/m
   JAXTL_DATA_DIR    data root; defaults to <repo>/../shared/data when that exists
   PYTHON            interpreter to use (default: python)
   XLA_FAKE_DEVICES  N: pretend the CPU is N devices (adds
@@ -36,6 +42,11 @@ if [[ ${1-} == -h || ${1-} == --help ]]; then usage; exit 0; fi
 if (( $# < 2 )); then usage >&2; exit 2; fi
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+command=${JAXTL_COMMAND:-pretrain}
+case $command in
+  pretrain|finetune|study) ;;
+  *) die "JAXTL_COMMAND must be pretrain, finetune or study, got '$command'" ;;
+esac
 recipe_spec=$1
 workdir=$2
 shift 2
@@ -54,7 +65,7 @@ else
   die "no config file '$config_file' (see $REPO/configs/)"
 fi
 
-# We cd to the repo root below (so `-m jaxtl.programs.train` finds the package without
+# We cd to the repo root below (so `-m jaxtl` finds the package without
 # an install), so a relative workdir must be pinned to the caller's cwd first.
 # Remote URLs (gs://...) are left alone.
 if [[ $workdir != /* && $workdir != *://* ]]; then
@@ -78,8 +89,8 @@ if [[ -n ${XLA_FAKE_DEVICES-} ]]; then
 fi
 
 cd "$REPO"
-echo "local.sh: config=$config_file$config_arg workdir=$workdir" \
+echo "local.sh: jaxtl $command config=$config_file$config_arg workdir=$workdir" \
      "data=${JAXTL_DATA_DIR:-<unset>}" >&2
 # exec: Ctrl-C and kill reach Python directly, and its exit code is ours.
-exec "${PYTHON:-python}" -m jaxtl.programs.train \
+exec "${PYTHON:-python}" -m jaxtl "$command" \
   --config="$config_file$config_arg" --workdir="$workdir" "$@"

@@ -12,8 +12,9 @@ usage() {
 Usage: launch/tpu_pod.sh [--setup] TPU_NAME ZONE RECIPE WORKDIR [OVERRIDE...]
        launch/tpu_pod.sh --setup-only TPU_NAME ZONE
 
-Runs `python3 -m jaxtl.programs.train --multiprocess --config=... --workdir=...` on all
-workers of the TPU VM TPU_NAME in ZONE.
+Runs `python3 -m jaxtl COMMAND --multiprocess --config=... --workdir=...` on
+all workers of the TPU VM TPU_NAME in ZONE; COMMAND is $JAXTL_COMMAND
+(default: pretrain).
 
   --setup       first put the code on every worker and install it, then train:
                   * JAXTL_GIT_URL set: git clone (or pull) it into REMOTE_DIR;
@@ -24,7 +25,8 @@ workers of the TPU VM TPU_NAME in ZONE.
                 copying).
   --setup-only  the same, without training afterwards.
   RECIPE        pretrain_mlm | pretrain_clm | pretrain_span (or configs/NAME.py,
-                NAME:arg)
+                NAME:arg; finetune and transfer_study go with
+                JAXTL_COMMAND=finetune/study)
   WORKDIR       must be visible to every worker with the same name: a gs://
                 bucket path (best; the TPU VM's service account needs write
                 access) or a shared mount. A local disk path would give each
@@ -33,6 +35,8 @@ workers of the TPU VM TPU_NAME in ZONE.
                 --config.mesh.shape='(1,-1,1)'
 
 Environment:
+  JAXTL_COMMAND   pretrain | finetune | study: the jaxtl command to run
+                  (default: pretrain)
   REMOTE_DIR      code location on the workers, absolute or relative to the
                   home directory (default: jaxtl, i.e. ~/jaxtl)
   JAXTL_GIT_URL   repo to clone on --setup (default: copy this checkout)
@@ -45,7 +49,8 @@ Environment:
 
 Notes: training stops if this ssh session ends, so run the script inside
 tmux/screen. If a killed run leaves a worker's TPU busy ("TPU in use"), end
-the leftover python process on that worker (find it with pgrep -af jaxtl.programs.train).
+the leftover python process on that worker (find it with
+pgrep -af 'jaxtl (pretrain|finetune|study)').
 Example:
   launch/tpu_pod.sh --setup my-v4-32 us-central2-b pretrain_mlm \
       gs://my-bucket/runs/mlm --config.mesh.shape='(1,-1,1)'
@@ -112,6 +117,11 @@ fi
 (( train )) || exit 0
 recipe=$1 workdir=$2
 shift 2
+command=${JAXTL_COMMAND:-pretrain}
+case $command in
+  pretrain|finetune|study) ;;
+  *) die "JAXTL_COMMAND must be pretrain, finetune or study, got '$command'" ;;
+esac
 
 # RECIPE -> --config value (relative to REMOTE_DIR on the workers); an
 # optional ":arg" suffix is the config file's argument.
@@ -126,7 +136,7 @@ config_arg=""
 
 cmd=(env)
 [[ -n ${JAXTL_DATA_DIR-} ]] && cmd+=("JAXTL_DATA_DIR=$JAXTL_DATA_DIR")
-cmd+=("$REMOTE_PYTHON" -m jaxtl.programs.train --multiprocess
+cmd+=("$REMOTE_PYTHON" -m jaxtl "$command" --multiprocess
       "--config=$config_file$config_arg" "--workdir=$workdir" ${1+"$@"})
 
 remote="cd $(q "$REMOTE_DIR") &&"
