@@ -13,5 +13,7 @@ def load(workdir: str) -> Any:
 
   Imported on call, so ``import jaxtl`` stays light (no JAX, no Flax).
   """
+  # heavy: JAX and Flax; ``import jaxtl`` (and every jaxtl.runtime import, before
+  # the CLI tunes the process for JAX) must not load them
   from jaxtl.tasks import predictor  # pylint: disable=g-import-not-at-top
   return predictor.load(workdir)

@@ -11,6 +11,10 @@ import importlib.util
 import os
 from typing import Any
 
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+
 # The package jaxtl.configs: the top-level configs/ of a clone (an editable
 # install maps it there), or where a wheel put it.
 RECIPES_DIR = os.path.dirname(importlib.util.find_spec("jaxtl.configs").origin)
@@ -47,8 +51,6 @@ def listing() -> str:
 def load(spec: str) -> Any:
   """The config ``--config=SPEC`` gives (a recipe name or a file, with
   ``:ARGS``), read as the commands read it."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True)
   values(["jaxtl", f"--config={spec}"])
@@ -68,9 +70,11 @@ def _columns(cells: list[tuple[str, ...]]) -> list[str]:
           for row in cells]
 
 
-def table(config: Any, prefix: str = "") -> str:
+def table(config: ml_collections.ConfigDict, prefix: str = "") -> str:
   """``--config.KEY=VALUE  (type)  meaning`` per key under ``prefix``: what
   the command line overrides, in the form it takes, and what it does."""
+  # heavy: the recipes' sections import JAX (~1.5 s), and the CLI imports this
+  # module before it tunes the process for JAX (jaxtl.runtime.startup)
   from jaxtl.configs import common  # pylint: disable=g-import-not-at-top
   rows = common.describe(config, strict=False)  # a user's own file may add keys
   picked = [row for row in rows if row[0].startswith(prefix)]

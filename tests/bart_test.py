@@ -12,8 +12,8 @@ from jaxtl.objectives import bart
 import datadir
 
 MASK, DOT, EOS = 3, 4, 1
-OBJECTIVE = {"noise_density": 0.3, "mean_noise_span_length": 3.0,
-             "permute_sentence_ratio": 1.0}
+OBJECTIVE = bart.BartConfig(name="bart", noise_density=0.3, mean_noise_span_length=3.0,
+                            permute_sentence_ratio=1.0)
 
 
 @dataclasses.dataclass

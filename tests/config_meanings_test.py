@@ -55,8 +55,8 @@ def test_named_entries_take_their_maps_meaning():
     config.mesh.rules.embed = ("fsdp",)
   meanings = {key: meaning for key, _, meaning in common.describe(config)}
   assert meanings["mesh.rules.embed"].startswith("mesh axes logical axis embed ")
-  assert meanings["data.source.parts.wikitext2.files.validation"].startswith(
-      "the files of split validation")
+  assert meanings["data.source.parts.wikitext2.files.validation"].endswith(
+      ": the files of split validation ({data_dir}: $JAXTL_DATA_DIR)")
   assert meanings["data.source.parts.imdb.rate"].startswith("mixing=rates:")
 
 

@@ -53,7 +53,7 @@ def test_every_recipe_and_preset_builds(recipe, preset):
     with pytest.raises(ValueError, match="needs a"):
       objectives.check_objective(config.objective.name, config.model.family)
     return
-  model_cfg = pretrain.model_config_from(config, vocab_size=1000)
+  model_cfg = pretrain.model_config_from(config.model, 1000, config.vocab_multiple)
   assert model_cfg.vocab_size == 1024  # padded to a multiple of 128
   model = objectives.get(config.objective.name).build_model(model_cfg, config.objective)
   toks = jnp.ones((1, 8), jnp.int32)
@@ -71,7 +71,7 @@ def test_every_objective_has_a_recipe_whose_model_it_fits(objective):
                  }.get(objective, ("pretrain_mlm", f"objective={objective}"))
   config = importlib.import_module(f"jaxtl.configs.{recipe}").get_config(arg)
   assert config.objective.name == objective
-  model_cfg = pretrain.model_config_from(config, vocab_size=1000)
+  model_cfg = pretrain.model_config_from(config.model, 1000, config.vocab_multiple)
   objectives.check_objective(objective, model_cfg.family)
   objectives.check_model(objective, model_cfg)
   toks = jnp.ones((1, 8), jnp.int32)

@@ -57,6 +57,6 @@ def pretrained(tmp_path_factory):
   config = runs.tiny_mlm_config()
   config.train.update(steps=3, log_every=1, eval_every=3, eval_batches=1,
                       checkpoint_every=3)
-  from jaxtl import train  # pylint: disable=g-import-not-at-top
-  train.train_and_evaluate(config, workdir)
+  from jaxtl.pretraining import pretrain  # pylint: disable=g-import-not-at-top
+  pretrain.train_and_evaluate(config, workdir)
   return workdir

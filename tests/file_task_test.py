@@ -14,6 +14,7 @@ import datadir
 import jaxtl
 from jaxtl.programs import cli
 from jaxtl.data import row_files
+from jaxtl.tasks import config as tasks_config
 from jaxtl.tasks import file_task, finetune, readers
 from jaxtl.tasks.examples import Examples
 
@@ -28,6 +29,11 @@ def _config(*argv: str):
                                   lock_config=True, sys_argv=argv)
   values(argv)
   return values.config
+
+
+def _task(config) -> tasks_config.TaskConfig:
+  """The typed task section of a fine-tuning config, as the run reads it."""
+  return tasks_config.of(config).task
 
 
 _WORDS = ("good", "great", "bad", "awful", "fine", "dull")
@@ -146,14 +152,14 @@ def test_dev_and_test_are_held_out_of_train_by_seed(tmp_path):
   config = _config("--config=configs/finetune.py:task=files",
                    f"--config.task.train={path}", "--config.task.dev_fraction=0.2",
                    "--config.task.test_fraction=0.25")
-  splits = finetune.load_task_splits(config.task, seed=0)
+  splits = finetune.load_task_splits(_task(config), seed=0)
   sizes = {k: len(v) for k, v in splits.items()}
   assert sizes == {"train": 12, "dev": 3, "test": 5}
   texts = [t for ex in splits.values() for t in ex.texts]
   assert sorted(texts) == sorted(f"t{i}" for i in range(20))
-  again = finetune.load_task_splits(config.task, seed=0)
+  again = finetune.load_task_splits(_task(config), seed=0)
   assert again["test"].texts == splits["test"].texts
-  assert finetune.load_task_splits(config.task, seed=1)["test"].texts != \
+  assert finetune.load_task_splits(_task(config), seed=1)["test"].texts != \
       splits["test"].texts
 
 
@@ -162,7 +168,7 @@ def test_sst2_through_the_generic_task_equals_the_builtin_reader():
   dev = datadir.require_data("glue", "SST-2", "dev.tsv")
   files = _config("--config=configs/finetune.py:task=files", f"--config.task.train={dev}",
                   f"--config.task.dev={dev}", "--config.task.text_fields=('sentence',)")
-  generic = finetune.load_task_splits(files.task, 0)["dev"]
+  generic = finetune.load_task_splits(_task(files), 0)["dev"]
   known = readers.load_task("sst2", "dev")
   assert (generic.texts, generic.labels) == (known.texts, known.labels)
   assert len(known) == 872 and generic.label_names == ("0", "1")  # the file's labels
@@ -175,7 +181,7 @@ def test_unknown_format_and_missing_train_are_clear(tmp_path):
     row_files.format_of("a.csv", "xlsx")
   config = _config("--config=configs/finetune.py:task=files")
   with pytest.raises(ValueError, match="task.train=PATH"):
-    finetune.load_task_splits(config.task, 0)
+    finetune.load_task_splits(_task(config), 0)
 
 
 # --- Fine-tuning with no Python ----------------------------------------------
@@ -258,14 +264,14 @@ def test_a_hugging_face_dataset_is_a_file_task_with_its_classlabel_order(tmp_pat
   config = _config("--config=configs/finetune.py:task=files", "--config.task.format=hf",
                    f"--config.task.hf.name={folder}", "--config.task.dev=validation",
                    "--config.task.text_fields=('premise', 'hypothesis')")
-  splits = finetune.load_task_splits(config.task, 0)
+  splits = finetune.load_task_splits(_task(config), 0)
   assert {k: len(v) for k, v in splits.items()} == {"train": 16, "dev": 8, "test": 8}
   assert splits["train"].label_names == ("yes", "no")  # the dataset's ids, not sorted
   assert splits["train"].labels[:2] == [0, 1] and splits["dev"].text_pairs
   assert splits["dev"].lines[0] == f"{folder} validation row 0"
   config.task.hf.name = ""
   with pytest.raises(ValueError, match="task.hf.name"):
-    finetune.load_task_splits(config.task, 0)
+    finetune.load_task_splits(_task(config), 0)
 
 
 @pytest.mark.slow  # a fine-tuning run: 11 s once no other test has compiled it
@@ -307,12 +313,12 @@ def test_every_combination_of_files_and_fractions_says_what_it_lacks(
                    *(f"--config.task.{name}={path}" for name in files),
                    f"--config.task.dev_fraction={fractions[0]}",
                    f"--config.task.test_fraction={fractions[1]}")
-  splits = finetune.load_task_splits(config.task, config.seed)
+  splits = finetune.load_task_splits(_task(config), config.seed)
   held = {name for name in ("train", "dev") if splits[name] is not None}
   if splits["test"] is not None:
     held.add("test=dev" if splits["test"] is splits["dev"] else "test")
   assert held == present
-  said = finetune.splits_note(config.task, splits)
+  said = finetune.splits_note(_task(config), splits)
   assert said is None if note is None else said.startswith(note), said
 
 

@@ -11,6 +11,7 @@ import pytest
 from jaxtl.pretraining import pretrain
 from jaxtl.pretraining.pretrained import load_model_config, save_model_config
 from jaxtl.train import checkpoint, sharding
+from jaxtl.tasks import config as tasks_config
 from jaxtl.tasks import finetune
 
 import datadir
@@ -52,7 +53,7 @@ def test_ulmfit_schedules_and_a_regression_and_a_tagging_task(pretrained, tmp_pa
 def test_without_a_held_out_dev_all_of_train_is_used_and_the_last_epoch_reported(
     pretrained, tmp_path, caplog):
   config = runs.finetune_config(pretrained, "full", dev_fraction=0.0, num_train_examples=0)
-  splits = finetune.load_task_splits(config.task, config.seed)
+  splits = finetune.load_task_splits(tasks_config.of(config).task, config.seed)
   assert splits["dev"] is None and len(splits["train"]) == 5452  # all of TREC train
   config.task.num_train_examples = 48
   config.model.num_layers = 7  # not used with init_from, and the log says so

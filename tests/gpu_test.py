@@ -121,11 +121,10 @@ def test_kv_cache_matches_the_full_forward_in_bfloat16():
 def test_bfloat16_train_step_on_gpu_learns_and_keeps_float32_state():
   from jaxtl import objectives, train  # pylint: disable=g-import-not-at-top
   from jaxtl.train import optim, sharding  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
   cfg, model = make("gpt2", **BF16)
-  opt = ml_collections.ConfigDict(dict(
+  opt = optim.OptimConfig(
       lr=3e-3, warmup_steps=0, schedule="constant", end_lr_ratio=1.0, weight_decay=0.0,
-      b1=0.9, b2=0.98, eps=1e-8, clip_norm=1.0, accum_steps=1))
+      b1=0.9, b2=0.98, eps=1e-8, clip_norm=1.0, accum_steps=1)
   tx, schedule = optim.make_optimizer(opt, total_steps=20)
   mesh, rules = sharding.make_mesh((-1, 1, 1), jax.devices()[:1]), sharding.make_rules()
   seq = np.asarray(tokens((4, LENGTH + 1)))

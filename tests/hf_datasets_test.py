@@ -114,16 +114,21 @@ def test_pretraining_source_kind_hf(tmp_path):
       train=datasets.Dataset.from_dict({"text": ["one", "", "two"]}),
       validation=datasets.Dataset.from_dict({"text": ["three"]}),
   ).save_to_disk(str(folder))
-  source = {"kind": "hf", "name": str(folder), "field": "text"}
+  source = sources.source_config({"kind": "hf", "name": str(folder), "field": "text"})
+  assert isinstance(source, sources.HFSource)
   assert sources.load_texts(source, "train") == ["one", "two"]  # blanks dropped
-  renamed = dict(source, splits={"validation": "train"})
-  assert sources.load_texts(renamed, "validation") == ["one", "two"]
+  assert sources.load_texts(source, "validation") == ["three"]  # split by its name
   (tmp_path / "t.jsonl").write_text('{"body": "four"}\n{"body": 5}\n')
-  files = {"kind": "hf", "name": "json", "field": "body",
-           "files": {"train": [str(tmp_path / "t.jsonl")]},
-           "cache_dir": str(tmp_path / "cache")}
+  files = sources.HFSource(kind="hf", name="json", field="body",
+                           files={"train": [str(tmp_path / "t.jsonl")]},
+                           cache_dir=str(tmp_path / "cache"))
   with pytest.raises(ValueError, match=r"t\.jsonl row 1: field 'body' is int"):
     sources.load_texts(files, "train")
-  mixture = {"kind": "mixture", "parts": {"a": source, "b": {
-      "kind": "hf", "name": str(folder), "splits": {"train": "validation"}}}}
-  assert sources.load_texts(mixture, "train") == ["one", "two", "three"]
+  (tmp_path / "u.jsonl").write_text('{"body": "five"}\n')
+  mixture = sources.source_config({"kind": "mixture", "parts": {
+      "a": {"kind": "hf", "name": str(folder)},
+      "b": {"kind": "hf", "name": "json", "field": "body", "cache_dir": str(tmp_path / "cache"),
+            "files": {"train": [str(tmp_path / "u.jsonl")]}}}})
+  assert sources.load_texts(mixture, "train") == ["one", "two", "five"]
+  # A builder part on files has only the splits it lists; a folder has its own.
+  assert sources.load_texts(mixture, "validation") == ["three"]

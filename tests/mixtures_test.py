@@ -2,6 +2,7 @@
 name the key, and a run that resumes exactly on one."""
 
 import collections
+import dataclasses
 import logging
 import shutil
 
@@ -10,13 +11,16 @@ import pytest
 
 from jaxtl.configs import pretrain_clm
 from jaxtl.data import mixtures, sources
+from jaxtl.data.config import DataConfig
 from jaxtl.pretraining import pipeline
+from jaxtl.pretraining import config as pretrain_config
 
 SIZES = {"big": 900, "mid": 90, "small": 10}
 
 
 def _mixture(tmp_path, mixing="rates", **keys):
-  """A mixture of three text files of SIZES lines, each line naming its part."""
+  """A mixture of three text files of SIZES lines, each line naming its part,
+  as a recipe writes it (a dict; `_load` reads it through its typed section)."""
   parts = {}
   for name, n in SIZES.items():
     path = tmp_path / f"{name}.txt"
@@ -31,6 +35,10 @@ def _with_rates(mix, **rates):
   return mix
 
 
+def _load(mix, split="train", seed=0):
+  return sources.load_texts(sources.source_config(mix), split, seed=seed)
+
+
 def _shares(texts):
   counts = collections.Counter(t.split()[0] for t in texts)
   return {name: counts[name] / len(texts) for name in SIZES}
@@ -39,7 +47,7 @@ def _shares(texts):
 def test_rates_give_their_shares_of_the_documents(tmp_path, caplog):
   mix = _with_rates(_mixture(tmp_path), big=1, mid=2, small=1)
   with caplog.at_level(logging.INFO):
-    texts = sources.load_texts(mix, "train", seed=0)
+    texts = _load(mix, seed=0)
   assert len(texts) == sum(SIZES.values())  # concatenation's size
   want = {"big": 0.25, "mid": 0.5, "small": 0.25}
   for name, share in _shares(texts).items():
@@ -52,39 +60,50 @@ def test_rates_give_their_shares_of_the_documents(tmp_path, caplog):
 
 def test_proportional_caps_and_flattens_as_t5(tmp_path):
   mix = _mixture(tmp_path, "proportional", cap=100, temperature=2.0)
-  got = _shares(sources.load_texts(mix, "train", seed=0))
+  got = _shares(_load(mix, seed=0))
   weights = {name: min(n, 100) ** 0.5 for name, n in SIZES.items()}
   total = sum(weights.values())
   for name, share in got.items():
     assert share == pytest.approx(weights[name] / total, abs=1e-3)
   # No cap, temperature 1: concatenation's shares, in a seeded order.
-  plain = sources.load_texts(_mixture(tmp_path, "proportional"), "train", seed=0)
-  assert sorted(plain) == sorted(sources.load_texts(_mixture(tmp_path, "concat"), "train"))
+  plain = _load(_mixture(tmp_path, "proportional"), seed=0)
+  assert sorted(plain) == sorted(_load(_mixture(tmp_path, "concat")))
 
 
 def test_the_seed_decides_the_documents_and_their_order(tmp_path):
   mix = _with_rates(_mixture(tmp_path), big=1, mid=1, small=1)
-  a = sources.load_texts(mix, "train", seed=3)
-  assert a == sources.load_texts(mix, "train", seed=3)
-  assert a != sources.load_texts(mix, "train", seed=4)
+  a = _load(mix, seed=3)
+  assert a == _load(mix, seed=3)
+  assert a != _load(mix, seed=4)
   # A part's draw is its own: changing another part's rate keeps its
   # documents (a prefix of the same seeded permutation).
   mid = [t for t in a if t.startswith("mid")]
   fewer = _with_rates(_mixture(tmp_path), big=4, mid=1, small=1)
-  mid_fewer = [t for t in sources.load_texts(fewer, "train", seed=3) if t.startswith("mid")]
+  mid_fewer = [t for t in _load(fewer, seed=3) if t.startswith("mid")]
   assert set(mid_fewer) <= set(mid) and len(mid_fewer) < len(mid)
 
 
 def test_a_zero_rate_part_is_not_read(tmp_path):
   mix = _with_rates(_mixture(tmp_path), big=1, mid=0, small=1)
   mix["parts"]["mid"]["files"]["train"] = [str(tmp_path / "missing.txt")]
-  assert not any(t.startswith("mid") for t in sources.load_texts(mix, "train"))
+  assert not any(t.startswith("mid") for t in _load(mix))
+
+
+def test_a_part_without_a_rate_counts_as_rate_1(tmp_path):
+  """A part's rate defaults to 1.0 (MixturePart), as a recipe's parts do."""
+  mix = _with_rates(_mixture(tmp_path), mid=2)  # big, small: no rate key
+  typed = sources.source_config(mix)
+  assert [typed.parts[n].rate for n in SIZES] == [1.0, 2.0, 1.0]
+  got = _shares(_load(mix))
+  for name, share in {"big": 0.25, "mid": 0.5, "small": 0.25}.items():
+    assert got[name] == pytest.approx(share, abs=1e-3)
 
 
 @pytest.mark.parametrize("keys, rates, message", [
     (dict(mixing="weighted"), {}, r"source.mixing='weighted': expected one of concat"),
     ({}, dict(big=1, mid=-1, small=1), r"source.parts.mid.rate=-1: expected a finite"),
-    ({}, dict(big=1, mid=1), r"source.parts.small.rate missing"),
+    ({}, dict(big=1, mid=1, small=None), r"source.parts.small.rate is not set"),
+    ({}, dict(big=1, mid="2", small=1), r"source.parts.mid.rate='2': expected a finite"),
     ({}, dict(big=0, mid=0, small=0), r"source.parts.\*.rate: all rates .* are 0"),
     (dict(mixing="proportional", cap=-5), {}, r"source.cap=-5"),
     (dict(mixing="proportional", temperature=0.0), {}, r"source.temperature=0.0"),
@@ -93,7 +112,7 @@ def test_a_zero_rate_part_is_not_read(tmp_path):
 def test_bad_settings_name_their_key(tmp_path, keys, rates, message):
   mix = _with_rates(_mixture(tmp_path, **{"mixing": "rates", **keys}), **rates)
   with pytest.raises(ValueError, match=message):
-    sources.load_texts(mix, "train")
+    _load(mix)
 
 
 def test_quotas_add_up():
@@ -103,10 +122,14 @@ def test_quotas_add_up():
 def test_only_a_weighted_mixtures_rows_depend_on_the_seed(tmp_path):
   class Tok:
     fingerprint = staticmethod(lambda: "tok")
-  data = {"source": _mixture(tmp_path, "concat"), "max_docs": 0, "packing": "chunk"}
+  data = DataConfig(source=sources.source_config(_mixture(tmp_path, "concat")),
+                    max_docs=0, packing="chunk")
   key = lambda d, seed: pipeline._cache_key(d, "train", Tok, 16, True, seed)
+  assert not sources.is_weighted(data.source)
   assert key(data, 0) == key(data, 1)
-  weighted = {**data, "source": _mixture(tmp_path, "proportional")}
+  weighted = dataclasses.replace(
+      data, source=sources.source_config(_mixture(tmp_path, "proportional")))
+  assert sources.is_weighted(weighted.source)
   assert key(weighted, 0) != key(weighted, 1)
 
 
@@ -122,14 +145,14 @@ def test_a_weighted_mixtures_batches_resume_exactly_from_a_saved_position(tmp_pa
     config.data.source = mix
   config.data.tokenizer.update(vocab_size=200, model_type="bpe")
   config.data.update(seq_len=8, batch_size=8)
-  first = pipeline.DataSetup(config, str(tmp_path / "run"))
+  first = pipeline.DataSetup(pretrain_config.of(config), str(tmp_path / "run"))
   it = first.train_iterator()
   for _ in range(first.num_rows("train") // 8 + 2):  # into the second epoch
     next(it)
   state = it.get_state()
   want = [next(it) for _ in range(3)]
   shutil.rmtree(tmp_path / "run" / "data_cache")
-  again = pipeline.DataSetup(config, str(tmp_path / "run")).train_iterator()
+  again = pipeline.DataSetup(pretrain_config.of(config), str(tmp_path / "run")).train_iterator()
   again.set_state(state)
   for batch in want:
     got = next(again)
@@ -137,5 +160,5 @@ def test_a_weighted_mixtures_batches_resume_exactly_from_a_saved_position(tmp_pa
       np.testing.assert_array_equal(got[key], batch[key])
   # The run's seed reaches the mixture: another seed, other rows.
   config.seed = 1
-  other = pipeline.DataSetup(config, str(tmp_path / "run"))
+  other = pipeline.DataSetup(pretrain_config.of(config), str(tmp_path / "run"))
   assert not np.array_equal(other.rows_tokens("train"), first.rows_tokens("train"))

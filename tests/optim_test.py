@@ -1,17 +1,18 @@
 """Fine-tuning optimizers: freezing, discriminative learning rates, unfreezing."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
 from jaxtl.train import optim
 
-OPTIM = ml_collections.ConfigDict(dict(
+OPTIM = optim.OptimConfig(
     lr=1e-2, warmup_steps=0, schedule="constant", end_lr_ratio=1.0,
-    weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, clip_norm=0.0, accum_steps=1))
+    weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, clip_norm=0.0, accum_steps=1)
 PARAMS = {
     "backbone": {"token_embed": {"embedding": jnp.ones((4, 2))},
                  "stack": {"layer_0": {"mlp": {"kernel": jnp.ones((2, 2))}},
@@ -83,8 +84,8 @@ def test_gradual_unfreezing_goes_top_down():
 
 
 def test_stlr_is_the_papers_slanted_triangle():
-  c = ml_collections.ConfigDict(dict(OPTIM.to_dict(), schedule="stlr", lr=0.01,
-                                     warmup_fraction=0.1, end_lr_ratio=1 / 32))
+  c = dataclasses.replace(OPTIM, schedule="stlr", lr=0.01, warmup_fraction=0.1,
+                          end_lr_ratio=1 / 32)
   lr = optim.make_schedule(c, 100)
   # Howard & Ruder eq. 3, T=100, cut_frac=0.1, ratio=32, lr_max=0.01.
   cut = 10
@@ -94,4 +95,4 @@ def test_stlr_is_the_papers_slanted_triangle():
   np.testing.assert_allclose([lr(t) for t in (0, 5, 10, 55, 100)],
                              [paper(t) for t in (0, 5, 10, 55, 100)], rtol=1e-5)
   with pytest.raises(ValueError, match="config.optim.schedule='slanted'"):
-    optim.make_schedule(ml_collections.ConfigDict(dict(c.to_dict(), schedule="slanted")), 10)
+    optim.make_schedule(dataclasses.replace(c, schedule="slanted"), 10)

@@ -1,11 +1,13 @@
 """Host pipeline: determinism, resumable position, process sharding, objectives."""
 
+import dataclasses
 import os
 
 import numpy as np
 import pytest
 
-from jaxtl.data import batches
+from jaxtl.data import batches, sources
+from jaxtl.data.config import DataConfig
 from jaxtl.pretraining import pipeline
 from jaxtl.objectives import clm, span
 
@@ -114,7 +116,7 @@ def test_span_batch_shapes_and_shift_with_the_t5_vocabulary():
   rows = {"tokens": np.arange(100, 100 + raw, dtype=np.int32)[None]}
   sentinels = np.array([tok.sentinel_id(i) for i in range(100)], np.int32)
   batch = span.span_batch(rows, [np.random.default_rng(0)], tok,
-                          {"noise_density": 0.15, "mean_noise_span_length": 3.0},
+                          span.SpanConfig(name="span"),
                           sentinels, 64, targets_len)
   ex = {k: v[0] for k, v in batch.items()}
   assert ex["encoder_input_tokens"].shape == (64,)
@@ -140,8 +142,8 @@ def test_pack_mode_keeps_documents_apart(tmp_path):
            "Third."] * 4
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
-  data = {"source": {"kind": "text", "files": {"train": str(corpus)}},
-          "max_docs": 0, "packing": "pack"}
+  data = DataConfig(source=sources.source_config(
+      {"kind": "text", "files": {"train": str(corpus)}}), packing="pack")
   store = pipeline.split_rows(data, "train", tok, 32, eos=True,
                               cache_dir=str(tmp_path / "cache"))
   rows = {k: np.stack([r[k] for r in store.take(range(len(store)))])
@@ -157,7 +159,7 @@ def test_pack_mode_keeps_documents_apart(tmp_path):
     for s in range(1, r["segment_ids"].max() + 1):
       np.testing.assert_array_equal(r["positions"][r["segment_ids"] == s],
                                     np.arange((r["segment_ids"] == s).sum()))
-  chunked = pipeline.split_rows({**data, "packing": "chunk"}, "train", tok, 32,
+  chunked = pipeline.split_rows(dataclasses.replace(data, packing="chunk"), "train", tok, 32,
                                 eos=True, cache_dir=str(tmp_path / "cache"))
   assert chunked.meta["documents"] == len(texts)
   tokens = chunked.tokens_array()

@@ -8,6 +8,7 @@ import pytest
 
 from jaxtl.configs import pretrain_clm
 from jaxtl.pretraining import pipeline
+from jaxtl.pretraining import config as pretrain_config
 from jaxtl.data import pretokenized, sources
 from jaxtl.pretraining import pretokenize
 
@@ -29,21 +30,21 @@ def _config(tmp_path):
 
 def _read_back(config, folder, workdir):
   config.data.source = dict(kind="pretokenized", data_dir=str(folder))
-  return pipeline.DataSetup(config, str(workdir))
+  return pipeline.DataSetup(pretrain_config.of(config), str(workdir))
 
 
 def test_shards_round_trip_into_the_same_rows(tmp_path):
   config = _config(tmp_path)
-  meta = pretokenize.pretokenize(config, str(tmp_path / "shards"), num_shards=3)
+  meta = pretokenize.pretokenize(pretrain_config.of(config), str(tmp_path / "shards"), num_shards=3)
   assert meta["splits"]["train"]["documents"] == 300
   assert len(meta["splits"]["train"]["shards"]) == 3
   tok = pretokenized.recorded_tokenizer(str(tmp_path / "shards"))
-  texts = sources.load_texts(config.data.source, "train")
+  texts = sources.load_texts(sources.source_config(config.data.source), "train")
   docs = pretokenized.read(str(tmp_path / "shards"), "train", tok)
   assert [d.tolist() for d in docs] == tok.encode_batch(texts)
   # A run on the text and a run on the shards cut the same rows, with the
   # recorded tokenizer (none trained).
-  text_run = pipeline.DataSetup(config, str(tmp_path / "text_run"))
+  text_run = pipeline.DataSetup(pretrain_config.of(config), str(tmp_path / "text_run"))
   shard_run = _read_back(config, tmp_path / "shards", tmp_path / "shard_run")
   assert shard_run.tokenizer.fingerprint() == meta["tokenizer"]["fingerprint"]
   for split in ("train", "validation"):
@@ -52,14 +53,15 @@ def test_shards_round_trip_into_the_same_rows(tmp_path):
   with pytest.raises(ValueError, match="no split 'test' pretokenized; it has"):
     pretokenized.read(str(tmp_path / "shards"), "test", tok)
   with pytest.raises(ValueError, match="holds token ids, not texts"):
-    sources.load_texts({"kind": "pretokenized", "data_dir": "x"}, "train")
+    sources.load_texts(sources.PretokenizedSource(kind="pretokenized", data_dir="x"),
+                       "train")
 
 
 def test_another_tokenizer_is_refused_naming_both(tmp_path):
   config = _config(tmp_path)
-  pretokenize.pretokenize(config, str(tmp_path / "shards"))
+  pretokenize.pretokenize(pretrain_config.of(config), str(tmp_path / "shards"))
   config.data.tokenizer.update(vocab_size=180)
-  other = pipeline.DataSetup(config, str(tmp_path / "other")).tokenizer
+  other = pipeline.DataSetup(pretrain_config.of(config), str(tmp_path / "other")).tokenizer
   with pytest.raises(ValueError, match=r"tokenized with tokenizer \w+ .*"
                                        r"spm_bpe_200.model.*the run's is \w+"):
     pretokenized.read(str(tmp_path / "shards"), "train", other)

@@ -109,10 +109,11 @@ def test_fine_tuning_for_zero_epochs_names_the_key():
   from jaxtl import train  # pylint: disable=g-import-not-at-top
   from jaxtl.configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
   from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
+  from jaxtl.tasks import config as tasks_config  # pylint: disable=g-import-not-at-top
   config = finetune_config.get_config()
   config.train.epochs = 0
   with pytest.raises(train.ConfigError, match=r"config.train.epochs=0: must be more than 0"):
-    finetune.loop_config(config, steps_per_epoch=10)
+    finetune.loop_config(tasks_config.of(config), steps_per_epoch=10)
 
 
 def test_checkpoint_every_zero_means_no_periodic_saves_in_pretraining_and_fine_tuning():
@@ -122,16 +123,18 @@ def test_checkpoint_every_zero_means_no_periodic_saves_in_pretraining_and_fine_t
   from jaxtl import train  # pylint: disable=g-import-not-at-top
   from jaxtl.configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
   from jaxtl.configs import pretrain_clm  # pylint: disable=g-import-not-at-top
+  from jaxtl.tasks import config as tasks_config  # pylint: disable=g-import-not-at-top
   from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
   from jaxtl.pretraining import pretrain  # pylint: disable=g-import-not-at-top
   pre, fine = pretrain_clm.get_config(), finetune_config.get_config()
   pre.train.checkpoint_every = fine.train.checkpoint_every = 0
-  pre_loop, fine_loop = pretrain.loop_config(pre), finetune.loop_config(fine, steps_per_epoch=10)
+  pre_loop = pretrain.loop_config(pre)
+  fine_loop = finetune.loop_config(tasks_config.of(fine), steps_per_epoch=10)
   assert pre_loop.checkpoint_every == fine_loop.checkpoint_every == 0
   assert pre_loop.save_last and fine_loop.save_last
   fine.train.checkpoint_every = -0.5
   with pytest.raises(train.ConfigError, match=r"config.train.checkpoint_every=-0.5: must be 0"):
-    finetune.loop_config(fine, steps_per_epoch=10)
+    finetune.loop_config(tasks_config.of(fine), steps_per_epoch=10)
 
 
 def test_two_tokenizers_in_a_workdir_or_one_past_the_embedding_are_refused(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import subprocess
@@ -52,15 +53,13 @@ def test_read_text_wrong_encoding_names_line(tmp_path):
 # --- read_jsonl --------------------------------------------------------------
 
 
-def test_read_jsonl_gz_round_trip_and_filter(tmp_path):
+def test_read_jsonl_gz_round_trip(tmp_path):
   rows = [{"text": "good film", "label": 1}, {"text": "bad", "label": 0},
           {"text": "caf\u00e9 <br />", "label": 1}]
   for gz in (False, True):
     path = _write_jsonl(tmp_path / ("r.jsonl.gz" if gz else "r.jsonl"), rows,
                         gz=gz)
     assert sources.read_jsonl(path) == [r["text"] for r in rows]
-    assert sources.read_jsonl(path, filter={"label": 1}) == [
-        "good film", "caf\u00e9 <br />"]
 
 
 def test_read_jsonl_malformed_line(tmp_path):
@@ -81,7 +80,7 @@ def test_read_jsonl_missing_field(tmp_path):
   with pytest.raises(ValueError, match=r"f\.jsonl:2.*'text'"):
     sources.read_jsonl(path)
   with pytest.raises(ValueError, match=r"f\.jsonl:1.*'label'"):
-    sources.read_jsonl(path, filter={"label": 1})
+    sources.read_jsonl(path, field="label")
 
 
 def test_read_jsonl_empty_text(tmp_path):
@@ -100,12 +99,12 @@ def test_read_tsv_bom_header_and_quotes(tmp_path):
       "\ufeffQuality\t#1 String\t#2 String\n"
       '1\tHe said " hi\t" Odd quote\n\n0\tx\ty\n'.encode("utf-8"))
   assert sources.read_tsv_column(path, "#1 String") == ['He said " hi', "x"]
-  assert sources.read_tsv_column(path, 0) == ["1", "0"]
-  assert sources.read_tsv_column(path, 2, header=False)[0] == "#2 String"
-  with pytest.raises(ValueError, match="Quality"):
+  assert sources.read_tsv_column(path, "Quality") == ["1", "0"]  # BOM dropped
+  with pytest.raises(ValueError, match=r"no column '#3 String'.*Quality"):
     sources.read_tsv_column(path, "#3 String")
-  with pytest.raises(ValueError, match="header=False"):
-    sources.read_tsv_column(path, "Quality", header=False)
+  empty = tmp_path / "empty.tsv"
+  empty.write_text("", encoding="utf-8")
+  assert sources.read_tsv_column(empty, "Quality") == []
 
 
 def test_read_tsv_too_few_columns(tmp_path):
@@ -120,7 +119,7 @@ def test_read_tsv_too_few_columns(tmp_path):
 
 def test_missing_files(tmp_path):
   for reader in (sources.read_text, sources.read_jsonl,
-                 lambda p: sources.read_tsv_column(p, 0)):
+                 lambda p: sources.read_tsv_column(p, "text")):
     with pytest.raises(FileNotFoundError, match="absent.txt"):
       reader(tmp_path / "absent.txt")
 
@@ -131,31 +130,65 @@ def test_load_texts_dispatch(tmp_path, monkeypatch):
   _write_jsonl(tmp_path / "b.jsonl.gz", [{"body": "three"}], gz=True)
   (tmp_path / "v.txt").write_text("x\n\ny\n", encoding="utf-8")
   (tmp_path / "t.tsv").write_text("s\tl\nhi\t1\n", encoding="utf-8")
-  jsonl = {"kind": "jsonl", "field": "body",
-           "files": {"train": ["{data_dir}/a.jsonl", "{data_dir}/b.jsonl.gz"],
-                     "validation": "{data_dir}/a.jsonl"}}
+  jsonl = sources.source_config({
+      "kind": "jsonl", "field": "body",
+      "files": {"train": ["{data_dir}/a.jsonl", "{data_dir}/b.jsonl.gz"],
+                "validation": "{data_dir}/a.jsonl"}})
+  assert isinstance(jsonl, sources.FileSource)
   assert sources.load_texts(jsonl, "train") == ["one", "two", "three"]
   assert sources.load_texts(jsonl, "validation") == ["one", "two"]
-  text = {"kind": "text", "files": {"validation": [str(tmp_path / "v.txt")]}}
+  text = sources.FileSource(kind="text",
+                            files={"validation": [str(tmp_path / "v.txt")]})
   assert sources.load_texts(text, "validation") == ["x", "y"]
-  tsv = {"kind": "tsv", "column": "s", "files": {"train": "{data_dir}/t.tsv"}}
+  tsv = sources.source_config({"kind": "tsv", "field": "s",
+                               "files": {"train": "{data_dir}/t.tsv"}})
   assert sources.load_texts(tsv, "train") == ["hi"]
   with pytest.raises(ValueError, match=r"'test'.*'train', 'validation'"):
     sources.load_texts(jsonl, "test")
-  with pytest.raises(ValueError, match="jsonl, tsv, parquet, tfds"):
-    sources.load_texts({"kind": "csv"}, "train")
+  with pytest.raises(ValueError, match=r"source.kind='csv'.*jsonl, tsv, parquet"):
+    sources.source_config({"kind": "csv"})
+  with pytest.raises(ValueError, match=r"source.kind='csv'.*jsonl, tsv, parquet"):
+    sources.load_texts(sources.FileSource(kind="csv"), "train")
+  with pytest.raises(ValueError, match="source.kind='tfds' is read by TfdsSource"):
+    sources.load_texts(sources.FileSource(kind="tfds"), "train")
+  # No mappings: a caller builds the typed section once, with source_config.
+  with pytest.raises(TypeError, match="source_config"):
+    sources.load_texts({"kind": "text", "files": {"train": "x"}}, "train")
+
+
+def test_tsv_source_reads_the_field_column(tmp_path):
+  """kind=tsv reads the column named by ``field`` from the header line, the
+  recipe's key: settable from the command line like any other kind's."""
+  (tmp_path / "a.tsv").write_bytes("\ufeffid\tsentence\tlabel\n"
+                                   '1\tHe said " hi\t0\n\n2\tsecond\t1\n'
+                                   .encode("utf-8"))
+  (tmp_path / "b.tsv").write_text("sentence\nthird\n", encoding="utf-8")
+  src = sources.source_config({
+      "kind": "tsv", "field": "sentence",
+      "files": {"train": [str(tmp_path / "a.tsv"), str(tmp_path / "b.tsv")]}})
+  assert sources.load_texts(src, "train") == ['He said " hi', "second", "third"]
+  label = sources.FileSource(kind="tsv", field="label",
+                             files={"train": str(tmp_path / "a.tsv")})
+  assert sources.load_texts(label, "train") == ["0", "1"]
+  # The default field is "text": a file without that column says what it has.
+  default = sources.source_config({"kind": "tsv",
+                                   "files": {"train": str(tmp_path / "a.tsv")}})
+  assert default.field == "text"
+  with pytest.raises(ValueError, match=r"a.tsv: no column 'text'.*'sentence'"):
+    sources.load_texts(default, "train")
 
 
 def test_line_pattern_keeps_a_labeled_files_texts(tmp_path):
   (tmp_path / "t.label").write_bytes("DESC:def What is a caf\xe9 ?\nHUM:ind Who ?\n"
                                      .encode("latin-1"))
-  src = {"kind": "text", "encoding": "latin-1", "line_pattern": r"^\S+ (.*)$",
-         "files": {"train": [str(tmp_path / "t.label")]}}
+  src = sources.source_config({
+      "kind": "text", "encoding": "latin-1", "line_pattern": r"^\S+ (.*)$",
+      "files": {"train": [str(tmp_path / "t.label")]}})
   assert sources.load_texts(src, "train") == ["What is a caf\xe9 ?", "Who ?"]
   with pytest.raises(ValueError, match=r"document 1 .*line_pattern='\^x \(.\*\)'"):
-    sources.load_texts({**src, "line_pattern": "^x (.*)"}, "train")
+    sources.load_texts(dataclasses.replace(src, line_pattern="^x (.*)"), "train")
   with pytest.raises(ValueError, match="needs a group"):
-    sources.load_texts({**src, "line_pattern": "^x"}, "train")
+    sources.load_texts(dataclasses.replace(src, line_pattern="^x"), "train")
 
 
 def test_mixture_concatenates_the_parts_that_have_the_split(tmp_path):
@@ -167,15 +200,45 @@ def test_mixture_concatenates_the_parts_that_have_the_split(tmp_path):
       "a": {"kind": "text", "files": {"train": [str(tmp_path / "a.txt")],
                                       "validation": [str(tmp_path / "a.txt")]}},
       "c": {"kind": "jsonl", "files": {"train": [str(tmp_path / "c.jsonl")]}}}}
-  assert sources.load_texts(mix, "train") == ["a1", "a2", "b1", "c1"]
-  assert sources.load_texts(mix, "validation") == ["a1", "a2"]
+  typed = sources.source_config(mix)
+  assert sources.load_texts(typed, "train") == ["a1", "a2", "b1", "c1"]
+  assert sources.load_texts(typed, "validation") == ["a1", "a2"]
   with pytest.raises(ValueError, match="no part of the mixture has split 'test'"):
-    sources.load_texts(mix, "test")
+    sources.load_texts(typed, "test")
   mix["parts"]["b"]["files"]["train"] = [str(tmp_path / "missing.txt")]
   with pytest.raises(FileNotFoundError, match="mixture part 'b'.*missing.txt"):
-    sources.load_texts(mix, "train")
+    sources.load_texts(sources.source_config(mix), "train")
   with pytest.raises(ValueError, match="needs 'parts'"):
-    sources.load_texts({"kind": "mixture"}, "train")
+    sources.load_texts(sources.source_config({"kind": "mixture"}), "train")
+  for kind, refusal in (("mixture", "parts cannot be mixtures"),
+                        ("pretokenized", "holds token ids, not texts")):
+    nested = {"kind": "mixture", "parts": {"a": mix["parts"]["a"], "n": {"kind": kind}}}
+    with pytest.raises(ValueError, match=f"mixture part 'n': .*{refusal}"):
+      sources.load_texts(sources.source_config(nested), "train")
+
+
+def test_source_config_of_a_mixture_builds_typed_parts():
+  """A recipe's mixture (parts carrying their source's keys and a rate)
+  becomes a MixtureSource of MixtureParts, each part's source the class of
+  its kind and its rate the configured one (1.0 when left out)."""
+  src = sources.source_config({
+      "kind": "mixture", "mixing": "rates",
+      "parts": {"web": {"kind": "jsonl", "rate": 2.0, "field": "body",
+                        "files": {"train": ["{data_dir}/web.jsonl"]}},
+                "books": {"kind": "text", "paragraphs": True, "rate": 0.5,
+                          "files": {"train": "b.txt"}},
+                "wiki": {"kind": "tfds", "name": "wiki40b"}}})
+  assert isinstance(src, sources.MixtureSource)
+  assert (src.mixing, src.cap, src.temperature) == ("rates", 0, 1.0)
+  assert sorted(src.parts) == ["books", "web", "wiki"]
+  assert all(isinstance(p, sources.MixturePart) for p in src.parts.values())
+  web, books, wiki = src.parts["web"], src.parts["books"], src.parts["wiki"]
+  assert web.rate == 2.0 and books.rate == 0.5 and wiki.rate == 1.0
+  assert web.source == sources.FileSource(
+      kind="jsonl", field="body", files={"train": ["{data_dir}/web.jsonl"]})
+  assert isinstance(books.source, sources.FileSource) and books.source.paragraphs
+  assert wiki.source == sources.TfdsSource(name="wiki40b")
+  assert not hasattr(web.source, "rate")  # the rate is the part's, not the source's
 
 
 def test_data_dir_resolution(monkeypatch):
@@ -185,8 +248,8 @@ def test_data_dir_resolution(monkeypatch):
   with pytest.raises(ValueError, match="JAXTL_DATA_DIR"):
     sources.require_data_dir()
   with pytest.raises(ValueError, match="JAXTL_DATA_DIR"):
-    sources.load_texts({"kind": "text", "files": {"train": "{data_dir}/x"}},
-                       "train")
+    sources.load_texts(sources.source_config(
+        {"kind": "text", "files": {"train": "{data_dir}/x"}}), "train")
   monkeypatch.setenv("JAXTL_DATA_DIR", "/env")
   assert sources.resolve_data_dir() == "/env"
   assert sources.resolve_data_dir("/flag") == "/flag"
@@ -212,9 +275,10 @@ def test_imdb_unsup():
   assert sum("<br />" in t for t in texts) > 10_000
 
 
-def test_imdb_label_filter():
+def test_imdb_test_as_a_jsonl_source():
   path = datadir.require_data("imdb", "test.jsonl.gz")
-  assert len(sources.read_jsonl(path, filter={"label": 1})) == 12_500
+  src = sources.source_config({"kind": "jsonl", "files": {"test": str(path)}})
+  assert sum(1 for _ in sources.iter_texts(src, "test")) == 25_000
 
 
 def test_wikitext2_valid():
@@ -234,10 +298,12 @@ def test_glue_mrpc_bom_header():
   assert set(labels) == {"0", "1"}
 
 
-def test_glue_cola_no_header():
+def test_glue_cola_without_a_header_is_refused_naming_its_first_line():
+  """CoLA's TSVs have no header line: a tsv source cannot name its column,
+  and says so with what it found (read CoLA as a task, jaxtl.tasks)."""
   path = datadir.require_data("glue", "CoLA", "dev.tsv")
-  sentences = sources.read_tsv_column(path, 3, header=False)
-  assert len(sentences) == 1043
+  with pytest.raises(ValueError, match=r"dev.tsv: no column 'sentence'.*'gj04'"):
+    sources.read_tsv_column(path, "sentence")
 
 
 def test_trec_is_latin1():
@@ -253,8 +319,8 @@ def test_trec_is_latin1():
 def test_tfds_tiny_shakespeare(tmp_path):
   pytest.importorskip("tensorflow_datasets")
   manual = datadir.require_data("tiny_shakespeare")
-  source = {"kind": "tfds", "name": "tiny_shakespeare",
-            "data_dir": str(tmp_path), "manual_dir": str(manual)}
+  source = sources.TfdsSource(kind="tfds", name="tiny_shakespeare",
+                              data_dir=str(tmp_path), manual_dir=str(manual))
   texts = sources.load_texts(source, "validation")
   assert len(texts) == 1 and len(texts[0]) == 55_770
   assert isinstance(texts[0], str)
@@ -277,8 +343,9 @@ def test_tfds_offline_fails_in_seconds_and_leaves_nothing(tmp_path, monkeypatch)
   data_dir = tmp_path / "tfds"
   start = time.perf_counter()
   with pytest.raises(sources.network.DataUnavailable) as e:
-    sources.load_texts({"kind": "tfds", "name": "tiny_shakespeare",
-                        "data_dir": str(data_dir)}, "train")
+    sources.load_texts(sources.source_config(
+        {"kind": "tfds", "name": "tiny_shakespeare", "data_dir": str(data_dir)}),
+        "train")
   assert time.perf_counter() - start < 5
   for part in ("'tiny_shakespeare'", str(data_dir), "no network: test",
                "manual_dir", "JAXTL_DATA_DIR", "~/tensorflow_datasets"):
@@ -312,16 +379,17 @@ def test_parquet_corpus_streams_its_column(tmp_path):
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   pq.write_table(pa.table({"text": ["one", " ", "two"], "n": [1, 2, 3]}),
                  tmp_path / "c.parquet", row_group_size=1)
-  src = {"kind": "parquet", "files": {"train": str(tmp_path / "c.parquet")}}
+  src = sources.source_config({"kind": "parquet",
+                               "files": {"train": str(tmp_path / "c.parquet")}})
   texts = sources.iter_texts(src, "train")
   assert next(texts) == "one"  # read a record batch at a time
   assert list(texts) == ["two"]
   with pytest.raises(ValueError, match=r"c.parquet: no column 'body'"):
-    sources.load_texts({**src, "field": "body"}, "train")
+    sources.load_texts(dataclasses.replace(src, field="body"), "train")
   pq.write_table(pa.table({"text": ["a", None]}), tmp_path / "d.parquet")
   with pytest.raises(ValueError, match=r"d.parquet:row 1: column 'text' is NoneType"):
-    sources.load_texts({"kind": "parquet", "files": {"train": str(tmp_path / "d.parquet")}},
-                       "train")
+    sources.load_texts(sources.FileSource(
+        kind="parquet", files={"train": str(tmp_path / "d.parquet")}), "train")
 
 
 def test_texts_stream_as_they_are_consumed(tmp_path):
@@ -329,11 +397,12 @@ def test_texts_stream_as_they_are_consumed(tmp_path):
   reads a whole file (or corpus) up front."""
   bad = tmp_path / "c.txt"
   bad.write_bytes(b"first\n" + b"x\n" * 100_000 + b"\xff\n")
-  texts = sources.iter_texts({"kind": "text", "files": {"train": str(bad)}}, "train")
+  texts = sources.iter_texts(
+      sources.source_config({"kind": "text", "files": {"train": str(bad)}}), "train")
   assert next(texts) == "first"
   with pytest.raises(ValueError, match=r"c.txt:100002: not valid utf-8"):
     list(texts)
   mix = {"kind": "mixture", "mixing": "rates",
          "parts": {"a": {"kind": "text", "rate": 1, "files": {"train": str(bad)}}}}
   with pytest.raises(ValueError, match="mixture part 'a'"):
-    next(sources.iter_texts(mix, "train"))  # a weighted mixture counts first
+    next(sources.iter_texts(sources.source_config(mix), "train"))  # counts first

@@ -165,6 +165,7 @@ def test_clm_recipe_rows_keep_the_line_breaks_of_the_source(tmp_path):
   of the whole text; a text file read whole stands in for it here."""
   from jaxtl.configs import pretrain_clm  # pylint: disable=import-outside-toplevel
   from jaxtl.pretraining import pipeline  # pylint: disable=import-outside-toplevel
+  from jaxtl.pretraining import config as pretrain_config  # pylint: disable=import-outside-toplevel
   corpus = tmp_path / "play.txt"
   corpus.write_text(_play(), encoding="utf-8")
   config = pretrain_clm.get_config()
@@ -173,7 +174,7 @@ def test_clm_recipe_rows_keep_the_line_breaks_of_the_source(tmp_path):
     config.data.source.files = dict(train=[str(corpus)], validation=[str(corpus)])
   config.data.tokenizer.update(vocab_size=200)
   config.data.update(seq_len=32, batch_size=2)
-  setup = pipeline.DataSetup(config, str(tmp_path / "wd"))
+  setup = pipeline.DataSetup(pretrain_config.of(config), str(tmp_path / "wd"))
   tok = setup.tokenizer
   rows = setup.rows_tokens("train")
   text = tok.decode(rows.ravel().tolist())

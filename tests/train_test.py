@@ -16,9 +16,9 @@ from jaxtl.train import optim, sharding
 from jaxtl.models import TransformerConfig, build_model
 from jaxtl.models.config import target_side
 
-OPTIM = ml_collections.ConfigDict(dict(
+OPTIM = optim.OptimConfig(
     lr=3e-3, warmup_steps=2, schedule="cosine", end_lr_ratio=0.1,
-    weight_decay=0.01, b1=0.9, b2=0.98, eps=1e-8, clip_norm=1.0, accum_steps=1))
+    weight_decay=0.01, b1=0.9, b2=0.98, eps=1e-8, clip_norm=1.0, accum_steps=1)
 
 
 def tiny(family="decoder", **kw):

@@ -1,8 +1,8 @@
 """The transfer study end to end on tiny models, and its table and plot."""
 
+import dataclasses
 import importlib
 import json
-import types
 
 import pytest
 
@@ -71,7 +71,29 @@ def test_markdown_table_has_a_column_per_budget_and_averages_seeds():
   assert table[-1] == "| clm | full | 30.0 ± 7.1 |  |"
 
 
+def _typed_study():
+  config = importlib.import_module("jaxtl.configs.transfer_study").get_config()
+  return transfer_study.of(config)
+
+
 def test_learning_rates_accept_a_grid_or_one_value():
-  study = importlib.import_module("jaxtl.configs.transfer_study").get_config().study
+  study = _typed_study().study
   assert transfer_study.learning_rates(study, "full") == (3e-4, 1e-3)
-  assert transfer_study.learning_rates(types.SimpleNamespace(lr={"full": 1e-3}), "full") == (1e-3,)
+  one = dataclasses.replace(study, lr={"full": 1e-3})
+  assert transfer_study.learning_rates(one, "full") == (1e-3,)
+
+
+def test_a_cells_config_is_the_fine_tuning_config_with_the_cells_settings():
+  datadir.require_data("trec", "train_5500.label")
+  config = _typed_study()
+  c = transfer_study.run_config(config, "clm", "pretrained", "ulmfit", 48, "/pre", 1e-3, 1)
+  assert (c.seed, c.init_from, c.optim.lr) == (1, "/pre", 1e-3)
+  assert (c.task.num_train_examples, c.task.pooling) == (48, "mean")
+  assert (c.adapt.scheme, c.adapt.layer_decay) == ("full", 0.8)
+  # 48 examples in batches of 32: one step an epoch, so min_steps epochs.
+  assert c.train.epochs == config.study.min_steps and c.train.checkpoint_every == 0
+  layers = config.pretrain["clm"].model["num_layers"]
+  assert c.adapt.unfreeze_epochs == c.train.epochs / (3 * (layers + 1))
+  assert config.finetune.init_from == "" and config.finetune.seed == 0  # unchanged
+  with pytest.raises(ValueError, match="config.study.inits: unknown 'warm'"):
+    transfer_study.run_config(config, "clm", "warm", "full", 48, "/pre", 1e-3, 0)

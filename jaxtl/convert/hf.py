@@ -23,16 +23,21 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import safetensors
+import safetensors.flax
+import safetensors.numpy
 from flax import traverse_util
 
 from jaxtl.convert import bart, bert, distilbert, electra, gpt2, roberta, rules, t5
 from jaxtl.convert.family import Family, SpecialIds
-from jaxtl.models import paths
+from jaxtl.models import layers, paths
 from jaxtl.models.config import TransformerConfig
 from jaxtl.models.family import family_of
+from jaxtl.models.transformer import build_model
 
 log = logging.getLogger(__name__)
 
@@ -133,15 +138,13 @@ def _reason(e: Exception) -> str:
 def _load_file(file: str) -> dict[str, np.ndarray]:
   """One weights file as float32 numpy (bf16/fp16 checkpoints are upcast)."""
   if file.endswith(".safetensors"):
-    import safetensors  # pylint: disable=g-import-not-at-top
-    from safetensors.flax import load_file  # pylint: disable=g-import-not-at-top
     try:
-      tensors = load_file(file)
+      tensors = safetensors.flax.load_file(file)
     except (safetensors.SafetensorError, OSError, ValueError) as e:
       raise HFFolderError(f"{file}: not a readable safetensors file ({_reason(e)})") from e
     return {k: np.asarray(v.astype(jnp.float32) if jnp.issubdtype(v.dtype, jnp.floating)
                           else v) for k, v in tensors.items()}
-  try:
+  try:  # optional: only pytorch_model.bin needs it (pip install 'jaxtl[hf]')
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError(f"reading {file} needs PyTorch (pip install torch); "
@@ -196,8 +199,6 @@ def _jax_shapes(cfg: TransformerConfig, labels: int, family: Family
                 ) -> dict[str, tuple[int, ...]]:
   """Every parameter shape of the backbone, plus the BERT head's (pooler, out)
   and the family's own head's."""
-  from jaxtl.models.transformer import build_model  # pylint: disable=g-import-not-at-top
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   tokens = jnp.ones((1, 1), jnp.int32)
   args = family_of(cfg).forward_args(tokens)
   tree = nn.unbox(jax.eval_shape(build_model(cfg).init, jax.random.key(0), *args))
@@ -403,8 +404,6 @@ def export_hf(path: str | os.PathLike, config: TransformerConfig, params: Any, *
   Returns:
     The architecture written.
   """
-  from jaxtl.models import layers  # pylint: disable=g-import-not-at-top
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   params, head = nn.unbox(params), nn.unbox(head or {})  # as model.init returns them
   config, params = layers.without_lora(config, params)
   family = export_family(config, model_type, flat_tree(params, head), architecture)
@@ -449,13 +448,12 @@ def write_folder(path: str, hf_config: dict[str, Any], tensors: dict[str, np.nda
                  files: Mapping[str, str] | None = None) -> None:
   """Writes ``config.json``, ``model.safetensors`` and ``files`` (name -> text)
   into a temporary folder first, then moves each file in place."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   os.makedirs(path, exist_ok=True)
   tmp = tempfile.mkdtemp(dir=path, prefix=".export-")
   try:
     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
       json.dump(hf_config, f, indent=2, sort_keys=True)
-    save_file(tensors, os.path.join(tmp, _SAFETENSORS), metadata={"format": "pt"})
+    safetensors.numpy.save_file(tensors, os.path.join(tmp, _SAFETENSORS), metadata={"format": "pt"})
     for name, text in (files or {}).items():
       with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
         f.write(text)

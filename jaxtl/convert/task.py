@@ -20,10 +20,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import flax.linen as nn
+
 from jaxtl.convert import hf, remote_code
 from jaxtl.convert.family import Family, SpecialIds
 from jaxtl.models import layers, paths
 from jaxtl.models.config import TransformerConfig
+from jaxtl.models.heads import default_pooling
 
 # HF's problem_type for the task kinds whose head pools one vector per sequence.
 PROBLEM_TYPES = {"classification": "single_label_classification",
@@ -92,8 +95,6 @@ def export_task_hf(out: str | os.PathLike, cfg: TransformerConfig, params: Any,
   Returns:
     The class written (``config.json``'s ``architectures``).
   """
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from jaxtl.models.heads import default_pooling  # pylint: disable=g-import-not-at-top
   params = nn.unbox(params)
   _check_representable(params)
   cfg, backbone = layers.without_lora(cfg, params[paths.BACKBONE])

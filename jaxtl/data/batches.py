@@ -20,6 +20,7 @@ import threading
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
+from absl import flags
 
 from jaxtl.data import row_store
 
@@ -152,12 +153,12 @@ class BatchIterator:
 
   def _start(self) -> Iterator[Example]:
     """Grain's iterator from the current position on."""
+    # heavy: Grain imports JAX (~1 s); the data layer loads without it
     import grain  # pylint: disable=g-import-not-at-top
     start = self.epoch * self.batches_per_epoch + self.index
     stop = sys.maxsize if self.repeat else self.batches_per_epoch
     ds = grain.MapDataset.range(start, stop).map(self._batches)
     if self.workers:
-      from absl import flags  # pylint: disable=g-import-not-at-top
       if not flags.FLAGS.is_parsed():  # Grain's workers read its absl flags
         flags.FLAGS.mark_as_parsed()  # (defaults) unless absl parsed argv
       it = ds.to_iter_dataset(grain.ReadOptions(num_threads=0)).mp_prefetch(

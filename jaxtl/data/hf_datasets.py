@@ -101,7 +101,7 @@ def as_spec(spec: SpecLike) -> HFSpec:
 
 
 def _datasets():
-  try:
+  try:  # optional (pip install 'jaxtl[hf]'), heavy: it imports pandas and pyarrow
     import datasets  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError("reading Hugging Face datasets needs the `datasets` "
@@ -191,6 +191,7 @@ def _offline(datasets: Any, on: bool) -> Iterator[None]:
   if not on:
     yield
     return
+  # optional: installed with `datasets` (jaxtl[hf]), which the caller has loaded
   from huggingface_hub import constants  # pylint: disable=g-import-not-at-top
   saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
   datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
@@ -202,6 +203,7 @@ def _offline(datasets: Any, on: bool) -> Iterator[None]:
 
 def _from_hub(spec: HFSpec, split: str) -> Any:
   datasets = _datasets()
+  # optional: installed with `datasets` (jaxtl[hf]), loaded just above
   from huggingface_hub import constants  # pylint: disable=g-import-not-at-top
   offline = bool(datasets.config.HF_HUB_OFFLINE)
   why = ("offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)" if offline

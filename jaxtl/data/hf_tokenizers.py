@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import tokenizers
+from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPETokenizer
 
 from jaxtl.data.tokenizers import Tokenizer
 
@@ -66,7 +67,6 @@ class HuggingFaceTokenizer(Tokenizer):
   def wordpiece(cls, vocab_txt: str | os.PathLike, lowercase: bool = True
                 ) -> "HuggingFaceTokenizer":
     """BERT's WordPiece from ``vocab.txt`` (uncased models lower-case)."""
-    from tokenizers.implementations import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
     path = _existing(vocab_txt)
     try:
       impl = BertWordPieceTokenizer(path, lowercase=lowercase)
@@ -78,7 +78,6 @@ class HuggingFaceTokenizer(Tokenizer):
   def byte_level_bpe(cls, vocab_json: str | os.PathLike, merges_txt: str | os.PathLike
                      ) -> "HuggingFaceTokenizer":
     """GPT-2's byte-level BPE from ``vocab.json`` + ``merges.txt``."""
-    from tokenizers.implementations import ByteLevelBPETokenizer  # pylint: disable=g-import-not-at-top
     vocab, merges = _existing(vocab_json), _existing(merges_txt)
     impl = ByteLevelBPETokenizer(vocab, merges, add_prefix_space=False)
     # As in GPT-2's own tokenizer, the text "<|endoftext|>" is that token.

@@ -5,8 +5,8 @@ mode:
 
 - ``"concat"`` (the default): every document of every part, parts in name
   order; what a mixture always was.
-- ``"rates"``: each part carries a ``rate`` (any non-negative number; they
-  are normalised), and part ``i`` makes up ``rate_i / sum(rate)`` of the
+- ``"rates"``: each part carries a ``rate`` (any non-negative number,
+  default 1; they are normalised), and part ``i`` makes up ``rate_i / sum(rate)`` of the
   split's documents.
 - ``"proportional"``: T5's examples-proportional mixing, ``rate_i ∝
   min(n_i, cap) ** (1 / temperature)`` with ``n_i`` the part's documents
@@ -43,7 +43,7 @@ import itertools
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -51,57 +51,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MODES: Sequence[str] = ("concat", "rates", "proportional")
-_DEFAULTS = {"mixing": "concat", "cap": 0, "temperature": 1.0}
-
-
-def settings(source: Mapping[str, Any]) -> tuple[str, int, float]:
-  """The mixture's ``(mixing, cap, temperature)``, checked.
-
-  Raises:
-    ValueError: naming the key (``source.mixing``, ``source.cap``,
-      ``source.temperature``) for an unknown mode, a negative or fractional
-      cap, a non-positive temperature, or a cap / temperature set for a
-      mode that does not read it (silently ignoring it would hide a typo).
-  """
-  mixing = source.get("mixing") or "concat"
-  if mixing not in MODES:
-    raise ValueError(f"source.mixing={mixing!r}: expected one of {', '.join(MODES)}")
-  cap, temperature = source.get("cap", 0) or 0, source.get("temperature", 1.0)
-  if not isinstance(cap, (int, np.integer)) or isinstance(cap, bool) or cap < 0:
-    raise ValueError(f"source.cap={cap!r}: expected a whole number of documents "
-                     ">= 0 (0: no cap)")
-  if not isinstance(temperature, (int, float)) or not temperature > 0:
-    raise ValueError(f"source.temperature={temperature!r}: expected a number > 0")
-  if mixing != "proportional" and (cap or temperature != 1.0):
-    raise ValueError(f"source.cap / source.temperature are only read with "
-                     f"source.mixing='proportional', not {mixing!r}")
-  return mixing, int(cap), float(temperature)
-
-
-def is_weighted(source: Mapping[str, Any]) -> bool:
-  """Whether the source is a mixture whose documents depend on the seed."""
-  return (source.get("kind") == "mixture"
-          and (source.get("mixing") or "concat") != "concat")
-
-
-def part_rate(name: str, part: Mapping[str, Any], mixing: str) -> float | None:
-  """A part's configured ``rate`` (None when the mode does not read one).
-
-  Other modes ignore a rate rather than refuse it: a locked recipe must
-  declare ``rate`` in its parts for ``--config.data.source.parts.X.rate``
-  to be settable, and still run as ``concat`` by default.
-  """
-  rate = part.get("rate")
-  if mixing != "rates":
-    return None
-  if rate is None:
-    raise ValueError(f"source.parts.{name}.rate missing: source.mixing='rates' "
-                     "needs a rate for every part")
-  if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
-      rate >= 0 and math.isfinite(rate)):
-    raise ValueError(f"source.parts.{name}.rate={rate!r}: expected a finite "
-                     "number >= 0")
-  return float(rate)
 
 
 def shares(sizes: Mapping[str, int], mixing: str, *, rates: Mapping[str, float]

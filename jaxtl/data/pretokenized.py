@@ -41,7 +41,7 @@ _DTYPE = np.dtype("<i4")
 
 
 def _array_record():
-  try:
+  try:  # guarded: no array_record wheel for some platforms (Windows); a clear error
     from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError(f"pre-tokenized shards need array_record: pip install "

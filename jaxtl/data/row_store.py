@@ -46,7 +46,7 @@ DOCS_SUFFIX = ".docs.npy"
 
 
 def _array_record():
-  try:
+  try:  # guarded: no array_record wheel for some platforms (Windows); a clear error
     from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError(f"pretraining rows are kept with array_record: pip install "

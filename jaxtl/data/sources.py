@@ -12,15 +12,165 @@ imports TensorFlow, and only when a source asks for it.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import gzip
 import io
+import math
+import numbers
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
-from jaxtl.data import mixtures, network, row_files, tfds_reader
+from jaxtl import sections
+from jaxtl.data import hf_datasets, mixtures, network, row_files, tfds_reader
+from jaxtl.sections import key
+
+# ----------------------------------------------------------------------------
+# A corpus, by kind (config.data.source): one typed section per kind.
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceConfig(sections.Kinded):
+  """A corpus, read as a stream by :func:`iter_texts`."""
+  KIND_KEY: ClassVar[str] = "kind"
+  KINDS: ClassVar[dict[str, type]] = {}  # filled below, in this order
+  kind: str = key("tfds", "corpus format")
+
+
+@dataclasses.dataclass(frozen=True)
+class TfdsSource(SourceConfig):
+  """A TensorFlow Datasets dataset."""
+  name: str = key("", "the dataset")
+  # tfds's default: $TFDS_DATA_DIR, else ~/tensorflow_datasets.
+  data_dir: str = key("", "the prepared data (\"\": the default)")
+  manual_dir: str = key("", "the source files to prepare the dataset from")
+  field: str = key("text", "the column or feature holding the text")
+
+
+@dataclasses.dataclass(frozen=True)
+class HFSource(SourceConfig):
+  """A Hugging Face dataset: on the Hub, saved to disk, or a builder on files."""
+  name: str = key("", "a Hub dataset, a save_to_disk folder, or csv | tsv | json | "
+                      "parquet for files")
+  field: str = key("text", "the column or feature holding the text")
+  subset: str = key("", "the Hub dataset's configuration (\"qnli\")")
+  cache_dir: str = key("", "the datasets cache (\"\": $HF_DATASETS_CACHE or its default)")
+  files: dict[str, Any] = key({}, "the files of split {name} ({data_dir}: $JAXTL_DATA_DIR)")
+
+
+@dataclasses.dataclass(frozen=True)
+class FileSource(SourceConfig):
+  """Local files: plain text, JSON lines, TSV or Parquet."""
+  field: str = key("text", "the column or feature holding the text",
+                   kinds=("jsonl", "tsv", "parquet"))
+  files: dict[str, Any] = key({}, "the files of split {name} ({data_dir}: $JAXTL_DATA_DIR)")
+  paragraphs: bool = key(False, "each file is one document; False: each non-blank "
+                                "line is one", kinds=("text",))
+  encoding: str = key("utf-8", "the files' encoding", kinds=("text",))
+  # TREC's labeled lines without their labels: "^\\S+ (.*)$".
+  line_pattern: str = key("", "a regex; each document becomes its first group "
+                              "(\"\": the whole line)", kinds=("text",))
+
+
+@dataclasses.dataclass(frozen=True)
+class MixturePart:
+  """One part of a mixture: a source, and its share when mixing=rates."""
+  # In a recipe the part is one dict: the source's keys beside ``rate``.
+  source: SourceConfig = dataclasses.field(
+      default_factory=lambda: TfdsSource(), metadata={"meaning": "the part's corpus",
+                                                      "inline": True})
+  rate: float = key(1.0, "mixing=rates: this part's share of the documents "
+                         "(rates are normalised)")
+
+  @classmethod
+  def from_section(cls, values: Mapping[str, Any], where: str) -> MixturePart:
+    """A part from its ConfigDict entry: the source's keys and ``rate``."""
+    return cls(sections.build(SourceConfig, values, where), values.get("rate", 1.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class MixtureSource(SourceConfig):
+  """Several corpora mixed (jaxtl.data.mixtures)."""
+  parts: dict[str, MixturePart] = key({}, "part {name} of the mixture")
+  mixing: str = key("concat", "concat (all of every part) | rates (each part's rate) | "
+                              "proportional (T5's; jaxtl.data.mixtures)")
+  cap: int = key(0, "mixing=proportional: a part counts at most this many documents; "
+                    "0: no cap")
+  temperature: float = key(1.0, "mixing=proportional: share ∝ min(documents, cap) ** "
+                                "(1 / temperature)")
+
+
+@dataclasses.dataclass(frozen=True)
+class PretokenizedSource(SourceConfig):
+  """Token ids written once by ``jaxtl pretokenize`` (jaxtl.data.pretokenized)."""
+  data_dir: str = key("", "jaxtl pretokenize's output")
+
+
+SourceConfig.KINDS.update(tfds=TfdsSource, hf=HFSource, text=FileSource,
+                          jsonl=FileSource, tsv=FileSource, parquet=FileSource,
+                          mixture=MixtureSource, pretokenized=PretokenizedSource)
+
+
+def mixture_settings(source: MixtureSource) -> tuple[str, int, float]:
+  """A ``MixtureSource``'s ``(mixing, cap, temperature)``, checked.
+
+  Raises:
+    ValueError: naming the key (``source.mixing``, ``source.cap``,
+      ``source.temperature``) for an unknown mode, a negative or fractional
+      cap, a non-positive temperature, or a cap / temperature set for a
+      mode that does not read it (silently ignoring it would hide a typo).
+  """
+  mixing = source.mixing or "concat"
+  if mixing not in mixtures.MODES:
+    raise ValueError(f"source.mixing={mixing!r}: expected one of "
+                     f"{', '.join(mixtures.MODES)}")
+  cap, temperature = source.cap or 0, source.temperature
+  if not isinstance(cap, numbers.Integral) or isinstance(cap, bool) or cap < 0:
+    raise ValueError(f"source.cap={cap!r}: expected a whole number of documents "
+                     ">= 0 (0: no cap)")
+  if not isinstance(temperature, (int, float)) or not temperature > 0:
+    raise ValueError(f"source.temperature={temperature!r}: expected a number > 0")
+  if mixing != "proportional" and (cap or temperature != 1.0):
+    raise ValueError(f"source.cap / source.temperature are only read with "
+                     f"source.mixing='proportional', not {mixing!r}")
+  return mixing, int(cap), float(temperature)
+
+
+def is_weighted(source: SourceConfig) -> bool:
+  """Whether the source is a mixture whose documents depend on the seed."""
+  return isinstance(source, MixtureSource) and (source.mixing or "concat") != "concat"
+
+
+def part_rate(name: str, part: MixturePart, mixing: str) -> float | None:
+  """A ``MixturePart``'s configured ``rate`` (None when the mode does not
+  read one).
+
+  Other modes ignore a rate rather than refuse it: a locked recipe declares
+  ``rate`` in its parts (default 1) for
+  ``--config.data.source.parts.X.rate`` to be settable, and still runs as
+  ``concat`` by default.
+  """
+  if mixing != "rates":
+    return None
+  rate = part.rate
+  if rate is None:
+    raise ValueError(f"source.parts.{name}.rate is not set (None): "
+                     "source.mixing='rates' needs a rate for every part")
+  if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
+      rate >= 0 and math.isfinite(rate)):
+    raise ValueError(f"source.parts.{name}.rate={rate!r}: expected a finite "
+                     "number >= 0")
+  return float(rate)
+
+
+def source_config(values: Mapping[str, Any]) -> SourceConfig:
+  """The typed source of a mapping (a ConfigDict section, or a dict written
+  in Python: keys it leaves out take their defaults)."""
+  return sections.build(SourceConfig, values, "source")
+
+
 
 DATA_DIR_ENV = network.DATA_DIR_ENV
 _DATA_DIR_PLACEHOLDER = "{data_dir}"
@@ -125,25 +275,20 @@ def text_field(row: Mapping[str, Any], field: str, where: str) -> str:
   return text
 
 
-def read_jsonl(path: PathLike, *, field: str = "text",
-               filter: Mapping[str, Any] | None = None  # pylint: disable=redefined-builtin
-               ) -> list[str]:
+def read_jsonl(path: PathLike, *, field: str = "text") -> list[str]:
   """One string field of each row of a JSON-lines file (`iter_jsonl`'s list)."""
-  return list(iter_jsonl(path, field=field, filter=filter))
+  return list(iter_jsonl(path, field=field))
 
 
-def iter_jsonl(path: PathLike, *, field: str = "text",
-               filter: Mapping[str, Any] | None = None  # pylint: disable=redefined-builtin
-               ) -> Iterator[str]:
+def iter_jsonl(path: PathLike, *, field: str = "text") -> Iterator[str]:
   """Reads one string field from each row of a JSON-lines file, lazily.
 
   Args:
     path: The file; gzipped when its name ends in .gz.
     field: The field holding the text.
-    filter: Keep only rows whose values equal these (e.g. {"label": 1}).
 
   Yields:
-    The texts of the kept rows, in file order.
+    The rows' texts, in file order.
 
   Raises:
     ValueError: naming the file and line, for a line that is not UTF-8 or
@@ -151,70 +296,54 @@ def iter_jsonl(path: PathLike, *, field: str = "text",
       string.
   """
   path = _check_file(path)
-  conditions = list((filter or {}).items())
   # The one JSON-lines reader: labeled tasks read their rows through it too.
   for lineno, row in row_files.read_rows(path, "jsonl"):
-    keep = True
-    for key, value in conditions:
-      if key not in row:
-        raise ValueError(
-            f"{path}:{lineno}: filter field {key!r} missing from row")
-      if row[key] != value:
-        keep = False
-        break
-    if not keep:
-      continue
     text = text_field(row, field, f"{path}:{lineno}")
     if not text.strip():
       raise ValueError(f"{path}:{lineno}: field {field!r} is empty")
     yield text
 
 
-def read_tsv_column(path: PathLike, column: int | str, *, header: bool = True,
-                    encoding: str = "utf-8-sig") -> list[str]:
+def read_tsv_column(path: PathLike, field: str, *, encoding: str = "utf-8-sig"
+                    ) -> list[str]:
   """One column of a tab-separated file (`iter_tsv_column`'s list)."""
-  return list(iter_tsv_column(path, column, header=header, encoding=encoding))
+  return list(iter_tsv_column(path, field, encoding=encoding))
 
 
-def iter_tsv_column(path: PathLike, column: int | str, *, header: bool = True,
-                    encoding: str = "utf-8-sig") -> Iterator[str]:
-  """Reads one column of a tab-separated file such as a GLUE task, lazily.
+def iter_tsv_column(path: PathLike, field: str, *, encoding: str = "utf-8-sig"
+                    ) -> Iterator[str]:
+  """Reads the column ``field`` of a tab-separated file such as a GLUE task,
+  lazily.
 
-  Quotes are not special (GLUE sentences contain stray `"`), and the default
-  encoding drops the BOM that starts MRPC's header.
+  The first line names the columns (it is not a text). Quotes are not
+  special (GLUE sentences contain stray `"`), and the default encoding drops
+  the BOM that starts MRPC's header.
 
   Args:
-    path: The file.
-    column: 0-based index, or a header name (needs `header=True`).
-    header: Whether the first line names the columns (it is skipped).
+    path: The file (may end in .gz).
+    field: The header's name for the column.
     encoding: Text encoding of the file.
 
   Yields:
-    The column's values, one per data row.
+    The column's values, one per data row (blank lines are skipped).
   """
   path = _check_file(path)
-  if isinstance(column, str) and not header:
-    raise ValueError(
-        f"{path}: column {column!r} given by name but header=False")
-  if isinstance(column, int) and column < 0:
-    raise ValueError(f"column index must be >= 0, got {column}")
   try:
     with _open_text(path, encoding, newline="") as f:
       reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-      index = column if isinstance(column, int) else -1
-      for lineno, row in enumerate(reader, start=1):
-        if lineno == 1 and header:
-          if isinstance(column, str):
-            if column not in row:
-              raise ValueError(f"{path}: no column {column!r}; the header "
-                               f"has {row}")
-            index = row.index(column)
-          continue
+      header = next(reader, None)
+      if header is None:  # An empty file: no texts.
+        return
+      if field not in header:
+        raise ValueError(f"{path}: no column {field!r}; the header (the first "
+                         f"line) has {header}")
+      index = header.index(field)
+      for lineno, row in enumerate(reader, start=2):
         if not row:  # Blank line.
           continue
         if index >= len(row):
           raise ValueError(f"{path}:{lineno}: row has {len(row)} columns, "
-                           f"column {column!r} needs {index + 1}")
+                           f"column {field!r} needs {index + 1}")
         yield row[index]
   except UnicodeDecodeError as e:
     raise _decode_error(path, encoding, e) from e
@@ -228,10 +357,11 @@ def expand_path(path: Any) -> str:
   return path
 
 
-def _split_files(source: Mapping[str, Any], split: str) -> list[str]:
-  files = source.get("files")
+def _split_files(source: HFSource | FileSource, split: str) -> list[str]:
+  """The paths of ``split`` in ``source.files``, ``{data_dir}`` expanded."""
+  files = source.files
   if not isinstance(files, Mapping) or not files:
-    raise ValueError(f"source of kind {source['kind']!r} needs 'files', a "
+    raise ValueError(f"source of kind {source.kind!r} needs 'files', a "
                      "mapping from split name to paths")
   if split not in files:
     raise ValueError(f"unknown split {split!r}; the source has "
@@ -242,52 +372,37 @@ def _split_files(source: Mapping[str, Any], split: str) -> list[str]:
   return [expand_path(p) for p in paths]
 
 
-def _renamed_split(source: Mapping[str, Any], split: str) -> str:
-  """The source's name for ``split``: its optional ``splits`` renaming (e.g.
-  validation -> train[:5%]), else the split itself."""
-  splits = source.get("splits")
-  if splits is None:
-    return split
-  if split not in splits:
-    raise ValueError(f"unknown split {split!r}; the source has "
-                     f"{sorted(splits)}")
-  return splits[split]
-
-
-def _iter_tfds(source: Mapping[str, Any], split: str) -> Iterator[str]:
-  data_dir = source.get("data_dir")  # "" or None: TFDS's default.
-  manual_dir = source.get("manual_dir")  # "" or None: download.
+def _iter_tfds(source: TfdsSource, split: str) -> Iterator[str]:
   yield from tfds_reader.iter_tfds(
-      source["name"], _renamed_split(source, split),
-      data_dir=expand_path(data_dir) if data_dir else None,
-      manual_dir=expand_path(manual_dir) if manual_dir else None,
-      field=source.get("field", "text"))
+      source.name, split,
+      # "": TFDS's default data_dir; no manual_dir: download.
+      data_dir=expand_path(source.data_dir) if source.data_dir else None,
+      manual_dir=expand_path(source.manual_dir) if source.manual_dir else None,
+      field=source.field or "text")
 
 
-def _iter_hf(source: Mapping[str, Any], split: str) -> Iterator[str]:
+def _iter_hf(source: HFSource, split: str) -> Iterator[str]:
   """A Hugging Face dataset's text column (jaxtl.data.hf_datasets), ``field``.
 
   Blank texts are left out (WikiText on the Hub has an empty row between
   paragraphs); a value that is not a string is an error naming its row.
   The dataset is Arrow on disk, read a batch at a time.
   """
-  from jaxtl.data import hf_datasets  # pylint: disable=g-import-not-at-top
-  source = dict(source)
-  if source.get("files"):  # A builder (csv, json, parquet) on local files.
-    source["files"] = {split: _split_files(source, split)}
-  else:  # A Hub name or a folder: renaming splits, as tfds does.
-    source["splits"] = {split: _renamed_split(source, split)}
-  for key in ("name", "cache_dir"):
-    if source.get(key) and _DATA_DIR_PLACEHOLDER in source[key]:
-      source[key] = expand_path(source[key])
-  field = source.get("field") or "text"
+  spec = hf_datasets.HFSpec(
+      name=expand_path(source.name), subset=source.subset,
+      # A builder (csv, json, parquet) on local files; else a Hub name or a
+      # folder, whose split is read under its own name.
+      files={split: _split_files(source, split)} if source.files else {},
+      cache_dir=expand_path(source.cache_dir))
+  field = source.field or "text"
   texts = (text_field(row, field, where)
-           for where, row in hf_datasets.records(source, split))
+           for where, row in hf_datasets.records(spec, split))
   yield from (text for text in texts if text.strip())
 
 
 def _iter_parquet(path: str, field: str) -> Iterator[str]:
   """One string column of a Parquet file, a record batch at a time."""
+  # only Parquet corpora need Arrow (~50 modules): the data layer loads without it
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   try:
     table = pq.ParquetFile(path)
@@ -307,24 +422,22 @@ def _iter_parquet(path: str, field: str) -> Iterator[str]:
       row += 1
 
 
-def _iter_files(source: Mapping[str, Any], split: str) -> Iterator[str]:
-  kind = source["kind"]
-  if kind == "tsv" and "column" not in source:
-    raise ValueError("source of kind 'tsv' needs 'column'")
+def _iter_files(source: FileSource, split: str) -> Iterator[str]:
+  """Each file of the split in turn, read as its kind says: ``text`` (lines
+  or whole files, ``line_pattern``), ``jsonl``, ``tsv`` (the column named
+  ``field`` of a file with a header line) or ``parquet`` (the column
+  ``field``)."""
+  field = source.field or "text"
   for path in _split_files(source, split):
-    if kind == "text":
-      docs = iter_text(path, encoding=source.get("encoding", "utf-8"),
-                       paragraphs=source.get("paragraphs", False))
-      yield from _match_lines(docs, source.get("line_pattern", ""), path)
-    elif kind == "jsonl":
-      yield from iter_jsonl(path, field=source.get("field", "text"),
-                            filter=source.get("filter"))
-    elif kind == "parquet":
-      yield from _iter_parquet(_check_file(path), source.get("field", "text"))
-    else:  # tsv
-      yield from iter_tsv_column(
-          path, source["column"], header=source.get("header", True),
-          encoding=source.get("encoding", "utf-8-sig"))
+    if source.kind == "text":
+      docs = iter_text(path, encoding=source.encoding, paragraphs=source.paragraphs)
+      yield from _match_lines(docs, source.line_pattern, path)
+    elif source.kind == "jsonl":
+      yield from iter_jsonl(path, field=field)
+    elif source.kind == "parquet":
+      yield from _iter_parquet(_check_file(path), field)
+    else:  # tsv: UTF-8, a BOM (MRPC's) dropped.
+      yield from iter_tsv_column(path, field)
 
 
 def _match_lines(docs: Iterable[str], pattern: str, path: str) -> Iterator[str]:
@@ -349,32 +462,33 @@ def _match_lines(docs: Iterable[str], pattern: str, path: str) -> Iterator[str]:
     yield m.group(1)
 
 
-def _iter_mixture(source: Mapping[str, Any], split: str, seed: int) -> Iterator[str]:
+def _iter_mixture(source: MixtureSource, split: str, seed: int) -> Iterator[str]:
   """The split's documents from every part that has it (see
   jaxtl.data.mixtures): all of them in name order for ``mixing="concat"``,
   a seeded draw at the configured shares otherwise (a part whose rate is 0
   is not read). Parts stream; a weighted draw reads each part once more to
   count it first."""
-  parts = source.get("parts")
+  parts = source.parts
   if not isinstance(parts, Mapping) or not parts:
     raise ValueError("source of kind 'mixture' needs 'parts', a mapping from "
                      "a name to a source description")
-  mixing, cap, temperature = mixtures.settings(source)
+  mixing, cap, temperature = mixture_settings(source)
   texts: dict[str, Callable[[], Iterator[str]]] = {}
   rates: dict[str, float] = {}
   found = False
   for name in sorted(parts):
-    part = dict(parts[name])
-    if part.get("kind") == "mixture":
+    part = parts[name]
+    if isinstance(part.source, MixtureSource):
       raise ValueError(f"mixture part {name!r}: parts cannot be mixtures")
-    rate = mixtures.part_rate(name, part, mixing)
-    part.pop("rate", None)
-    if not _has_split(part, split):
+    if isinstance(part.source, PretokenizedSource):
+      raise ValueError(f"mixture part {name!r}: {_pretokenized_error(part.source)}")
+    rate = part_rate(name, part, mixing)
+    if not _has_split(part.source, split):
       continue
     found = True
     if rate == 0:
       continue
-    texts[name] = functools.partial(_part_texts, name, part, split)
+    texts[name] = functools.partial(_part_texts, name, part.source, split)
     if rate is not None:
       rates[name] = rate
   if not found:
@@ -393,7 +507,7 @@ def _iter_mixture(source: Mapping[str, Any], split: str, seed: int) -> Iterator[
   yield from mixtures.mix(texts, sizes, share, seed=seed, split=split)
 
 
-def _part_texts(name: str, part: Mapping[str, Any], split: str) -> Iterator[str]:
+def _part_texts(name: str, part: SourceConfig, split: str) -> Iterator[str]:
   """A mixture part's texts; its errors name the part."""
   try:
     yield from iter_texts(part, split)
@@ -401,70 +515,74 @@ def _part_texts(name: str, part: Mapping[str, Any], split: str) -> Iterator[str]
     raise type(e)(f"mixture part {name!r}: {e}") from e
 
 
-def _has_split(part: Mapping[str, Any], split: str) -> bool:
-  """Whether a part lists `split` (tfds parts without a renaming: always)."""
-  if part.get("kind") == "tfds" or (part.get("kind") == "hf" and not part.get("files")):
-    return part.get("splits") is None or split in part["splits"]
-  return split in (part.get("files") or {})
+def _has_split(part: SourceConfig, split: str) -> bool:
+  """Whether a part has ``split``: a file part (or an hf builder on files)
+  lists it in ``files``; a tfds or Hub dataset is asked for it by name."""
+  if isinstance(part, FileSource) or (isinstance(part, HFSource) and part.files):
+    return split in (part.files or {})
+  return True
 
 
-def _not_texts(source: Mapping[str, Any], split: str) -> Iterator[str]:
-  raise ValueError(
-      f"a 'pretokenized' source ({source.get('data_dir')}) holds token ids, "
-      "not texts: jaxtl.data.row_store reads its shards; it cannot be a mixture "
-      "part or train a tokenizer (mix the texts, then pretokenize the mixture)")
+def _pretokenized_error(source: PretokenizedSource) -> str:
+  return (f"a 'pretokenized' source ({source.data_dir}) holds token ids, not "
+          "texts: jaxtl.data.row_store reads its shards; it cannot be a mixture "
+          "part or train a tokenizer (mix the texts, then pretokenize the mixture)")
 
 
-_READERS = {
-    "text": _iter_files,
-    "jsonl": _iter_files,
-    "tsv": _iter_files,
-    "parquet": _iter_files,
-    "tfds": _iter_tfds,
-    "hf": _iter_hf,
-    "mixture": _iter_mixture,
-    "pretokenized": _not_texts,  # jaxtl.data.pretokenized
+def _not_texts(source: PretokenizedSource, split: str) -> Iterator[str]:
+  raise ValueError(_pretokenized_error(source))
+
+
+# The reader of each kind's section class (SourceConfig.KINDS names the kinds).
+_READERS: Mapping[type, Callable[..., Iterator[str]]] = {
+    TfdsSource: _iter_tfds,
+    HFSource: _iter_hf,
+    FileSource: _iter_files,  # text, jsonl, tsv, parquet
+    MixtureSource: _iter_mixture,
+    PretokenizedSource: _not_texts,  # jaxtl.data.pretokenized
 }
-KINDS: Sequence[str] = tuple(_READERS)
+KINDS: Sequence[str] = tuple(SourceConfig.KINDS)
 
 
-def load_texts(source: Mapping[str, Any], split: str, *, seed: int = 0
-               ) -> list[str]:
+def load_texts(source: SourceConfig, split: str, *, seed: int = 0) -> list[str]:
   """A split's texts as a list (`iter_texts`), for splits that fit in memory."""
   return list(iter_texts(source, split, seed=seed))
 
 
-def iter_texts(source: Mapping[str, Any], split: str, *, seed: int = 0
+def iter_texts(source: SourceConfig, split: str, *, seed: int = 0
                ) -> Iterator[str]:
-  """Reads a split of a dataset described by a config dict, lazily.
+  """Reads a split of a corpus, lazily.
 
-  `source["kind"]` is one of `KINDS`. File kinds take `files` (split name ->
-  a path or list of paths, which may contain `{data_dir}`) plus the reader's
-  options (`field`, `filter`, `column`, `header`, `encoding`, `paragraphs`,
-  `line_pattern`: a regex whose first group is each text document's text);
-  "tfds" takes `name`, optional `data_dir` (where prepared data lives;
-  default tfds_reader.TFDS_DEFAULT_DIR_DOC), `manual_dir`, `field` and `splits` (a
-  renaming of split names to TFDS split strings). "hf" takes `name` (a Hub
-  dataset, a save_to_disk folder, or csv/tsv/json/parquet with `files`),
-  optional `subset`, `cache_dir` (default jaxtl.data.hf_datasets.
-  DEFAULT_CACHE_DOC), `field` (the text column) and `splits`. "mixture"
-  takes `parts`, a mapping from names to such descriptions, and `mixing`:
+  ``source`` is the typed section of its kind (one of `KINDS`; build one
+  from a ConfigDict section or a dict with :func:`source_config`). File
+  kinds (:class:`FileSource`: text, jsonl, tsv, parquet) take ``files``
+  (split name -> a path or list of paths, which may contain ``{data_dir}``)
+  and ``field`` (jsonl's field; tsv's column, named by the file's header
+  line; parquet's string column); text also ``encoding``, ``paragraphs``
+  and ``line_pattern`` (a regex whose first group is each document's
+  text). :class:`TfdsSource` takes ``name``, ``data_dir`` (where prepared
+  data lives; default tfds_reader.TFDS_DEFAULT_DIR_DOC), ``manual_dir`` and
+  ``field``; the split is read under its own name. :class:`HFSource` takes
+  ``name`` (a Hub dataset, a save_to_disk folder, or csv/tsv/json/parquet
+  with ``files``), ``subset``, ``cache_dir`` (default
+  jaxtl.data.hf_datasets.DEFAULT_CACHE_DOC) and ``field`` (the text
+  column). :class:`MixtureSource` takes ``parts`` (name ->
+  :class:`MixturePart`: a source and its ``rate``) and ``mixing``:
   "concat" (default) concatenates the parts that list the split (a part
   without it is left out, so e.g. only one corpus may provide the
-  validation text); "rates" (a `rate` in each part) and "proportional"
-  (T5's, with `cap` and `temperature`) draw the split at those shares
-  (jaxtl.data.mixtures). "parquet" takes `files` and `field` (a string
-  column). "pretokenized" (`data_dir`: shards written by
-  jaxtl pretokenize) has token ids, not texts: jaxtl.data.row_store
-  reads it.
+  validation text); "rates" (each part's ``rate``) and "proportional"
+  (T5's, with ``cap`` and ``temperature``) draw the split at those shares
+  (jaxtl.data.mixtures). :class:`PretokenizedSource` (``data_dir``: shards
+  written by jaxtl pretokenize) has token ids, not texts:
+  jaxtl.data.row_store reads it.
 
   Files are opened when the first text is asked for and read as the texts
-  are consumed, so a corpus larger than memory
-  streams. An unknown kind fails here; a missing file or bad row when the
-  reading reaches it.
+  are consumed, so a corpus larger than memory streams. A source that is
+  not a typed section of its kind fails here; a missing file or bad row
+  when the reading reaches it.
 
   Args:
-    source: The dataset description (a dict or ml_collections ConfigDict).
+    source: The corpus's typed section.
     split: The split to read, e.g. "train".
     seed: Which documents a weighted mixture draws, and in what order (the
       run's seed); other sources ignore it.
@@ -472,12 +590,14 @@ def iter_texts(source: Mapping[str, Any], split: str, *, seed: int = 0
   Returns:
     An iterator over the split's texts.
   """
-  if hasattr(source, "to_dict"):  # ml_collections.ConfigDict.
-    source = source.to_dict()
-  kind = source.get("kind")
-  if kind not in _READERS:
-    raise ValueError(f"unknown source kind {kind!r}; known kinds: "
-                     f"{', '.join(KINDS)}")
-  if kind == "mixture":
+  if not isinstance(source, SourceConfig):
+    raise TypeError(f"iter_texts takes a typed source (a SourceConfig), not "
+                    f"{type(source).__name__}: build it with "
+                    "jaxtl.data.sources.source_config(mapping)")
+  cls = SourceConfig.kind_class(source.kind, "source")
+  if type(source) is not cls:  # pylint: disable=unidiomatic-typecheck
+    raise ValueError(f"source.kind={source.kind!r} is read by {cls.__name__}, "
+                     f"not {type(source).__name__}")
+  if isinstance(source, MixtureSource):
     return _iter_mixture(source, split, seed)
-  return _READERS[kind](source, split)
+  return _READERS[cls](source, split)

@@ -88,7 +88,7 @@ def iter_tfds(name: str, split: str, *, data_dir: PathLike | None = None,
 
 def _import_tfds():
   """tensorflow_datasets, with TensorFlow kept off the accelerators."""
-  try:
+  try:  # optional (pip install 'jaxtl[tfds]'), heavy: TensorFlow takes seconds
     # pylint: disable=g-import-not-at-top
     import tensorflow as tf
     import tensorflow_datasets as tfds

@@ -132,6 +132,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 def plot(rows: list[dict[str, Any]], path: str) -> None:
   """Accuracy vs shots, one panel per task: raw and calibrated (bars: one
   std over seeds), the majority class and chance as horizontal lines."""
+  # optional (jaxtl[analysis]) and slow to import: only the figure needs it
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import traverse_util
 
 from jaxtl.models import paths
 from jaxtl.models.config import TransformerConfig
@@ -334,7 +335,6 @@ def merge_lora(params: Any, config: TransformerConfig) -> Any:
   The result has no ``*_lora_*`` parameters and runs on a model built with
   ``lora_rank=0``, computing the same function with no extra cost.
   """
-  from flax import traverse_util  # pylint: disable=g-import-not-at-top
   flat = traverse_util.flatten_dict(params, sep="/")
   out = {k: v for k, v in flat.items() if not re.search(paths.LORA_RE, k)}
   scale = config.lora_alpha / max(config.lora_rank, 1)

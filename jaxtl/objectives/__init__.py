@@ -9,7 +9,7 @@ the loop and the config checks then take it by ``config.objective.name``.
 from typing import Any
 
 from jaxtl.objectives import bart, clm, electra, mlm, nsp, prefix_lm, span
-from jaxtl.objectives.base import Objective, Prepared
+from jaxtl.objectives.base import Objective, ObjectiveConfig, Prepared
 from jaxtl.objectives.losses import (LOSS_CHUNK_LEN, chunked_cross_entropy, forward,
                                      loss_weight_total, make_loss_fn, normalized_loss,
                                      summarize, token_cross_entropy)
@@ -17,6 +17,7 @@ from jaxtl.objectives.losses import (LOSS_CHUNK_LEN, chunked_cross_entropy, forw
 REGISTRY: dict[str, Objective] = {o.name: o for o in (
     clm.OBJECTIVE, mlm.OBJECTIVE, nsp.NSP, nsp.SOP, span.OBJECTIVE, electra.OBJECTIVE,
     bart.OBJECTIVE, prefix_lm.OBJECTIVE, prefix_lm.ENCDEC_OBJECTIVE)}
+ObjectiveConfig.KINDS.update({name: o.config for name, o in REGISTRY.items()})
 
 
 def get(name: str) -> Objective:
@@ -38,7 +39,7 @@ def check_model(name: str, model: Any, where: str = "config.model") -> None:
   get(name).check_model(model, where)
 
 
-__all__ = ["LOSS_CHUNK_LEN", "Objective", "Prepared", "REGISTRY", "check_model",
+__all__ = ["LOSS_CHUNK_LEN", "Objective", "ObjectiveConfig", "Prepared", "REGISTRY", "check_model",
            "check_objective",
            "chunked_cross_entropy", "forward", "get", "loss_weight_total",
            "make_loss_fn", "normalized_loss", "summarize",

@@ -12,7 +12,7 @@ the model itself (ELECTRA's generator) brings its module and loss too.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import flax.linen as nn
 import numpy as np
@@ -21,7 +21,22 @@ from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import transformer
 from jaxtl.models.config import TransformerConfig
 from jaxtl.models.family import family_of
+from jaxtl import sections
+from jaxtl.data.config import DataConfig
 from jaxtl.objectives import losses
+from jaxtl.sections import key
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveConfig(sections.Kinded):
+  """The pretraining objective (config.objective): what every objective
+  reads; an objective with settings of its own has a subclass of this."""
+  KIND_KEY: ClassVar[str] = "name"
+  KINDS: ClassVar[dict[str, type]] = {}  # jaxtl.objectives.REGISTRY's classes
+  name: str = key("clm", "pretraining objective")
+  loss_chunk_len: int = key(losses.LOSS_CHUNK_LEN,
+                            "positions whose logits exist at once in the loss (less "
+                            "memory); 0: all")
+
 
 Example = dict[str, np.ndarray]
 Row = Mapping[str, np.ndarray]  # "tokens", "segment_ids", "positions": [L]
@@ -73,12 +88,12 @@ def one_row(make_batch: MakeBatch) -> Callable[..., Example]:
   return make_example
 
 
-def plain_model(config: TransformerConfig, objective: Any) -> nn.Module:  # pylint: disable=unused-argument
+def plain_model(config: TransformerConfig, objective: ObjectiveConfig) -> nn.Module:  # pylint: disable=unused-argument
   return transformer.build_model(config)
 
 
-def token_loss(model: nn.Module, max_predictions: int | None, objective: Any
-               ) -> losses.LossFn:
+def token_loss(model: nn.Module, max_predictions: int | None,
+               objective: ObjectiveConfig) -> losses.LossFn:
   return losses.make_loss_fn(model, max_predictions, objective.loss_chunk_len)
 
 
@@ -90,6 +105,7 @@ class Objective:
     name: what ``config.objective.name`` says.
     family: the model family it trains.
     prepare: ``(tokenizer, config.objective, config.data) -> Prepared``.
+    config: the class of its typed ``config.objective`` section.
     description: one line for error messages and docs.
     build_model: ``(model config, config.objective) -> module`` trained; by
       default the family's model itself (ELECTRA: a generator beside it).
@@ -105,8 +121,9 @@ class Objective:
   """
   name: str
   family: str
-  prepare: Callable[[Tokenizer, Any, Any], Prepared]
+  prepare: Callable[[Tokenizer, Any, DataConfig], Prepared]
   description: str = ""
+  config: type[ObjectiveConfig] = ObjectiveConfig
   build_model: Callable[[TransformerConfig, Any], nn.Module] = plain_model
   make_loss_fn: Callable[[nn.Module, int | None, Any], losses.LossFn] = token_loss
   weight_total: Callable[[Any, str], Any] = losses.loss_weight_total

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 
+from jaxtl.data.config import DataConfig
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.objectives.base import Example, Objective, Prepared, Row
+from jaxtl.objectives.base import Example, Objective, ObjectiveConfig, Prepared, Row
 
 
 def clm_example(row: Row) -> Example:
@@ -20,7 +20,7 @@ def clm_example(row: Row) -> Example:
           "decoder_segment_ids": seg[:-1], "decoder_positions": pos[:-1]}
 
 
-def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
+def prepare(tokenizer: Tokenizer, objective: ObjectiveConfig, data: DataConfig) -> Prepared:
   del tokenizer, objective  # rows of L + 1 tokens give L inputs and L targets
   return Prepared(make_example=lambda row, rng: clm_example(row),
                   lengths={"decoder": data.seq_len}, row_length=data.seq_len + 1,

@@ -18,6 +18,7 @@ table from both.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -30,11 +31,21 @@ from jaxtl.models import electra as electra_model
 from jaxtl.models.config import TransformerConfig
 from jaxtl.objectives import losses, mlm
 from jaxtl.objectives.base import Objective
+from jaxtl.sections import key
+
+
+@dataclasses.dataclass(frozen=True)
+class ElectraConfig(mlm.MaskingConfig):
+  """ELECTRA: BERT's masking for the generator, and the two models' balance."""
+  generator_scale: float = key(0.25, "the generator's width, heads and MLP as a "
+                                     "fraction of the discriminator's")
+  generator_layers: int = key(0, "the generator's layers; 0: the discriminator's")
+  rtd_weight: float = key(50.0, "weight of the replaced-token-detection loss")
 
 Array = jax.Array
 
 
-def build_model(config: TransformerConfig, objective: Any) -> nn.Module:
+def build_model(config: TransformerConfig, objective: ElectraConfig) -> nn.Module:
   """The pretrainer: ``config`` is the discriminator (what transfers)."""
   return electra_model.ElectraPretrainer(config, electra_model.generator_config(
       config, objective.generator_scale, objective.generator_layers))
@@ -51,7 +62,7 @@ def _gather(x_BT: Array, at_BK: Array) -> Array:
 
 
 def make_loss_fn(model: nn.Module, max_predictions: int | None,
-                 objective: Any) -> losses.LossFn:
+                 objective: ElectraConfig) -> losses.LossFn:
   """``loss_fn(params, batch, rng, normalizer=None) -> (loss, sums)``.
 
   ``sums`` has the generator's ``loss_sum``/``correct_sum``/``weight_sum``
@@ -125,5 +136,5 @@ OBJECTIVE = Objective(
     "electra", "encoder", mlm.prepare,
     "ELECTRA: a small MLM generator's samples replace masked tokens; the "
     "discriminator detects them (rtd_weight 50)",
-    build_model=build_model, make_loss_fn=make_loss_fn, weight_total=weight_total,
-    summarize=summarize)
+    config=ElectraConfig, build_model=build_model, make_loss_fn=make_loss_fn,
+    weight_total=weight_total, summarize=summarize)

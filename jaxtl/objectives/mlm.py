@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import dataclasses
+from typing import Sequence
 
 import numpy as np
 
-from jaxtl.objectives import corruption
+from jaxtl.data.config import DataConfig
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.objectives.base import Example, Objective, Prepared, Rows, one_row
+from jaxtl.objectives import corruption
+from jaxtl.objectives.base import (Example, Objective, ObjectiveConfig, Prepared, Rows,
+                                   one_row)
+from jaxtl.sections import key
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingConfig(ObjectiveConfig):
+  """BERT's masking: which tokens are predicted and what the model sees there."""
+  mask_rate: float = key(0.15, "share of tokens chosen for prediction")
+  mask_token_rate: float = key(0.8, "share of the chosen tokens replaced by [MASK]")
+  random_token_rate: float = key(0.1, "share of the chosen tokens replaced by a "
+                                      "random token (the rest stay)")
+  whole_word: bool = key(False, "mask whole words (the tokenizer's), not single pieces")
 
 
 def mlm_batch(rows: Rows, rngs: Sequence[np.random.Generator], tokenizer: Tokenizer,
-              objective: Mapping[str, Any], special_ids: np.ndarray,
+              objective: MaskingConfig, special_ids: np.ndarray,
               word_starts: np.ndarray | None = None) -> Example:
   """BERT masking of stacked rows, each with its generator (special tokens
   and padding are never chosen); with ``word_starts`` (the tokenizer's, per
@@ -20,16 +34,16 @@ def mlm_batch(rows: Rows, rngs: Sequence[np.random.Generator], tokenizer: Tokeni
   tokens, seg, pos = rows["tokens"], rows["segment_ids"], rows["positions"]
   inputs, targets, weights = corruption.mlm_mask_rows(
       tokens, rngs, mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size,
-      special_ids=special_ids, mask_rate=objective["mask_rate"],
-      mask_token_rate=objective["mask_token_rate"],
-      random_token_rate=objective["random_token_rate"], can_mask=seg > 0,
+      special_ids=special_ids, mask_rate=objective.mask_rate,
+      mask_token_rate=objective.mask_token_rate,
+      random_token_rate=objective.random_token_rate, can_mask=seg > 0,
       word_starts=None if word_starts is None else word_starts[tokens])
   return {"encoder_input_tokens": inputs, "encoder_target_tokens": targets,
           "encoder_loss_weights": weights, "encoder_segment_ids": seg,
           "encoder_positions": pos}
 
 
-def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
+def prepare(tokenizer: Tokenizer, objective: MaskingConfig, data: DataConfig) -> Prepared:
   if tokenizer.mask_id is None:
     raise ValueError("the mlm objective needs a [MASK] token; the tokenizer "
                      f"{data.tokenizer.path or '(trained)'} has none")
@@ -49,4 +63,5 @@ def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
 
 
 OBJECTIVE = Objective("mlm", "encoder", prepare,
-                      "masked LM: 15% of tokens, 80/10/10 [MASK]/random/kept")
+                      "masked LM: 15% of tokens, 80/10/10 [MASK]/random/kept",
+                      config=MaskingConfig)

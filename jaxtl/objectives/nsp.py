@@ -9,21 +9,22 @@ segments A and B get token types 0 and 1 (``config.model.type_vocab_size=2``).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from jaxtl.data import row_store
+from jaxtl.data.config import DataConfig
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.objectives import losses, sentence_pairs
 from jaxtl.objectives.base import Example, Objective, Prepared, Rows, one_row
-from jaxtl.objectives.mlm import mlm_batch
+from jaxtl.objectives.mlm import MaskingConfig, mlm_batch
 
 MODEL_NEEDS = {"type_vocab_size": 2, "sentence_classes": 2}
 
 
 def pair_batch(rows: Rows, rngs: Sequence[np.random.Generator], task: str, length: int,
-               tokenizer: Tokenizer, objective: Any, special_ids: np.ndarray,
+               tokenizer: Tokenizer, objective: MaskingConfig, special_ids: np.ndarray,
                ids: tuple[int, int], partners: Rows | None = None) -> Example:
   """Masked sentence pairs of ``length`` tokens and their labels, one per
   stacked row (NSP's random B from the row's partner, another row, when
@@ -46,7 +47,7 @@ def pair_batch(rows: Rows, rngs: Sequence[np.random.Generator], task: str, lengt
 
 
 def _prepare(task: str):
-  def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
+  def prepare(tokenizer: Tokenizer, objective: MaskingConfig, data: DataConfig) -> Prepared:
     name = f"mlm_{task}"
     if tokenizer.mask_id is None:
       raise ValueError(f"the {name} objective needs a [MASK] token; the tokenizer "
@@ -71,8 +72,8 @@ def _prepare(task: str):
 
 
 NSP = Objective("mlm_nsp", "encoder", _prepare("nsp"),
-                "masked LM + next-sentence prediction (BERT)", model_needs=MODEL_NEEDS,
-                summarize=losses.summarize_sentences)
+                "masked LM + next-sentence prediction (BERT)", config=MaskingConfig,
+                model_needs=MODEL_NEEDS, summarize=losses.summarize_sentences)
 SOP = Objective("mlm_sop", "encoder", _prepare("sop"),
-                "masked LM + sentence-order prediction (ALBERT)", model_needs=MODEL_NEEDS,
-                summarize=losses.summarize_sentences)
+                "masked LM + sentence-order prediction (ALBERT)", config=MaskingConfig,
+                model_needs=MODEL_NEEDS, summarize=losses.summarize_sentences)

@@ -9,12 +9,12 @@ encoder-decoder (the prefix is the encoder's input, the rest its target).
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 
+from jaxtl.data.config import DataConfig
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.objectives.base import Example, Objective, Prepared, Row
+from jaxtl.objectives.base import Example, Objective, ObjectiveConfig, Prepared, Row
 from jaxtl.objectives.clm import clm_example
 from jaxtl.objectives.span import encoder_decoder_example
 
@@ -52,13 +52,13 @@ def prefix_lm_encdec_example(row: Row, rng: np.random.Generator, pad_id: int,
   return encoder_decoder_example(tokens[:cut], tokens[cut:], pad_id, length, length)
 
 
-def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
+def prepare(tokenizer: Tokenizer, objective: ObjectiveConfig, data: DataConfig) -> Prepared:
   del tokenizer, objective  # rows of L + 1 tokens, as causal LM's
   return Prepared(make_example=prefix_lm_example, lengths={"decoder": data.seq_len},
                   row_length=data.seq_len + 1, eos=True)
 
 
-def prepare_encdec(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
+def prepare_encdec(tokenizer: Tokenizer, objective: ObjectiveConfig, data: DataConfig) -> Prepared:
   del objective
   length = data.seq_len
   return Prepared(

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import dataclasses
+from typing import Sequence
 
 import numpy as np
 
 from jaxtl.data import packing
-from jaxtl.objectives import corruption
+from jaxtl.data.config import DataConfig
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.objectives.base import Example, Objective, Prepared, Rows, one_row
+from jaxtl.objectives import corruption
+from jaxtl.objectives.base import (Example, Objective, ObjectiveConfig, Prepared, Rows,
+                                   one_row)
+from jaxtl.sections import key
+
+
+@dataclasses.dataclass(frozen=True)
+class SpanConfig(ObjectiveConfig):
+  """Noise spans: how much of a row is masked out, in spans how long."""
+  noise_density: float = key(0.15, "share of tokens masked out")
+  mean_noise_span_length: float = key(3.0, "mean length of a masked span (bart: the "
+                                           "Poisson mean)")
 
 
 def encoder_decoder_example(inputs: np.ndarray, targets: np.ndarray, pad_id: int,
@@ -41,18 +53,18 @@ def encoder_decoder_batch(inputs: np.ndarray, targets: np.ndarray, pad_id: int,
 
 
 def span_batch(rows: Rows, rngs: Sequence[np.random.Generator], tokenizer: Tokenizer,
-               objective: Mapping[str, Any], sentinels: np.ndarray,
+               objective: SpanConfig, sentinels: np.ndarray,
                inputs_length: int, targets_length: int) -> Example:
   """T5 span corruption of stacked rows, each with its generator."""
   inputs, targets = corruption.span_corrupt_rows(
       rows["tokens"], rngs, sentinel_ids=sentinels, eos_id=tokenizer.eos_id,
-      noise_density=objective["noise_density"],
-      mean_noise_span_length=objective["mean_noise_span_length"])
+      noise_density=objective.noise_density,
+      mean_noise_span_length=objective.mean_noise_span_length)
   return encoder_decoder_batch(inputs, targets, tokenizer.pad_id, inputs_length,
                                targets_length)
 
 
-def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
+def prepare(tokenizer: Tokenizer, objective: SpanConfig, data: DataConfig) -> Prepared:
   length = data.seq_len
   raw_length, targets_length = corruption.span_corruption_lengths(
       length, objective.noise_density, objective.mean_noise_span_length)
@@ -67,4 +79,5 @@ def prepare(tokenizer: Tokenizer, objective: Any, data: Any) -> Prepared:
 
 
 OBJECTIVE = Objective("span", "encoder_decoder", prepare,
-                      "T5 span corruption: 15% of tokens in spans of mean 3")
+                      "T5 span corruption: 15% of tokens in spans of mean 3",
+                      config=SpanConfig)

@@ -22,15 +22,19 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
+from jax.experimental import multihost_utils
 
 from jaxtl import layout, objectives
-from jaxtl.data import mixtures, packing, pretokenized, row_store, sources
+from jaxtl.data import packing, pretokenized, row_store, sources
 from jaxtl.data.batches import BatchIterator, Example, Row, Rows
 from jaxtl.data.tokenizer_files import get_tokenizer, keep_tokenizer
+from jaxtl.data.config import DataConfig
 from jaxtl.data.tokenizers import Tokenizer, train_sentencepiece
+from jaxtl.objectives import ObjectiveConfig
+from jaxtl.pretraining.config import PretrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -39,46 +43,47 @@ log = logging.getLogger(__name__)
 # Tokenizer and tokenized rows.
 
 
-def build_tokenizer(data: Mapping[str, Any], workdir: str | None,
+def build_tokenizer(data: DataConfig, workdir: str | None,
                     train_texts: Callable[[], Iterable[str]]) -> Tokenizer:
   """Loads ``data.tokenizer.path`` (else pre-tokenized shards' tokenizer),
   or trains one (cached in the workdir)."""
-  spec = data["tokenizer"]
+  spec = data.tokenizer
   cache_dir = layout.tokenizer_dir(workdir or ".")
-  if spec.get("path"):
-    return keep_tokenizer(get_tokenizer(sources.expand_path(spec["path"])), workdir)
-  shards = pretokenized_dir(data["source"])
+  if spec.path:
+    return keep_tokenizer(get_tokenizer(sources.expand_path(spec.path)), workdir)
+  shards = pretokenized_dir(data.source)
   if shards is not None:  # the shards' own tokenizer
     return keep_tokenizer(pretokenized.recorded_tokenizer(shards), workdir)
-  prefix = os.path.join(cache_dir, f"spm_{spec['model_type']}_{spec['vocab_size']}")
+  prefix = os.path.join(cache_dir, f"spm_{spec.model_type}_{spec.vocab_size}")
   if os.path.exists(prefix + ".model"):
     return get_tokenizer(prefix + ".model")
   # train_sentencepiece makes the folder once the model is trained, so data
   # that cannot be read (or a failed training) leaves no empty tokenizer/.
   texts = train_texts()
   log.info("training a %s sentencepiece model (vocab %d) -> %s.model",
-           spec["model_type"], spec["vocab_size"], prefix)
-  return train_sentencepiece(texts, prefix, spec["vocab_size"],
-                             model_type=spec["model_type"],
-                             max_sentences=spec.get("max_sentences", 1_000_000))
+           spec.model_type, spec.vocab_size, prefix)
+  return train_sentencepiece(texts, prefix, spec.vocab_size,
+                             model_type=spec.model_type,
+                             max_sentences=spec.max_sentences)
 
 
-def _cache_key(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
+def _cache_key(data: DataConfig, split: str, tokenizer: Tokenizer,
                row_length: int, eos: bool, seed: int = 0) -> str:
   h = hashlib.sha1()
-  h.update(json.dumps({k: data[k] for k in ("source", "max_docs", "packing")},
+  h.update(json.dumps({"source": dataclasses.asdict(data.source),
+                       "max_docs": data.max_docs, "packing": data.packing},
                       sort_keys=True, default=str).encode())
   # eos too: stages of one run may cut the same split for two objectives.
   h.update(f"{split}|{row_length}|{eos}|{tokenizer.fingerprint()}".encode())
-  if mixtures.is_weighted(data["source"]):  # its documents depend on the seed
+  if sources.is_weighted(data.source):  # its documents depend on the seed
     h.update(f"|seed={seed}".encode())
-  shards = pretokenized_dir(data["source"])
+  shards = pretokenized_dir(data.source)
   if shards is not None:  # shards written again in the same folder
     h.update(json.dumps(pretokenized.metadata(shards), sort_keys=True).encode())
   return h.hexdigest()[:16]
 
 
-def split_rows(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
+def split_rows(data: DataConfig, split: str, tokenizer: Tokenizer,
                row_length: int, *, eos: bool, cache_dir: str, seed: int = 0
                ) -> row_store.RowStore:
   """The split's documents, tokenized and cut (or packed) into rows on disk.
@@ -94,35 +99,35 @@ def split_rows(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
   path = os.path.join(cache_dir, f"rows_{split.replace('/', '_')}_{key}")
   if not row_store.RowStore.exists(path):
     os.makedirs(cache_dir, exist_ok=True)
-    row_layout = row_store.Layout(data["packing"], row_length,
+    row_layout = row_store.Layout(data.packing, row_length,
                                   tokenizer.eos_id if eos else None, tokenizer.pad_id)
     row_store.build(path, _documents(data, split, tokenizer, seed), row_layout,
-                    tokenizer.vocab_size, f"split {split!r} of {data['source']}")
+                    tokenizer.vocab_size, f"split {split!r} of {data.source}")
   return row_store.RowStore(path)
 
 
-def pretokenized_dir(source: Mapping[str, Any]) -> str | None:
+def pretokenized_dir(source: sources.SourceConfig) -> str | None:
   """The shards folder of a ``pretokenized`` source (None for text kinds)."""
-  if source.get("kind") != "pretokenized":
+  if not isinstance(source, sources.PretokenizedSource):
     return None
-  if not source.get("data_dir"):
+  if not source.data_dir:
     raise ValueError("config.data.source.data_dir is empty: a 'pretokenized' "
                      "source reads the folder jaxtl pretokenize wrote")
-  return sources.expand_path(source["data_dir"])
+  return sources.expand_path(source.data_dir)
 
 
-def _documents(data: Mapping[str, Any], split: str, tokenizer: Tokenizer,
+def _documents(data: DataConfig, split: str, tokenizer: Tokenizer,
                seed: int) -> Iterator[np.ndarray]:
   """The split's first ``max_docs`` documents as token ids, streamed: read
   from pre-tokenized shards, or the texts encoded as they are read (empty
   ones dropped)."""
-  folder = pretokenized_dir(data["source"])
+  folder = pretokenized_dir(data.source)
   if folder is not None:
     docs = pretokenized.iter_docs(folder, split, tokenizer)
   else:
     docs = row_store.encode_stream(
-        sources.iter_texts(data["source"], split, seed=seed), tokenizer)
-  return itertools.islice(docs, data["max_docs"] or None)
+        sources.iter_texts(data.source, split, seed=seed), tokenizer)
+  return itertools.islice(docs, data.max_docs or None)
 
 
 # ----------------------------------------------------------------------------
@@ -171,12 +176,13 @@ class DataSetup:
   exit, without a workdir or with ``data.cache`` off).
   """
 
-  def __init__(self, config: Any, workdir: str | None, *, process_index: int = 0,
-               process_count: int = 1, tokenizer: Tokenizer | None = None):
+  def __init__(self, config: PretrainConfig, workdir: str | None, *,
+               process_index: int = 0, process_count: int = 1,
+               tokenizer: Tokenizer | None = None):
     data = config.data
     self.objective = objectives.get(config.objective.name)
     self.batch_size, self.seed = data.batch_size, config.seed
-    self.workers = data.get("workers", 0)
+    self.workers = data.workers
     if not isinstance(self.workers, int) or self.workers < 0:
       raise ValueError(f"config.data.workers={self.workers!r}: expected a number "
                        "of Grain worker processes >= 0 (0: none)")
@@ -212,42 +218,40 @@ class DataSetup:
                     prepared.make_batch)
     return framed, None if prepared.make_batch is None else framed.batch
 
-  def _split_rows(self, data: Any, split: str, prepared: objectives.Prepared
+  def _split_rows(self, data: DataConfig, split: str, prepared: objectives.Prepared
                   ) -> row_store.RowStore:
     """A split cut for ``prepared``, built once (stages that cut the same
     rows share the store)."""
     return split_rows(data, split, self.tokenizer, prepared.row_length,
                       eos=prepared.eos, cache_dir=self._cache_dir, seed=self.seed)
 
-  def stage_batches(self, config: Any, stream: tuple[int, ...] = ()
+  def stage_batches(self, data: DataConfig, objective: ObjectiveConfig,
+                    stream: tuple[int, ...] = ()
                     ) -> tuple[BatchIterator, objectives.Prepared]:
-    """Training batches of ``config.data`` and ``config.objective`` (a
-    stage's: the run's with its overrides) with the run's tokenizer, and
-    the objective as bound to them (lengths, loss positions)."""
-    data = config.data
-    prepared = objectives.get(config.objective.name).prepare(
-        self.tokenizer, config.objective, data)
+    """Training batches of ``data`` and ``objective`` (a stage's: the run's
+    with its overrides) with the run's tokenizer, and the objective as
+    bound to them (lengths, loss positions)."""
+    prepared = objectives.get(objective.name).prepare(self.tokenizer, objective, data)
     rows = self._split_rows(data, data.train_split, prepared)
     make_example, make_batch = self._framed(prepared)
     batches = BatchIterator(rows, make_example, batch_size=data.batch_size,
                             seed=self.seed, process_index=self.process_index,
                             process_count=self.process_count, stream=stream,
-                            workers=data.get("workers", 0), partners=prepared.partner,
+                            workers=data.workers, partners=prepared.partner,
                             make_batch=make_batch)
     return batches, prepared
 
-  def _load_tokenizer(self, data: Any, workdir: str | None) -> Tokenizer:
+  def _load_tokenizer(self, data: DataConfig, workdir: str | None) -> Tokenizer:
     """Process 0 trains (and caches) a tokenizer; the others then load it."""
     train_texts = lambda: self._split_texts(data, data.train_split)
     tokenizer = None
     if self.process_index == 0:
       tokenizer = build_tokenizer(data, workdir, train_texts)
     if self.process_count > 1:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       multihost_utils.sync_global_devices("jaxtl_tokenizer")
     return tokenizer or build_tokenizer(data, workdir, train_texts)
 
-  def _split_texts(self, data: Any, split: str) -> Iterator[str]:
+  def _split_texts(self, data: DataConfig, split: str) -> Iterator[str]:
     texts = sources.iter_texts(data.source, split, seed=self.seed)
     return itertools.islice(texts, data.max_docs or None)
 

@@ -9,7 +9,6 @@ In ``config.stages`` (BERT: 90% of the steps at length 128, the rest at
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import os
@@ -25,27 +24,31 @@ from jaxtl.models import TransformerConfig, electra, layers, paths
 from jaxtl.train import identity as identity_lib
 from jaxtl.train import loop, optim, perf, sharding
 from jaxtl.pretraining import pretrained
+from jaxtl.pretraining import config as pretrain_config
+from jaxtl.pretraining.config import PretrainConfig, Stage
 from jaxtl.train import step as step_lib
 
 
-def model_config_from(config: Any, vocab_size: int) -> TransformerConfig:
-  """config.model -> TransformerConfig; vocab_size 0 means "the tokenizer's"."""
-  values = dict(config.model)
+def model_config_from(model: Mapping[str, Any], vocab_size: int,
+                      vocab_multiple: int = 128) -> TransformerConfig:
+  """A config's ``model`` section -> TransformerConfig; its vocab_size 0
+  means "the tokenizer's", padded up to ``vocab_multiple``."""
+  values = dict(model)
   if not values.get("vocab_size"):
-    multiple = config.vocab_multiple
-    values["vocab_size"] = -(-vocab_size // multiple) * multiple
+    values["vocab_size"] = -(-vocab_size // vocab_multiple) * vocab_multiple
   elif values["vocab_size"] < vocab_size:
     raise ValueError(f"config.model.vocab_size={values['vocab_size']} is smaller "
                      f"than the tokenizer's {vocab_size} ids")
   return TransformerConfig.from_mapping(values)
 
 
-def load_source(config: Any) -> pretrained.Pretrained | None:
+def load_source(config: PretrainConfig) -> pretrained.Pretrained | None:
   """The model ``config.init_from`` names (None: a random start), after
   checking the objective fits it (or config.model)."""
   if not config.init_from:
-    objectives.check_objective(config.objective.name, config.model.family)
-    objectives.check_model(config.objective.name, config.model)
+    objectives.check_objective(config.objective.name, config.model["family"])
+    objectives.check_model(config.objective.name,
+                           TransformerConfig.from_mapping({**config.model, "vocab_size": 1}))
     return None
   # A tokenizer path still overrides, as in fine-tuning (same ids, other files).
   source = pretrained.load(config.init_from, config.data.tokenizer.path)
@@ -56,11 +59,11 @@ def load_source(config: Any) -> pretrained.Pretrained | None:
   return source
 
 
-def architecture(config: Any, source: pretrained.Pretrained | None,
+def architecture(config: PretrainConfig, source: pretrained.Pretrained | None,
                  vocab_size: int) -> TransformerConfig:
   """config.model's, or the source's with config.model's dropout rates."""
   if source is None:
-    return model_config_from(config, vocab_size)
+    return model_config_from(config.model, vocab_size, config.vocab_multiple)
   cfg = source.config
   if cfg.vocab_size < vocab_size:
     raise ValueError(f"init_from={config.init_from} has {cfg.vocab_size} token "
@@ -69,8 +72,8 @@ def architecture(config: Any, source: pretrained.Pretrained | None,
                "d_model %d, vocab %d) and tokenizer; config.model sets only the "
                "dropout rates", config.init_from, cfg.family, cfg.num_layers,
                cfg.d_model, cfg.vocab_size)
-  return cfg.replace(dropout_rate=config.model.dropout_rate,
-                     attention_dropout_rate=config.model.attention_dropout_rate)
+  return cfg.replace(dropout_rate=config.model["dropout_rate"],
+                     attention_dropout_rate=config.model["attention_dropout_rate"])
 
 
 def source_loader(params_shape: Any, source: pretrained.Pretrained | None,
@@ -92,72 +95,6 @@ def source_loader(params_shape: Any, source: pretrained.Pretrained | None,
   return load_and_say
 
 
-STAGE_KEYS = ("steps", "data", "objective")
-# One tokenizer and one evaluation for the whole run, so eval losses compare.
-RUN_WIDE_DATA_KEYS = ("tokenizer", "eval_split")
-
-
-def stage_configs(config: Any) -> list[tuple[int, Any]]:
-  """(steps, config) per stage: the run's config with the stage's ``data``
-  and ``objective`` overrides; no stages is one stage of train.steps.
-
-  Errors name the stage and the key: an unknown key, a stage without steps,
-  steps that do not add up to config.train.steps, a key the run shares.
-  """
-  if not config.stages:
-    return [(config.train.steps, config)]
-  out = []
-  for k, stage in enumerate(config.stages):
-    where = f"config.stages[{k}]"
-    if isinstance(stage, ml_collections.ConfigDict):
-      stage = stage.to_dict()
-    if not isinstance(stage, Mapping):
-      raise ValueError(f"{where}={stage!r}: a stage is a dict of {STAGE_KEYS}")
-    unknown = sorted(set(stage) - set(STAGE_KEYS))
-    if unknown:
-      raise ValueError(f"{where}: unknown key {unknown[0]!r}; a stage has "
-                       f"{', '.join(STAGE_KEYS)}")
-    steps = stage.get("steps")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-      raise ValueError(f"{where}.steps={steps!r}: every stage needs a whole "
-                       "number of steps, 1 or more")
-    for key in RUN_WIDE_DATA_KEYS:
-      if key in stage.get("data", {}):
-        raise ValueError(f"{where}.data.{key}: one for the whole run "
-                         f"(config.data.{key})")
-    c = copy.deepcopy(config)
-    for section in ("data", "objective"):
-      _override(c[section], stage.get(section, {}), f"{where}.{section}",
-                f"config.{section}")
-    out.append((steps, c))
-  total = sum(steps for steps, _ in out)
-  if total != config.train.steps:
-    raise ValueError(f"config.stages run {' + '.join(str(n) for n, _ in out)} = "
-                     f"{total} steps, but config.train.steps={config.train.steps}; "
-                     "make them agree (the schedule spans config.train.steps)")
-  return out
-
-
-def _override(section: ml_collections.ConfigDict, values: Mapping[str, Any],
-              where: str, path: str) -> None:
-  """Sets a stage's values into (a copy of) a config section. A declared
-  section (locked: data.source, ...) takes them key by key, so an unknown
-  key fails naming it and the keys a stage leaves alone stay; anything
-  else (a map such as source.files) is replaced whole."""
-  for key, value in values.items():
-    if key not in section:
-      raise ValueError(f"{where}.{key}: {path} has no key {key!r}")
-    current = section[key]
-    if (isinstance(current, ml_collections.ConfigDict) and current.is_locked
-        and isinstance(value, Mapping)):
-      _override(current, value, f"{where}.{key}", f"{path}.{key}")
-      continue
-    try:
-      section[key] = value
-    except (TypeError, ValueError) as e:
-      raise ValueError(f"{where}.{key}={value!r}: {e}") from e
-
-
 def _generator(model: Any) -> TransformerConfig | None:
   """ELECTRA's generator architecture (None for other objectives' models)."""
   return model.generator_config if isinstance(model, electra.ElectraPretrainer) else None
@@ -175,30 +112,30 @@ def check_positions(model_cfg: TransformerConfig, lengths: Mapping[str, int],
                            f"positions, but the model has {model_cfg.max_len} ({table})")
 
 
-def make_stage(index: int, steps: int, stage_config: Any, data: pipeline.DataSetup,
+def make_stage(index: int, stage: Stage, init_from: str, data: pipeline.DataSetup,
                model_cfg: TransformerConfig, model: nn.Module, params_shape: Any,
                where: str, run_objective: objectives.Objective) -> loop.Stage:
   """A stage's batches (a stream of their own after the first, so a stage
   over the same rows does not repeat its predecessor's), loss and numbers."""
-  objective = objectives.get(stage_config.objective.name)
+  objective = objectives.get(stage.objective.name)
   try:
     objectives.check_objective(objective.name, model_cfg.family)
     objectives.check_model(objective.name, model_cfg,
-                           f"(the model of init_from={stage_config.init_from})"
-                           if stage_config.init_from else "config.model")
+                           f"(the model of init_from={init_from})"
+                           if init_from else "config.model")
     check_same_model(objective, run_objective)
-    batches, prepared = data.stage_batches(stage_config,
+    batches, prepared = data.stage_batches(stage.data, stage.objective,
                                            stream=(index,) if index else ())
   except ValueError as e:
     raise ValueError(f"{where}: {e}") from e
   check_positions(model_cfg, prepared.lengths, f"{where}.data.seq_len")
-  loss_fn = objective.make_loss_fn(model, prepared.max_predictions, stage_config.objective)
+  loss_fn = objective.make_loss_fn(model, prepared.max_predictions, stage.objective)
   flops = perf.flops_per_example(model_cfg, params_shape, *prepared.lengths.values(),
                                  head_positions=prepared.max_predictions,
                                  generator=_generator(model))
   return loop.Stage(
-      steps=steps, batches=batches, loss_fn=loss_fn,
-      batch_size=stage_config.data.batch_size, flops_per_example=flops,
+      steps=stage.steps, batches=batches, loss_fn=loss_fn,
+      batch_size=stage.data.batch_size, flops_per_example=flops,
       tokens_per_example=sum(prepared.lengths.values()),
       info={f"{side}_length": n for side, n in prepared.lengths.items()})
 
@@ -213,7 +150,7 @@ def check_same_model(objective: objectives.Objective, run: objectives.Objective)
                      "the objective only between those that train the same model")
 
 
-def identity(config: Any) -> dict[str, Any]:
+def identity(config: PretrainConfig) -> dict[str, Any]:
   """The settings a pretraining workdir's checkpoints are bound to
   (:mod:`jaxtl.train.identity`): what it starts from, its objective and
   tokenizer, and (from scratch) its architecture, without what may change
@@ -226,7 +163,7 @@ def identity(config: Any) -> dict[str, Any]:
                            skip=[f"model.{k}" for k in pretrained.RUNTIME_FIELDS])
 
 
-def loop_config(config: Any) -> loop.LoopConfig:
+def loop_config(config: PretrainConfig) -> loop.LoopConfig:
   """The loop's numbers from a pretraining config (all in steps)."""
   t = config.train
   return loop.LoopConfig(
@@ -238,16 +175,19 @@ def loop_config(config: Any) -> loop.LoopConfig:
   ).check({"batch_size": "data.batch_size", "accum_steps": "optim.accum_steps"})
 
 
-def train_and_evaluate(config: Any, workdir: str,
+def train_and_evaluate(config: PretrainConfig | ml_collections.ConfigDict, workdir: str,
                        on_start: Callable[[], None] = lambda: None) -> dict[str, float]:
   """Pretrains per ``config`` into ``workdir``; returns the final eval metrics.
+
+  ``config`` is typed, or a recipe's ConfigDict as a user holds it in
+  Python, typed here once (:func:`jaxtl.pretraining.config.of`).
 
   Started again on the same workdir, it resumes from the newest readable
   checkpoint: parameters, optimizer state, step, RNG and data position.
   ``on_start`` runs once the checks that need no data passed, before the
   run writes anything to ``workdir``.
   """
-  stage_list = stage_configs(config)  # before any work: a bad stage fails now
+  config = pretrain_config.of(config)  # before any work: a bad stage fails now
   numbers = loop_config(config)  # and a bad number
   if config.optim.warmup_steps > numbers.steps:
     logging.warning("config.optim.warmup_steps=%d is more than config.train.steps=%d: "
@@ -296,9 +236,9 @@ def train_and_evaluate(config: Any, workdir: str,
     logging.warning(cost)
   load_params = source_loader(params_shape, source, config.init_from)
   where = lambda k: f"config.stages[{k}]" if config.stages else "config"
-  stages = tuple(make_stage(k, steps, c, data, model_cfg, model, params_shape, where(k),
-                            objective)
-                 for k, (steps, c) in enumerate(stage_list))
+  stages = tuple(make_stage(k, stage, config.init_from, data, model_cfg, model,
+                            params_shape, where(k), objective)
+                 for k, stage in enumerate(config.run_stages()))
   work = loop.Workload(
       model=model,
       weight_fn=functools.partial(objective.weight_total, family=model_cfg.family),

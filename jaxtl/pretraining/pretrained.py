@@ -17,6 +17,8 @@ import logging
 import os
 from typing import Any, Callable
 
+from flax import traverse_util
+
 from jaxtl import convert, layout
 from jaxtl.data import tokenizer_files
 from jaxtl.data import sources
@@ -183,7 +185,6 @@ def load_generator(path: str, tokenizer_path: str = "") -> Pretrained:
   BERT-style LM head reading the shared token table
   (:func:`jaxtl.models.electra.generator_as_encoder`), what Hugging Face's
   ``ElectraForMaskedLM`` holds; the discriminator is left out."""
-  from flax import traverse_util  # pylint: disable=g-import-not-at-top
   path = sources.expand_path(path)
   if convert.is_hf_folder(path):
     raise ValueError(f"{path} is a Hugging Face folder: import its generator "
@@ -207,7 +208,6 @@ def electra_discriminator(cfg: TransformerConfig, tok: Tokenizer, params: dict[s
   """An ELECTRA pretrainer's discriminator: its encoder, and its detection
   head as a head (exported as ElectraForPreTraining; a task has no use for
   it); the generator is left out."""
-  from flax import traverse_util  # pylint: disable=g-import-not-at-top
   encoder, rest = electra.discriminator(params)
   head = {paths.DISCRIMINATOR_HEAD: rest.pop(paths.DISCRIMINATOR_HEAD)}
   return Pretrained(cfg, tok, encoder, head,
@@ -222,7 +222,6 @@ def tuned_backbone(cfg: TransformerConfig, tok: Tokenizer, params: dict[str, Any
   was learned); BERT's pooler is kept, since a new head may use it; the
   classifier and a scalar mix belong to the old task and are dropped.
   """
-  from flax import traverse_util  # pylint: disable=g-import-not-at-top
   cfg, backbone = layers.without_lora(cfg, params[paths.BACKBONE])
   head = {k: v for k, v in params.get(paths.HEAD, {}).items() if k == paths.POOLER}
   rest = {k: v for k, v in params.items() if k != paths.BACKBONE}

@@ -23,6 +23,7 @@ import time
 from absl import flags
 from ml_collections import config_flags
 
+from jaxtl.pretraining import config as pretrain_config
 from jaxtl.pretraining.pretokenize import pretokenize
 
 config_flags.DEFINE_config_file("config", None, "A pretraining recipe "
@@ -40,6 +41,6 @@ log = logging.getLogger(__name__)
 def main(argv: list[str]) -> None:
   del argv
   start = time.perf_counter()
-  pretokenize(FLAGS.config, FLAGS.out, splits=tuple(FLAGS.splits),
+  pretokenize(pretrain_config.of(FLAGS.config), FLAGS.out, splits=tuple(FLAGS.splits),
               num_shards=FLAGS.num_shards)
   log.info("wrote %s in %.1f s", os.path.abspath(FLAGS.out), time.perf_counter() - start)

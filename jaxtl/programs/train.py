@@ -20,17 +20,26 @@ from typing import Any, Callable
 
 import jax
 from absl import app, flags, logging
+import ml_collections
 from ml_collections import config_flags
 
 from jaxtl import layout, train
 from jaxtl.data import network
+from jaxtl.pretraining import config as pretrain_config
 from jaxtl.pretraining import pretrain
+from jaxtl.pretraining.config import PretrainConfig
 from jaxtl.runtime import console
+from jaxtl.tasks import config as tasks_config
 from jaxtl.tasks import finetune
+from jaxtl.tasks.config import FinetuneConfig, TransferStudyConfig
 from jaxtl.tools import transfer_study
 from jaxtl.train import checkpoint, config_checks, identity, stopping, storage, workdir
 
 FLAGS = flags.FLAGS
+Config = PretrainConfig | FinetuneConfig | TransferStudyConfig
+# Each mode's recipe as its typed config (jaxtl.sections).
+TYPED = {"pretrain": pretrain_config.of, "finetune": tasks_config.of,
+         "study": transfer_study.of}
 # sysexits.h's EX_IOERR: a checkpoint could not be written (the log says
 # where and why); the same command resumes from the last one written.
 EXIT_SAVE_FAILED = 74
@@ -69,7 +78,8 @@ def main(argv: list[str]) -> None:
     # Before anything touches the workdir: a bad value, or a run that is
     # not the one the workdir's checkpoints belong to, leaves no trace.
     config_checks.check_values(FLAGS.config, FLAGS.mode)
-    ident = {"mode": FLAGS.mode, **_identity(FLAGS.config)}
+    config = TYPED[FLAGS.mode](FLAGS.config)  # the recipe, typed once
+    ident = {"mode": FLAGS.mode, **_identity(config)}
     identity.check(FLAGS.workdir, ident)
 
     def on_start() -> None:  # the run's own checks passed: record it
@@ -82,7 +92,7 @@ def main(argv: list[str]) -> None:
     # Held from before config.txt is written: a second run on this workdir
     # leaves no trace in it.
     with workdir.owned(FLAGS.workdir, enabled=jax.process_index() == 0):
-      _run_mode(on_start)
+      _run_mode(config, on_start)
   except train.Preempted as e:  # a clean stop: the same command resumes
     logging.warning("%s", e)
     sys.exit(e.exit_code)
@@ -102,29 +112,29 @@ def main(argv: list[str]) -> None:
     os._exit(EXIT_SAVE_FAILED)  # pylint: disable=protected-access
 
 
-def _identity(config: Any) -> dict[str, Any]:
+def _identity(config: Config) -> dict[str, Any]:
   """The settings this mode binds a workdir's checkpoints to."""
   return {"pretrain": pretrain.identity, "finetune": finetune.identity,
           "study": lambda _: {}}[FLAGS.mode](config)
 
 
-def _run_mode(on_start: Callable[[], None]) -> None:
+def _run_mode(config: Config, on_start: Callable[[], None]) -> None:
   if FLAGS.mode == "study":
     on_start()
-    transfer_study.run_study(FLAGS.config, FLAGS.workdir)
+    transfer_study.run_study(config, FLAGS.workdir)
     logging.info("wrote %s/transfer.md and transfer.png", FLAGS.workdir)
   elif FLAGS.mode == "finetune":
-    results = finetune.finetune_and_evaluate(FLAGS.config, FLAGS.workdir, on_start)
+    results = finetune.finetune_and_evaluate(config, FLAGS.workdir, on_start)
     best, test = results["best_dev"], results["test"]
     logging.info("best dev %s; test %s", "- (no dev split: the last epoch)"
                  if best is None else best,
                  "- (no test split)" if test is None else test)
   else:
-    metrics = pretrain.train_and_evaluate(FLAGS.config, FLAGS.workdir, on_start)
+    metrics = pretrain.train_and_evaluate(config, FLAGS.workdir, on_start)
     logging.info("final eval: %s", metrics)
 
 
-def write_config(config: Any, workdir: str) -> str:
+def write_config(config: ml_collections.ConfigDict, workdir: str) -> str:
   """Appends ``config`` to ``workdir/config.txt`` under a header with the
   time and the command line; returns the file's path.
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, NoReturn
 from absl import app, flags
 from absl import logging
 
-JAXTL_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+JAXTL_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # jaxtl/
 
 
 class _OwnInfoOnly(py_logging.Filter):

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxtl.data import row_files
+from jaxtl.data import hf_datasets, row_files
+from jaxtl.tasks.config import TaskConfig
 from jaxtl.tasks.examples import BadRows, Examples
 
 TASK_NAME = "files"  # config.task.name of a task read from the user's files
@@ -279,7 +280,6 @@ def _rows(task: FileTask, path: str, bad: BadRows) -> Iterator[tuple[str, dict[s
   """(where, row) of one split: a file's rows, or a Hugging Face dataset's
   split ``path`` (``hf_datasets.records``: "glue/qnli train row 17")."""
   if task.format == HF:
-    from jaxtl.data import hf_datasets  # pylint: disable=g-import-not-at-top
     yield from hf_datasets.records(dict(task.hf), path)
     return
   fmt = row_files.format_of(path, task.format)
@@ -309,27 +309,26 @@ def train_labels(task: FileTask, train: Examples) -> tuple[str, ...] | None:
   return tuple(label_key(v) or str(v) for v in task.labels) or train.label_names
 
 
-def from_config(task: Any) -> FileTask:
+def from_config(task: TaskConfig) -> FileTask:
   """The ``FileTask`` of ``config.task`` (``task=files``). A Hugging Face
   dataset's ClassLabel names are its class order unless ``task.labels``
   gives one (its authors' ids, not the sorted names)."""
   labels = tuple(str(v) for v in task.labels)
   hf = ()
   if task.format == HF:
-    hf = tuple((k, str(v)) for k, v in dict(task.get("hf", {})).items() if v)
-    if not dict(hf).get("name"):
+    hf = tuple((k, str(v)) for k, v in dataclasses.asdict(task.hf).items() if v)
+    if not task.hf.name:
       raise ValueError("task.format=hf needs --config.task.hf.name (a Hub dataset "
                        "such as glue, with task.hf.subset=qnli, or a save_to_disk "
                        "folder)")
     if not labels and task.kind not in UNLABELLED:
-      from jaxtl.data import hf_datasets  # pylint: disable=g-import-not-at-top
       labels = hf_datasets.label_names(dict(hf), task.train or "train",
                                        task.label_field) or ()
   return FileTask(text_fields=tuple(task.text_fields), label_field=task.label_field,
                   kind=task.kind, format=task.format, labels=labels, hf=hf)
 
 
-def load_splits(task: Any, seed: int) -> dict[str, Examples | None]:
+def load_splits(task: TaskConfig, seed: int) -> dict[str, Examples | None]:
   """train / dev / test of ``config.task`` (``task=files``).
 
   dev and test are files, or held out of train: ``test_fraction`` first,

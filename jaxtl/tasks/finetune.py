@@ -35,11 +35,13 @@ from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.models.config import input_side
 from jaxtl.models.heads import TaskModel
+from jaxtl.tasks import config as tasks_config
 from jaxtl.tasks import examples as examples_lib
 from jaxtl.tasks import features as task_features
 from jaxtl.tasks import file_task, kinds
 from jaxtl.tasks import readers as tasks
 from jaxtl.tasks import spec as task_spec
+from jaxtl.tasks.config import FinetuneConfig, TaskConfig, TaskSettings
 from jaxtl.tasks.squad import SquadExamples, split_squad_by_article
 from jaxtl.train import checkpoint
 from jaxtl.train import identity as identity_lib
@@ -88,7 +90,7 @@ def task_summary(sums: Mapping[str, float]) -> dict[str, float]:
   return out
 
 
-def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
+def load_task_splits(task: TaskConfig, seed: int) -> dict[str, Any]:
   """train / dev / test Examples, of a built-in task or (``task=files``) of
   the user's files (:func:`jaxtl.tasks.file_task.load_splits`).
 
@@ -116,7 +118,7 @@ def load_task_splits(task: Any, seed: int) -> dict[str, Any]:
   return {"train": train_ex, "dev": dev_ex, "test": test_ex}
 
 
-def splits_note(task: Any, splits: Mapping[str, Any]) -> str | None:
+def splits_note(task: TaskConfig, splits: Mapping[str, Any]) -> str | None:
   """One line on a split the run goes without and how to add it, or None.
 
   Without dev there is no selection (the last epoch is the model); without
@@ -140,7 +142,7 @@ def splits_note(task: Any, splits: Mapping[str, Any]) -> str | None:
   return None
 
 
-def _builtin_splits(task: Any, seed: int) -> dict[str, Any]:
+def _builtin_splits(task: TaskConfig, seed: int) -> dict[str, Any]:
   """A built-in task's splits.
 
   Without a dev split (TREC, IMDB) ``task.dev_fraction`` of train is held
@@ -245,15 +247,16 @@ def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
   return np.concatenate(outs)[:n]
 
 
-def score(task: Any, preds: np.ndarray, feats: task_features.Features,
+def score(task: TaskConfig, preds: np.ndarray, feats: task_features.Features,
           examples: Any) -> dict[str, float]:
   """The task's metrics of ``preds`` (see :mod:`jaxtl.tasks.kinds`)."""
   return kinds.get(task.kind).score(task, preds, feats, examples)
 
 
-def model_outputs(model: TaskModel, task: Any, tok: Tokenizer) -> Callable:
+def model_outputs(model: TaskModel, task: TaskSettings, tok: Tokenizer) -> Callable:
   """``(params, batch) -> output``: the model's apply on its input side, or
-  what the task kind computes instead (generation: the decoded ids)."""
+  what the task kind computes instead (generation: the decoded ids).
+  ``task``: the run's, or a loaded model's spec."""
   kind = kinds.get(model.kind)
   if kind.forward is not None:
     return kind.forward(model, task, tok)
@@ -263,12 +266,13 @@ def model_outputs(model: TaskModel, task: Any, tok: Tokenizer) -> Callable:
       b[f"{side}_positions"], b.get(f"{side}_token_type_ids"))
 
 
-def _predictions(outputs: Callable, task: Any, params: Any, batch: Any) -> Array:
+def _predictions(outputs: Callable, task: TaskConfig, params: Any, batch: Any) -> Array:
   """Scores (regression), class or tag ids, or span (start, end, score) rows."""
   return kinds.get(task.kind).predict(outputs(params, batch), batch, task)
 
 
-def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any, tuple[str, ...]]:
+def _backbone(config: FinetuneConfig
+              ) -> tuple[TransformerConfig, Tokenizer, Any, tuple[str, ...]]:
   """(model config, tokenizer, pretrained params or None, what of the
   checkpoint is left out: an earlier task's head) per config.init_from."""
   adapt = config.adapt
@@ -291,7 +295,8 @@ def _backbone(config: Any) -> tuple[TransformerConfig, Tokenizer, Any, tuple[str
                        "jaxtl workdir or a Hugging Face folder), or for a random "
                        "start --config.tokenizer_path=VOCAB")
     tok = get_tokenizer(sources.expand_path(config.tokenizer_path))
-    cfg, params = pretrain.model_config_from(config, tok.vocab_size), None
+    cfg, params = pretrain.model_config_from(config.model, tok.vocab_size,
+                                             config.vocab_multiple), None
   cfg = cfg.replace(dropout_rate=adapt.dropout_rate,
                     attention_dropout_rate=adapt.attention_dropout_rate,
                     adapter_dim=adapt.adapter_dim if adapt.scheme == "adapters" else 0,
@@ -349,19 +354,18 @@ _SCHEME_KEYS = {"adapters": ("adapt.adapter_dim",),
                 "lora": ("adapt.lora_rank", "adapt.lora_targets")}
 
 
-def identity(config: Any) -> dict[str, Any]:
+def identity(config: FinetuneConfig) -> dict[str, Any]:
   """The settings a fine-tuning workdir's checkpoints are bound to: the
   backbone (``init_from``, or ``config.model`` without it), the task and
   its head, the scheme and what shapes its parameters."""
-  scheme = config.get("adapt", {}).get("scheme")  # a recipe of another mode: none
-  keys = [*IDENTITY_KEYS, *_SCHEME_KEYS.get(scheme, ())]
+  keys = [*IDENTITY_KEYS, *_SCHEME_KEYS.get(config.adapt.scheme, ())]
   if not config.init_from:
     keys += ["model"]
   return identity_lib.pick(config, keys,
                            skip=[f"model.{k}" for k in pretrained.RUNTIME_FIELDS])
 
 
-def loop_config(config: Any, steps_per_epoch: int) -> train.LoopConfig:
+def loop_config(config: FinetuneConfig, steps_per_epoch: int) -> train.LoopConfig:
   """The loop's numbers from a fine-tuning config: epochs become steps."""
   t = config.train
   if t.epochs <= 0 or t.checkpoint_every < 0:
@@ -378,12 +382,18 @@ def loop_config(config: Any, steps_per_epoch: int) -> train.LoopConfig:
       seed=config.seed).check({"steps": "train.epochs", "accum_steps": "optim.accum_steps"})
 
 
-def finetune_and_evaluate(config: Any, workdir: str,
+def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: str,
                           on_start: Callable[[], None] = lambda: None) -> dict[str, Any]:
   """Fine-tunes per config in the one training loop; returns (and writes)
   the results dict. ``on_start`` runs once the run's checks passed, before
   it writes anything to ``workdir`` (``jaxtl pretrain`` records the
-  config and the workdir's identity there)."""
+  config and the workdir's identity there).
+
+  ``config`` is typed, or a recipe's ConfigDict as a user holds it in
+  Python (the command line's), typed here once
+  (:func:`jaxtl.tasks.config.of`): the boundary where it is read.
+  """
+  config = tasks_config.of(config)
   os.makedirs(workdir, exist_ok=True)
   task, adapt = config.task, config.adapt
   if adapt.scheme not in SCHEMES:

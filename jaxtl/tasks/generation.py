@@ -34,6 +34,7 @@ from jaxtl.data import packing
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, build_model, family_of, paths
 from jaxtl.tasks import features as task_features
+from jaxtl.tasks.config import TaskSettings
 from jaxtl.tasks import generation_metrics
 from jaxtl.tasks import metrics as task_metrics
 from jaxtl.tasks.examples import Examples
@@ -105,7 +106,7 @@ def check_lengths(max_len: int, max_target_len: int, family: str) -> None:
                      "the separator and the output in max_len tokens")
 
 
-def encode(examples: Any, tok: Tokenizer, task: Any, model: TransformerConfig
+def encode(examples: Any, tok: Tokenizer, task: TaskSettings, model: TransformerConfig
            ) -> GenerationFeatures:
   """Teacher-forcing features for ``model``'s family (see the module's layouts)."""
   family = model.family
@@ -193,14 +194,14 @@ def make_loss(model: Any) -> Callable:
   return loss_fn
 
 
-def generation_config(task: Any, tok: Tokenizer) -> generate_lib.GenerationConfig:
+def generation_config(task: TaskSettings, tok: Tokenizer) -> generate_lib.GenerationConfig:
   """Greedy (or ``task.num_beams`` beams) up to ``task.max_target_len`` tokens."""
   return generate_lib.GenerationConfig(
       max_new_tokens=task.max_target_len, num_beams=task.num_beams,
       num_return_sequences=1, eos_id=tok.eos_id, pad_id=tok.pad_id)
 
 
-def forward(model: Any, task: Any, tok: Tokenizer) -> Callable:
+def forward(model: Any, task: TaskSettings, tok: Tokenizer) -> Callable:
   """``(params, batch) -> generated ids [B, max_target_len]`` (traceable)."""
   cfg = model.config
   gen = generation_config(task, tok)
@@ -214,7 +215,7 @@ def forward(model: Any, task: Any, tok: Tokenizer) -> Callable:
   return run
 
 
-def metric_names(task: Any) -> tuple[str, ...]:
+def metric_names(task: TaskSettings) -> tuple[str, ...]:
   """``task.metrics``: a task's set (squad: exact_match, f1), a comma list
   of :data:`generation_metrics.METRICS`, or "" for :data:`DEFAULT_METRICS`."""
   if not task.metrics:
@@ -224,7 +225,7 @@ def metric_names(task: Any) -> tuple[str, ...]:
   return tuple(n.strip() for n in task.metrics.split(",") if n.strip())
 
 
-def score(task: Any, ids_BN: np.ndarray, feats: GenerationFeatures, examples: Any
+def score(task: TaskSettings, ids_BN: np.ndarray, feats: GenerationFeatures, examples: Any
           ) -> dict[str, float]:
   del examples
   return generation_metrics.generation_metrics(metric_names(task), feats.texts(ids_BN),

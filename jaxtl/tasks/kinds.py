@@ -23,6 +23,7 @@ from jaxtl.tasks import features as task_features
 from jaxtl.tasks import generation
 from jaxtl.tasks import metrics as task_metrics
 from jaxtl.tasks import span_features
+from jaxtl.tasks.config import TaskSettings
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -34,12 +35,12 @@ class TaskKind:
 
   Attributes:
     name: what ``config.task.kind`` says (and :class:`~jaxtl.models.heads.TaskModel`'s kind).
-    encode: ``(examples, tokenizer, task config, model config) -> Features``
+    encode: ``(examples, tokenizer, task, model config) -> Features``
       (the model's family lays the inputs out; an encoder-decoder's
       ``decoder_start`` begins generation's decoder inputs).
     loss_sums: ``(head output, batch) -> {loss_sum, correct_sum, weight_sum}``.
-    predict: ``(head output, batch, task config) -> predictions`` (jitted).
-    score: ``(task config, predictions, features, examples) -> metrics``.
+    predict: ``(head output, batch, task) -> predictions`` (jitted).
+    score: ``(task, predictions, features, examples) -> metrics``.
     infer: ``(head output, batch, task) -> outputs`` (jitted) for users:
       like ``predict``, with class probabilities instead of ids.
     present: ``(task spec, outputs, features, examples) -> one dict per
@@ -52,29 +53,34 @@ class TaskKind:
       replacing the model's own apply where outputs are computed
       (generation: the decoded ids); None: the model's apply.
     weights: the batch feature whose sum normalises the loss.
+
+  ``task`` is a :class:`~jaxtl.tasks.config.TaskSettings`: the run's
+  TaskConfig while fine-tuning, a loaded model's TaskSpec when predicting.
   """
   name: str
-  encode: Callable[[Any, Tokenizer, Any, TransformerConfig], task_features.Features]
+  encode: Callable[[Any, Tokenizer, TaskSettings, TransformerConfig],
+                   task_features.Features]
   loss_sums: Callable[[Array, Batch], dict[str, Array]] | None
-  predict: Callable[[Array, Batch, Any], Array]
-  score: Callable[[Any, np.ndarray, task_features.Features, Any], dict[str, float]]
-  infer: Callable[[Array, Batch, Any], Array]
+  predict: Callable[[Array, Batch, TaskSettings], Array]
+  score: Callable[[TaskSettings, np.ndarray, task_features.Features, Any],
+                  dict[str, float]]
+  infer: Callable[[Array, Batch, TaskSettings], Array]
   present: Callable[[Any, np.ndarray, task_features.Features, Any], list[dict[str, Any]]]
   too_long: str = "truncated"
   make_loss: Callable[[Any], Callable] | None = None
-  forward: Callable[[Any, Any, Tokenizer], Callable] | None = None
+  forward: Callable[[Any, TaskSettings, Tokenizer], Callable] | None = None
   weights: str = "label_weights"
 
 
-def _encode_sequences(examples, tok, task, model):
+def _encode_sequences(examples, tok, task: TaskSettings, model):
   return task_features.encode_sequences(examples, tok, task.max_len, model.family)
 
 
-def _encode_tagging(examples, tok, task, model):
+def _encode_tagging(examples, tok, task: TaskSettings, model):
   return task_features.encode_tagging(examples, tok, task.max_len, model.family)
 
 
-def _encode_spans(examples, tok, task, model):
+def _encode_spans(examples, tok, task: TaskSettings, model):
   return span_features.encode_spans(examples, tok, task.max_len, model.family,
                                     doc_stride=task.doc_stride)
 
@@ -104,34 +110,34 @@ def _span_boundaries(logits_BT2: Array, batch: Batch) -> dict[str, Array]:
   return _cross_entropy(logits, batch)
 
 
-def _argmax(out: Array, batch: Batch, task: Any) -> Array:
+def _argmax(out: Array, batch: Batch, task: TaskSettings) -> Array:
   del batch, task
   return jnp.argmax(out, -1)
 
 
-def _as_is(out: Array, batch: Batch, task: Any) -> Array:
+def _as_is(out: Array, batch: Batch, task: TaskSettings) -> Array:
   del batch, task
   return out
 
 
-def _best_spans(out: Array, batch: Batch, task: Any) -> Array:
+def _best_spans(out: Array, batch: Batch, task: TaskSettings) -> Array:
   """(start, end, score) rows: the best span of each window."""
   spans = best_spans(out[..., 0], out[..., 1], batch["context_mask"],
                      task.max_answer_tokens)
   return jnp.stack(spans, -1).astype(jnp.float32)
 
 
-def _metric_set(task) -> str:
+def _metric_set(task: TaskSettings) -> str:
   """The task's own metrics, else (task=files) its kind's."""
   return task.metrics or task.kind
 
 
-def _metrics(task, preds, feats, examples):
+def _metrics(task: TaskSettings, preds, feats, examples):
   del examples
   return task_metrics.compute_metrics(_metric_set(task), preds, feats.arrays["labels"])
 
 
-def _tag_metrics(task, preds, feats, examples):
+def _tag_metrics(task: TaskSettings, preds, feats, examples):
   """Only labelled (first sub-word) positions count."""
   del examples
   keep = feats.arrays["label_weights"] > 0
@@ -140,14 +146,14 @@ def _tag_metrics(task, preds, feats, examples):
       [l[k] for l, k in zip(feats.arrays["labels"], keep)])
 
 
-def _answer_metrics(task, preds, feats, examples):
+def _answer_metrics(task: TaskSettings, preds, feats, examples):
   """Answer texts (the best window per question) against the gold answers."""
   del task
   return task_metrics.squad_metrics(span_features.span_texts(examples, feats, preds),
                                     examples)
 
 
-def _probabilities(out: Array, batch: Batch, task: Any) -> Array:
+def _probabilities(out: Array, batch: Batch, task: TaskSettings) -> Array:
   """Softmax over the classes (text_to_text: over the label texts' likelihoods)."""
   del batch, task
   return jax.nn.softmax(out.astype(jnp.float32), -1)

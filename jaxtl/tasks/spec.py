@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
 
 from jaxtl import layout
 from jaxtl.data.tokenizers import Tokenizer
@@ -25,6 +24,7 @@ from jaxtl.models.family import family_of
 from jaxtl.models.heads import POOLINGS, TaskModel
 from jaxtl.tasks import features as task_features
 from jaxtl.tasks import file_task, kinds
+from jaxtl.tasks.config import FinetuneConfig, TaskConfig
 
 # The input fields a predictor reads, by kind (and by whether the task has pairs).
 _FIELDS = {"single": ("text",), "pair": ("text", "text_pair"),
@@ -89,7 +89,7 @@ class TaskSpec:
     return self.text_fields == _FIELDS["pair"]
 
 
-def label_words(task: Any, names: tuple[str, ...] | None) -> tuple[str, ...]:
+def label_words(task: TaskConfig, names: tuple[str, ...] | None) -> tuple[str, ...]:
   """What a text-to-text model writes for each class: ``task.label_words``,
   else the label names with underscores as spaces."""
   if not names:
@@ -102,7 +102,7 @@ def label_words(task: Any, names: tuple[str, ...] | None) -> tuple[str, ...]:
   return words
 
 
-def from_config(config: Any, family: str, label_names: tuple[str, ...] | None,
+def from_config(config: FinetuneConfig, family: str, label_names: tuple[str, ...] | None,
                 pair: bool) -> TaskSpec:
   """The spec of a fine-tuning config's task on a ``family`` backbone.
 

@@ -117,6 +117,7 @@ def probe_layers(workdir: str, task: str, max_len: int = 64,
 
 def write_probe_report(accs: Sequence[float], task: str, out_dir: str) -> None:
   """probe.md (a table) and probe.png (accuracy vs layer)."""
+  # optional (jaxtl[analysis]) and slow to import: only the figure needs it
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -137,6 +138,7 @@ def write_probe_report(accs: Sequence[float], task: str, out_dir: str) -> None:
 
 def attention_maps(workdir: str, text: str, out_dir: str) -> list[str]:
   """One PNG per layer: a heatmap per head of who attends to whom in ``text``."""
+  # optional (jaxtl[analysis]) and slow to import: only the figure needs it
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top

@@ -34,6 +34,8 @@ import os
 import time
 from typing import Any, Callable
 
+import flax
+import flax.linen as nn
 import jax
 
 from jaxtl.runtime import hugepages, xla_cpu
@@ -42,6 +44,7 @@ from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.tools.presets import (PRESETS, Measurement, Preset, init_inputs, jaxtl_step,
                                  make_batch, max_predictions, model_config,
                                  on_accelerator, optimizer_config, time_steps)
+from jaxtl.tools import benchmark_torch, profiling
 from jaxtl.train import optim, perf, sharding
 
 def _peak_memory(compiled: Any) -> tuple[int | None, str]:
@@ -71,7 +74,6 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
   model, loss_fn, weight_fn = jaxtl_step(preset, cfg, loss_chunk_len)
   batch = make_batch(preset, seed)
   tx, schedule = optim.make_optimizer(optimizer_config(), total_steps=warmup + steps)
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   state, shardings = train.create_sharded_state(
       model, tx, init_inputs(model, preset, batch), jax.random.key(seed), mesh, rules)
   step = train.jit_train_step(loss_fn, weight_fn, tx, schedule, shardings, mesh)
@@ -104,7 +106,6 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
 def _profile(run_step: Callable[[], Any], steps: int, logdir: str,
              hlo_text: str = "") -> None:
   """Traces ``steps`` steps into ``logdir``; prints and saves their op breakdown."""
-  from jaxtl.tools import profiling  # pylint: disable=g-import-not-at-top
   with jax.profiler.trace(logdir, create_perfetto_trace=True):
     for _ in range(steps):
       run_step()
@@ -172,13 +173,13 @@ def row(name: str, preset: Preset, cfg: TransformerConfig, ours: Measurement,
 
 def environment() -> str:
   """Date, device and versions: the heading of a results block."""
-  import flax  # pylint: disable=g-import-not-at-top
   device = jax.devices()[0]
   kind = device.device_kind if device.platform != "cpu" else (
       f"CPU ({os.cpu_count()} cores, {perf.cpu_model()}; {hugepages.describe()}; "
       f"{xla_cpu.describe()})")
   versions = [f"jax {jax.__version__}", f"flax {flax.__version__}"]
   try:
+    # optional (pip install 'jaxtl[hf]'), heavy: ~2 s; only the versions are read
     import torch  # pylint: disable=g-import-not-at-top
     import transformers  # pylint: disable=g-import-not-at-top
     versions += [f"torch {torch.__version__}", f"transformers {transformers.__version__}"]
@@ -232,7 +233,6 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
     # allocates, so the two never share the device's memory.
     theirs = None
     if torch_side:
-      from jaxtl.tools import benchmark_torch  # pylint: disable=g-import-not-at-top
       theirs = benchmark_torch.run_torch(preset, cfg, warmup, steps)
       benchmark_torch.release_memory()
     ours, flops = run_jaxtl(preset, cfg, warmup, steps, devices,

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from jaxtl.tools.presets import Measurement, Preset, make_batch, optimizer_config, time_steps
+from jaxtl.convert import hf
 from jaxtl.models import TransformerConfig
 
 # Which transformers class trains each objective.
@@ -24,9 +25,9 @@ HF_CLASSES = {"clm": "GPT2LMHeadModel", "mlm": "BertForMaskedLM",
 def run_torch(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
               seed: int = 0) -> Measurement:
   """Times the same model's step in transformers (PyTorch)."""
+  # optional (pip install 'jaxtl[hf]'), heavy: ~2 s; only the PyTorch anchor needs them
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from jaxtl.convert import hf  # pylint: disable=g-import-not-at-top
   cuda = torch.cuda.is_available()
   device = torch.device("cuda" if cuda else "cpu")
   hf_config = hf.hf_config(cfg)
@@ -89,6 +90,7 @@ def run_torch(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
 
 def release_memory() -> None:
   """Hands PyTorch's cached device memory back (for jax, which runs next)."""
+  # optional (pip install 'jaxtl[hf]'), heavy: ~2 s
   import torch  # pylint: disable=g-import-not-at-top
   if torch.cuda.is_available():
     torch.cuda.empty_cache()

@@ -18,14 +18,19 @@ import sys
 import time
 from typing import Any, Callable
 
+import flax.linen as nn
 import jax
+import ml_collections
 import numpy as np
+import psutil
 
 from jaxtl.train import optim, sharding
 from jaxtl import layout, train
 from jaxtl.tools.presets import (PRESETS, Preset, init_inputs, jaxtl_step, make_batch,
                                  model_config, optimizer_config)
 from jaxtl.models import TransformerConfig
+from jaxtl.pretraining import config as pretrain_config
+from jaxtl.pretraining import pipeline
 
 # ----------------------------------------------------------------------------
 # Memory per device under each mesh.
@@ -41,7 +46,6 @@ def state_bytes_per_device(preset: Preset, cfg: TransformerConfig,
   Computed from the shardings the train state is created with (the shards
   ``create_sharded_state`` allocates), so no device memory is needed.
   """
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   devices = list(devices or jax.devices())[:int(np.prod(mesh_shape))]
   mesh, rules = sharding.make_mesh(mesh_shape, devices), sharding.make_rules()
   model, _, _ = jaxtl_step(preset, cfg)
@@ -82,7 +86,6 @@ def memory_rows(names: list[str], dtype: str = "float32",
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
   """(result, wall seconds, CPU seconds of this process's threads and of its
   child processes, Grain's workers included)."""
-  import psutil  # pylint: disable=g-import-not-at-top
   me = psutil.Process()
 
   def cpu() -> float:
@@ -114,14 +117,14 @@ def pipeline_rows(recipe: str, workdir: str, max_docs: int = 5000,
   (``data.seq_len=512``, ...) set config keys, e.g. to a benchmark preset's
   shape, so the figure compares with the step that would consume it.
   """
-  from jaxtl.pretraining import pipeline  # pylint: disable=g-import-not-at-top
   module, _, arg = recipe.partition(":")
   config = importlib.import_module(f"jaxtl.configs.{module}").get_config(arg or None)
   config.data.update(max_docs=max_docs, cache=False)
   for item in overrides:
     set_config_key(config, item)
-  pipeline.DataSetup(config, workdir)  # trains and saves the tokenizer: untimed
-  data, wall, cpu = _timed(lambda: pipeline.DataSetup(config, workdir))
+  typed = pretrain_config.of(config)
+  pipeline.DataSetup(typed, workdir)  # trains and saves the tokenizer: untimed
+  data, wall, cpu = _timed(lambda: pipeline.DataSetup(typed, workdir))
   tokens = sum(data.num_tokens(s) for s in (data.train_split, data.eval_split))
   # A few fast batches can take less CPU time than psutil's clock tick.
   fmt = lambda n, s: f"{n / s:,.0f}" if s > 0 else "n/a (too fast to time)"
@@ -140,7 +143,7 @@ def pipeline_rows(recipe: str, workdir: str, max_docs: int = 5000,
   return rows
 
 
-def set_config_key(config: Any, item: str) -> None:
+def set_config_key(config: ml_collections.ConfigDict, item: str) -> None:
   """Applies ``"a.b=value"`` to a ConfigDict, typed by the value it replaces
   (as ``--config.a.b=value`` would be on the command line)."""
   key, sep, value = item.partition("=")

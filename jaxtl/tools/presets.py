@@ -16,12 +16,14 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from jaxtl import objectives, train
+from jaxtl.configs import models
 from jaxtl.models import TransformerConfig, build_model
 from jaxtl.models.heads import TaskModel
+from jaxtl.tasks import finetune
+from jaxtl.train import optim
 
 OBJECTIVES = ("clm", "mlm", "span", "classify")
 MASK_RATE = 0.15  # MLM: the share of positions that carry loss.
@@ -87,7 +89,6 @@ def on_accelerator() -> bool:
 
 def model_config(preset: Preset, dtype: str, **overrides: Any) -> TransformerConfig:
   """The preset's TransformerConfig, computing in ``dtype``."""
-  from jaxtl.configs import models  # pylint: disable=g-import-not-at-top
   if preset.model not in models.PRESETS:
     raise ValueError(f"preset model {preset.model!r} is not in configs/models.py; "
                      f"known: {sorted(models.PRESETS)}")
@@ -96,11 +97,11 @@ def model_config(preset: Preset, dtype: str, **overrides: Any) -> TransformerCon
   return TransformerConfig.from_mapping(values)
 
 
-def optimizer_config(lr: float = 1e-4) -> ml_collections.ConfigDict:
+def optimizer_config(lr: float = 1e-4) -> optim.OptimConfig:
   """AdamW + clipping, as both sides run it (constant rate: no warmup effects)."""
-  return ml_collections.ConfigDict(dict(
-      lr=lr, warmup_steps=0, schedule="constant", end_lr_ratio=1.0,
-      weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0, accum_steps=1))
+  return optim.OptimConfig(lr=lr, warmup_steps=0, schedule="constant", end_lr_ratio=1.0,
+                           weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0,
+                           accum_steps=1)
 
 
 def make_batch(preset: Preset, seed: int = 0) -> dict[str, np.ndarray]:
@@ -170,7 +171,6 @@ def jaxtl_step(preset: Preset, cfg: TransformerConfig,
                ) -> tuple[Any, Any, Callable]:
   """(model, loss_fn, weight_fn) of the preset's objective, as training runs it."""
   if preset.objective == "classify":
-    from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
     model = TaskModel(cfg, kind="classification", num_labels=preset.num_labels,
                       pooling="pooler", dropout_rate=cfg.dropout_rate)
     return model, finetune.make_task_loss_fn(model), lambda b: jnp.sum(b["label_weights"])

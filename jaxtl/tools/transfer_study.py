@@ -12,7 +12,7 @@ pretraining runs and skips fine-tuning runs that already wrote results.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 import logging
 import math
@@ -20,12 +20,15 @@ import os
 import time
 from typing import Any
 
+import ml_collections
 import numpy as np
 
-from jaxtl.pretraining import pretrain
-from jaxtl.tasks import finetune
-from jaxtl import layout
+from jaxtl import layout, sections
 from jaxtl.data import tokenizer_files
+from jaxtl.pretraining import pretrain
+from jaxtl.pretraining.config import PretrainConfig
+from jaxtl.tasks import finetune
+from jaxtl.tasks.config import FinetuneConfig, StudyConfig, TransferStudyConfig
 
 # Named adaptation recipes: a fine-tuning scheme plus ``config.adapt``
 # overrides. ULMFiT is full fine-tuning with discriminative learning rates
@@ -40,14 +43,30 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 
 
-def _pretrain(config: Any, workdir: str) -> dict[str, str]:
+def of(config: TransferStudyConfig | ml_collections.ConfigDict) -> TransferStudyConfig:
+  """The typed config of configs/transfer_study.py's ConfigDict (a typed one
+  is returned as it is)."""
+  if isinstance(config, TransferStudyConfig):
+    return config
+  return sections.build(TransferStudyConfig, config)
+
+
+def _with_tokenizer(pre: PretrainConfig, path: str) -> PretrainConfig:
+  """``pre`` reading the tokenizer at ``path``, in every stage as well."""
+  def data(d):
+    return dataclasses.replace(d, tokenizer=dataclasses.replace(d.tokenizer, path=path))
+  return dataclasses.replace(pre, data=data(pre.data), stages=tuple(
+      dataclasses.replace(s, data=data(s.data)) for s in pre.stages))
+
+
+def _pretrain(config: TransferStudyConfig, workdir: str) -> dict[str, str]:
   """Runs (or resumes) every pretraining; returns name -> workdir."""
   dirs: dict[str, str] = {}
   tokenizer = ""
   for name in config.study.models:
-    pre = copy.deepcopy(config.pretrain[name])
+    pre = config.pretrain[name]
     if tokenizer:
-      pre.data.tokenizer.path = tokenizer
+      pre = _with_tokenizer(pre, tokenizer)
     dirs[name] = os.path.join(workdir, f"pretrain_{name}")
     if not _finished(dirs[name], pre.train.steps):
       start = time.time()
@@ -63,47 +82,51 @@ def _finished(workdir: str, steps: int) -> bool:
   return os.path.isdir(os.path.join(layout.checkpoints(workdir), str(steps)))
 
 
-def epochs_for(num_examples: int, batch_size: int, study: Any) -> int:
+def epochs_for(num_examples: int, batch_size: int, study: StudyConfig) -> int:
   """Enough epochs for ``min_steps`` updates, and at least ``min_epochs``."""
   steps_per_epoch = max(1, num_examples // batch_size)
   return max(study.min_epochs, math.ceil(study.min_steps / steps_per_epoch))
 
 
-def run_config(config: Any, model: str, init: str, recipe: str, num_labels: int,
-               pretrained_dir: str, lr: float, seed: int) -> Any:
+def run_config(config: TransferStudyConfig, model: str, init: str, recipe: str,
+               num_labels: int, pretrained_dir: str, lr: float, seed: int
+               ) -> FinetuneConfig:
   """The fine-tuning config of one run of the study."""
-  c = copy.deepcopy(config.finetune)
+  base, study = config.finetune, config.study
   if recipe not in RECIPES:
     raise ValueError(f"config.study.recipes: unknown {recipe!r}; known: {sorted(RECIPES)}")
-  spec = dict(RECIPES[recipe])
-  c.seed = seed  # draws the labeled subset as well as the initialisation
-  c.adapt.scheme = spec.pop("scheme")
-  c.adapt.layer_decay = spec.pop("layer_decay", 1.0)
-  c.task.num_train_examples = num_labels
-  c.task.pooling = config.study.pooling[model]
-  num_examples = len(finetune.load_task_splits(c.task, c.seed)["train"])
-  c.train.epochs = epochs_for(num_examples, c.train.batch_size, config.study)
-  c.train.checkpoint_every = 0  # minutes-long runs: a stopped one just reruns
-  if spec.pop("unfreeze", False):
-    c.adapt.unfreeze_epochs = c.train.epochs / (3 * (config.pretrain[model].model.num_layers + 1))
-  c.optim.lr = lr
-  if init == "pretrained":
-    c.init_from = pretrained_dir
-  elif init == "random":
-    c.model = copy.deepcopy(config.pretrain[model].model)
-    c.tokenizer_path = tokenizer_files.workdir_tokenizer(pretrained_dir).model_path
-  else:
+  if init not in ("pretrained", "random"):
     raise ValueError(f"config.study.inits: unknown {init!r}; known: pretrained, random")
-  return c
+  spec = dict(RECIPES[recipe])
+  task = dataclasses.replace(base.task, num_train_examples=num_labels,
+                             pooling=study.pooling[model])
+  # The seed draws the labeled subset as well as the initialisation.
+  num_examples = len(finetune.load_task_splits(task, seed)["train"])
+  epochs = epochs_for(num_examples, base.train.batch_size, study)
+  adapt = dataclasses.replace(base.adapt, scheme=spec.pop("scheme"),
+                              layer_decay=spec.pop("layer_decay", 1.0))
+  backbone = config.pretrain[model].model
+  if spec.pop("unfreeze", False):
+    adapt = dataclasses.replace(
+        adapt, unfreeze_epochs=epochs / (3 * (backbone["num_layers"] + 1)))
+  c = dataclasses.replace(
+      base, seed=seed, task=task, adapt=adapt, optim=dataclasses.replace(base.optim, lr=lr),
+      # minutes-long runs: a stopped one just reruns
+      train=dataclasses.replace(base.train, epochs=epochs, checkpoint_every=0.0))
+  if init == "pretrained":
+    return dataclasses.replace(c, init_from=pretrained_dir)
+  return dataclasses.replace(
+      c, model=dict(backbone),
+      tokenizer_path=tokenizer_files.workdir_tokenizer(pretrained_dir).model_path)
 
 
-def learning_rates(study: Any, recipe: str) -> tuple[float, ...]:
+def learning_rates(study: StudyConfig, recipe: str) -> tuple[float, ...]:
   """The recipe's learning-rate grid (a single value is a grid of one)."""
   lrs = study.lr[recipe]
   return tuple(lrs) if isinstance(lrs, (tuple, list)) else (lrs,)
 
 
-def _run(config: Any, run_dir: str, *args: Any) -> dict[str, Any]:
+def _run(config: TransferStudyConfig, run_dir: str, *args: Any) -> dict[str, Any]:
   """One fine-tuning run, or its results if it finished before."""
   path = layout.results_file(run_dir)
   if not os.path.exists(path):
@@ -114,8 +137,13 @@ def _run(config: Any, run_dir: str, *args: Any) -> dict[str, Any]:
     return json.load(f)
 
 
-def run_study(config: Any, workdir: str) -> list[dict[str, Any]]:
+def run_study(config: TransferStudyConfig | ml_collections.ConfigDict, workdir: str
+              ) -> list[dict[str, Any]]:
   """Pretrains, fine-tunes every cell, and writes the table and the plot.
+
+  ``config`` is typed, or configs/transfer_study.py's ConfigDict (as ``jaxtl
+  study`` holds it), typed here once (:func:`of`): the boundary where it is
+  read. Each run of the study gets its typed config, derived from it.
 
   Each (model, init, recipe, budget) cell is run once per seed. Within a
   seed, the learning rate is chosen from the recipe's grid by the dev
@@ -123,17 +151,19 @@ def run_study(config: Any, workdir: str) -> list[dict[str, Any]]:
   different rate than a pretrained one, and comparing both at one rate
   would favour whichever that rate happens to suit.
   """
+  config = of(config)
+  study = config.study
   pretrained = _pretrain(config, workdir)
   rows = []
-  for model in config.study.models:
-    for init in config.study.inits:
-      for recipe in config.study.recipes:
-        for n in config.study.num_labels:
-          for seed in config.study.seeds:
+  for model in study.models:
+    for init in study.inits:
+      for recipe in study.recipes:
+        for n in study.num_labels:
+          for seed in study.seeds:
             cell = os.path.join(workdir, "finetune", f"{model}_{init}_{recipe}_{n or 'all'}")
             runs = {lr: _run(config, os.path.join(cell, f"seed{seed}_lr{lr:g}"), model,
                              init, recipe, n, pretrained[model], lr, seed)
-                    for lr in learning_rates(config.study, recipe)}
+                    for lr in learning_rates(study, recipe)}
             lr, best = max(runs.items(), key=lambda kv: kv[1]["best_dev"])
             rows.append({"model": model, "init": init, "recipe": recipe,
                          "labels": best["train_examples"], "seed": seed, "lr": lr,
@@ -141,10 +171,9 @@ def run_study(config: Any, workdir: str) -> list[dict[str, Any]]:
                          "trainable_params": best["trainable_params"]})
   with open(os.path.join(workdir, "transfer.json"), "w") as f:
     json.dump(rows, f, indent=1)
-  metric = config.study.metric
   with open(os.path.join(workdir, "transfer.md"), "w") as f:
-    f.write(markdown_table(rows, metric))
-  plot(rows, metric, os.path.join(workdir, "transfer.png"))
+    f.write(markdown_table(rows, study.metric))
+  plot(rows, study.metric, os.path.join(workdir, "transfer.png"))
   return rows
 
 
@@ -205,6 +234,7 @@ def plot(rows: list[dict[str, Any]], metric: str, path: str) -> None:
   """Learning curves: test metric vs labeled examples, one panel per model,
   solid lines pretrained, dashed random, one colour per scheme; the bars
   span one standard deviation over seeds."""
+  # optional (jaxtl[analysis]) and slow to import: only the figure needs it
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top

@@ -32,12 +32,14 @@ import glob
 import json
 import logging
 import os
+import re
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from flax import traverse_util
 
 from jaxtl import layout
 from jaxtl.train import fingerprints as fingerprints_lib
@@ -430,9 +432,6 @@ def load_params(path: str | os.PathLike) -> dict[str, Any]:
 def _flat_transfer(target: Any, pretrained: Any, prefix: tuple[str, ...], skip: Any
                    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, list[str]]]:
   """(flat target, flat pretrained, report); fails on mismatched shapes."""
-  import re  # pylint: disable=g-import-not-at-top
-  from flax import traverse_util  # pylint: disable=g-import-not-at-top
-
   flat_target = traverse_util.flatten_dict(target, sep="/")
   flat_pre = {"/".join((*prefix, k)): v for k, v in
               traverse_util.flatten_dict(pretrained, sep="/").items()}
@@ -470,8 +469,6 @@ def merge_pretrained(target: Any, pretrained: Any, *, prefix: tuple[str, ...] = 
   Names matching a regex in ``skip`` are not loaded. A parameter present in
   both with different shapes is an error listing every such parameter.
   """
-  from flax import traverse_util  # pylint: disable=g-import-not-at-top
-
   flat_target, flat_pre, report = _flat_transfer(target, pretrained, prefix, skip)
   merged = dict(flat_target)
   for name in report["loaded"]:

@@ -162,24 +162,26 @@ SUMS: tuple[tuple[tuple[str, str], Bound], ...] = (
 )
 
 
-def check_values(config: Any, mode: str) -> None:
+def check_values(config: ml_collections.ConfigDict, mode: str) -> None:
   """Raises :class:`jaxtl.train.loop.ConfigError` for the first value of
   ``config`` (a ``pretrain``, ``finetune`` or ``study`` config) outside what
   it allows.
 
   A study's pretraining and fine-tuning configs are checked too, and each
   pretraining stage with its overrides: their runs start hours into a study.
+  It reads the recipe as written, before it is typed, so each message
+  names the key the user set (``config.stages[1].data.seq_len``).
   """
   for where, run in _runs(config, mode):
     named = _named(run, where)
     _check(named)
     for k, stage in enumerate(run.get("stages") or ()):
-      if _is_section(stage):  # else pretrain.stage_configs names the stage
+      if _is_section(stage):  # else jaxtl.pretraining.config.of names the stage
         overrides = {s: stage[s] for s in ("data", "objective") if s in stage}
         _check({**named, **_named(overrides, f"{where}stages[{k}].")})
 
 
-def _runs(config: Any, mode: str) -> list[tuple[str, Any]]:
+def _runs(config: ml_collections.ConfigDict, mode: str) -> list[tuple[str, Any]]:
   """(where, config) of each run ``config`` holds, ``where`` its key prefix."""
   if mode not in MODES:
     raise ValueError(f"mode {mode!r}: expected one of {sorted(MODES)}")

@@ -19,6 +19,7 @@ run's own checks passed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -29,11 +30,18 @@ from jaxtl import layout
 from jaxtl.train import workdir as workdir_lib
 
 
+def _items(config: Any) -> Iterable[tuple[str, Any]]:
+  if dataclasses.is_dataclass(config):  # a typed section (jaxtl.sections)
+    return ((f.name, getattr(config, f.name)) for f in dataclasses.fields(config))
+  return config.items()
+
+
 def leaves(config: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-  """``("section.key", value)`` for every leaf of a config (a ConfigDict or
-  a mapping), in order: the one walk of a config's keys."""
-  for key, value in config.items():
-    if hasattr(value, "items"):
+  """``("section.key", value)`` for every leaf of a config (a ConfigDict, a
+  mapping or a typed section), in order: the one walk of a config's keys."""
+  for key, value in _items(config):
+    if hasattr(value, "items") or (dataclasses.is_dataclass(value)
+                                   and not isinstance(value, type)):
       yield from leaves(value, f"{prefix}{key}.")
     else:
       yield f"{prefix}{key}", value

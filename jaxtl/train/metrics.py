@@ -48,6 +48,7 @@ def _summary_writer_class() -> type:
   """tensorboardX's SummaryWriter, imported without PyTorch: tensorboardX
   imports torch when it is installed only to accept its tensors, which we
   never log, and that import costs every run (every CLI start) ~2 CPU s."""
+  # heavy: imported on first use, with torch blocked (above), by both imports
   if "torch" in sys.modules or "tensorboardX" in sys.modules:
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
     return SummaryWriter

@@ -2,19 +2,39 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import traverse_util
 
 from jaxtl.models import paths
+from jaxtl.sections import key
 
 
-def make_schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  """AdamW with linear warmup, then decay (:func:`make_schedule`)."""
+  lr: float = key(1e-3, "peak learning rate, reached after warmup")
+  warmup_steps: int = key(100, "steps of linear warmup to lr; 0: warmup_fraction decides")
+  warmup_fraction: float = key(0.0, "warmup as a share of all steps, when warmup_steps is 0")
+  schedule: str = key("cosine", "decay after warmup: cosine | linear | stlr (ULMFiT's "
+                                "slanted triangle) | constant")
+  end_lr_ratio: float = key(0.1, "the rate at the last step, as a fraction of lr")
+  weight_decay: float = key(0.01, "AdamW's decoupled weight decay (matrices and "
+                                  "embeddings only)")
+  b1: float = key(0.9, "Adam's beta1: decay of the gradient's running mean")
+  b2: float = key(0.98, "Adam's beta2: decay of the squared gradient's running mean")
+  eps: float = key(1e-8, "Adam's epsilon, added to the update's denominator")
+  clip_norm: float = key(1.0, "gradients are clipped to this global norm; 0: no clipping")
+  accum_steps: int = key(1, "micro-batches each batch is split into (less memory, "
+                            "the same update)")
+
+
+def make_schedule(optim: OptimConfig, total_steps: int) -> optax.Schedule:
   """Linear warmup to ``optim.lr``, then cosine or linear decay.
 
   Decay ends at ``optim.end_lr_ratio * lr`` on the last training step.
@@ -28,7 +48,7 @@ def make_schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.S
   ``warmup_fraction=0.1`` (cut_frac) and ``end_lr_ratio=1/32`` (ratio 32);
   plain "linear" differs only in its first step's rate (0, not lr/32).
   """
-  warmup = int(optim.warmup_steps) or int(round(optim.get("warmup_fraction", 0.0)
+  warmup = int(optim.warmup_steps) or int(round(optim.warmup_fraction
                                                  * total_steps))
   decay_steps = max(total_steps - warmup, 1)
   end = optim.lr * optim.end_lr_ratio
@@ -57,7 +77,7 @@ def decay_mask(params: Any) -> Any:
   return traverse_util.unflatten_dict(mask, sep="/")
 
 
-def make_optimizer(optim: ml_collections.ConfigDict, total_steps: int
+def make_optimizer(optim: OptimConfig, total_steps: int
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """AdamW (decoupled weight decay on matrices only) with global-norm clipping."""
   schedule = make_schedule(optim, total_steps)
@@ -122,7 +142,7 @@ def _gradual_unfreeze(depths: Any, top: int, every: int) -> optax.GradientTransf
   return optax.GradientTransformation(init, update)
 
 
-def make_finetune_optimizer(optim: ml_collections.ConfigDict, total_steps: int,
+def make_finetune_optimizer(optim: OptimConfig, total_steps: int,
                             params: Any, num_layers: int, *,
                             freeze: Sequence[str] = (), layer_decay: float = 1.0,
                             unfreeze_every: int = 0

@@ -11,6 +11,7 @@ or only the masked ones for MLM.
 
 from __future__ import annotations
 
+import platform
 from typing import Any
 
 import jax
@@ -46,7 +47,6 @@ def cpu_model(cpuinfo: str = xla_cpu.CPUINFO) -> str:
   The same command runs at different speeds relative to PyTorch on AMD and
   Intel CPUs, so every CPU figure carries this.
   """
-  import platform  # pylint: disable=g-import-not-at-top
   cpu = xla_cpu.read_cpu(cpuinfo)
   if cpu is None:
     return platform.processor() or platform.machine()

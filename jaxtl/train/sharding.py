@@ -10,6 +10,7 @@ module is the only place that maps those names onto the three mesh axes:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
@@ -17,6 +18,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxtl.sections import key
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -45,6 +48,15 @@ DEFAULT_RULES: Rules = (
     ("relpos_buckets", None),
     ("labels", None),  # task-head outputs
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """The device mesh and the logical-axis rules."""
+  shape: tuple[int, ...] = key((-1, 1, 1), "device mesh (data, fsdp, tensor); -1 takes "
+                                           "the remaining devices")
+  rules: dict[str, Any] = key({}, "mesh axes logical axis {name} is sharded over "
+                                  "(overrides jaxtl.train.sharding.DEFAULT_RULES)")
 
 
 def make_rules(overrides: Mapping[str, Any] | None = None) -> Rules:
