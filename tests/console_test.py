@@ -101,7 +101,7 @@ def test_users_log_environment_wins(monkeypatch):
                     reason="TensorFlow not installed")
 def test_tensorflow_loads_silently():
   env = {k: v for k, v in os.environ.items() if k not in LOG_ENV}
-  code = ("import sys; from jaxtl import console; console.set_log_environment(sys.argv); "
+  code = ("import sys; from jaxtl.runtime import console; console.set_log_environment(sys.argv); "
           "import tensorflow")
   proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=300)

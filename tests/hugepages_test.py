@@ -41,7 +41,7 @@ def test_reads_the_bracketed_kernel_mode(tmp_path):
 @pytest.mark.subprocess
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc tunables are Linux-only")
 def test_an_entry_point_reexecutes_itself_once_with_the_tunable():
-  code = ("import os; from jaxtl import hugepages; print('start', flush=True); "
+  code = ("import os; from jaxtl.runtime import hugepages; print('start', flush=True); "
           "hugepages.restart_with_huge_pages(); print(os.environ.get('GLIBC_TUNABLES'))")
   env = {k: v for k, v in os.environ.items()
          if k not in ("GLIBC_TUNABLES", "JAXTL_HUGE_PAGES")}

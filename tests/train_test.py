@@ -160,8 +160,11 @@ def test_new_objectives_match_single_device_on_the_mesh(family, names, kw):
   assert ref[-1] < ref[0]
   losses, state, _ = run_steps(cfg, (2, 2, 2), data)
   np.testing.assert_allclose(losses, ref, rtol=2e-5)
+  # Adam divides by the gradient's own scale: where a gradient is ~0, the
+  # sharded sums' other rounding moves a weight by a visible part of lr
+  # (3e-3); seen at 5e-5 on 1 of 2048 weights on an AMD EPYC, 2026-11-26.
   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
-    np.testing.assert_allclose(a, b, atol=2e-5)
+    np.testing.assert_allclose(a, b, atol=1e-4)
 
 
 @pytest.mark.slow

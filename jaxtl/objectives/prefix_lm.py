@@ -9,7 +9,6 @@ encoder-decoder (the prefix is the encoder's input, the rest its target).
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from jaxtl.data.config import DataConfig
