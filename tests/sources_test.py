@@ -12,7 +12,7 @@ import time
 import pytest
 
 import datadir
-from jaxtl.data import sources, tfds_reader
+from jaxtl.data import sources, text_files, tfds_reader
 
 
 def _write_jsonl(path, rows, gz=False):
@@ -32,22 +32,22 @@ def test_read_text_lines_and_paragraphs(tmp_path):
   path = tmp_path / "wiki.txt"
   path.write_text(" \n = Title = \n\n Body line one . \r\n \n Two\n",
                   encoding="utf-8")
-  assert sources.read_text(path) == [" = Title = ", " Body line one . ",
+  assert text_files.read_text(path) == [" = Title = ", " Body line one . ",
                                      " Two"]
-  whole = sources.read_text(path, paragraphs=True)
+  whole = text_files.read_text(path, paragraphs=True)
   assert whole == [path.read_text(encoding="utf-8")]
   empty = tmp_path / "empty.txt"
   empty.write_text("\n \n", encoding="utf-8")
-  assert sources.read_text(empty) == []
-  assert sources.read_text(empty, paragraphs=True) == []
+  assert text_files.read_text(empty) == []
+  assert text_files.read_text(empty, paragraphs=True) == []
 
 
 def test_read_text_wrong_encoding_names_line(tmp_path):
   path = tmp_path / "latin.txt"
   path.write_bytes("ok\nsister\xf0city\n".encode("latin-1"))
   with pytest.raises(ValueError, match=r"latin\.txt:2.*latin-1"):
-    sources.read_text(path)
-  assert sources.read_text(path, encoding="latin-1")[1] == "sister\xf0city"
+    text_files.read_text(path)
+  assert text_files.read_text(path, encoding="latin-1")[1] == "sister\xf0city"
 
 
 # --- read_jsonl --------------------------------------------------------------
@@ -59,35 +59,35 @@ def test_read_jsonl_gz_round_trip(tmp_path):
   for gz in (False, True):
     path = _write_jsonl(tmp_path / ("r.jsonl.gz" if gz else "r.jsonl"), rows,
                         gz=gz)
-    assert sources.read_jsonl(path) == [r["text"] for r in rows]
+    assert text_files.read_jsonl(path) == [r["text"] for r in rows]
 
 
 def test_read_jsonl_malformed_line(tmp_path):
   path = tmp_path / "bad.jsonl"
   path.write_text('{"text": "a"}\n\n{"text": "b"\n', encoding="utf-8")
   with pytest.raises(ValueError, match=r"bad\.jsonl:3.*malformed"):
-    sources.read_jsonl(path)
+    text_files.read_jsonl(path)
   path.write_bytes(b'{"text": "a"}\n{"text": "\xff"}\n')
   with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid utf-8"):
-    sources.read_jsonl(path)
+    text_files.read_jsonl(path)
   path.write_text('{"text": "a"}\n["b"]\n', encoding="utf-8")
   with pytest.raises(ValueError, match=r"bad\.jsonl:2: expected a JSON object"):
-    sources.read_jsonl(path)
+    text_files.read_jsonl(path)
 
 
 def test_read_jsonl_missing_field(tmp_path):
   path = _write_jsonl(tmp_path / "f.jsonl", [{"text": "a"}, {"body": "b"}])
   with pytest.raises(ValueError, match=r"f\.jsonl:2.*'text'"):
-    sources.read_jsonl(path)
+    text_files.read_jsonl(path)
   with pytest.raises(ValueError, match=r"f\.jsonl:1.*'label'"):
-    sources.read_jsonl(path, field="label")
+    text_files.read_jsonl(path, field="label")
 
 
 def test_read_jsonl_empty_text(tmp_path):
   path = _write_jsonl(tmp_path / "e.jsonl.gz", [{"text": "a"}, {"text": " "}],
                       gz=True)
   with pytest.raises(ValueError, match=r"e\.jsonl\.gz:2.*empty"):
-    sources.read_jsonl(path)
+    text_files.read_jsonl(path)
 
 
 # --- read_tsv_column ---------------------------------------------------------
@@ -98,28 +98,28 @@ def test_read_tsv_bom_header_and_quotes(tmp_path):
   path.write_bytes(
       "\ufeffQuality\t#1 String\t#2 String\n"
       '1\tHe said " hi\t" Odd quote\n\n0\tx\ty\n'.encode("utf-8"))
-  assert sources.read_tsv_column(path, "#1 String") == ['He said " hi', "x"]
-  assert sources.read_tsv_column(path, "Quality") == ["1", "0"]  # BOM dropped
+  assert text_files.read_tsv_column(path, "#1 String") == ['He said " hi', "x"]
+  assert text_files.read_tsv_column(path, "Quality") == ["1", "0"]  # BOM dropped
   with pytest.raises(ValueError, match=r"no column '#3 String'.*Quality"):
-    sources.read_tsv_column(path, "#3 String")
+    text_files.read_tsv_column(path, "#3 String")
   empty = tmp_path / "empty.tsv"
   empty.write_text("", encoding="utf-8")
-  assert sources.read_tsv_column(empty, "Quality") == []
+  assert text_files.read_tsv_column(empty, "Quality") == []
 
 
 def test_read_tsv_too_few_columns(tmp_path):
   path = tmp_path / "short.tsv"
   path.write_text("a\tb\tc\n1\t2\t3\n4\t5\n", encoding="utf-8")
   with pytest.raises(ValueError, match=r"short\.tsv:3.*2 columns"):
-    sources.read_tsv_column(path, "c")
+    text_files.read_tsv_column(path, "c")
 
 
 # --- missing files and load_texts --------------------------------------------
 
 
 def test_missing_files(tmp_path):
-  for reader in (sources.read_text, sources.read_jsonl,
-                 lambda p: sources.read_tsv_column(p, "text")):
+  for reader in (text_files.read_text, text_files.read_jsonl,
+                 lambda p: text_files.read_tsv_column(p, "text")):
     with pytest.raises(FileNotFoundError, match="absent.txt"):
       reader(tmp_path / "absent.txt")
 
@@ -269,7 +269,7 @@ def test_import_does_not_load_tensorflow():
 def test_imdb_unsup():
   path = datadir.require_data("imdb", "unsup.jsonl.gz")
   start = time.perf_counter()
-  texts = sources.read_jsonl(path)
+  texts = text_files.read_jsonl(path)
   assert len(texts) == 50_000
   assert time.perf_counter() - start < 10
   assert sum("<br />" in t for t in texts) > 10_000
@@ -283,7 +283,7 @@ def test_imdb_test_as_a_jsonl_source():
 
 def test_wikitext2_valid():
   path = datadir.require_data("wikitext2", "valid.txt")
-  lines = sources.read_text(path)
+  lines = text_files.read_text(path)
   assert len(lines) == 2461
   assert lines[0] == " = Homarus gammarus = "
   assert all(line.strip() for line in lines)
@@ -291,9 +291,9 @@ def test_wikitext2_valid():
 
 def test_glue_mrpc_bom_header():
   path = datadir.require_data("glue", "MRPC", "dev.tsv")
-  first = sources.read_tsv_column(path, "#1 String")
-  second = sources.read_tsv_column(path, "#2 String")
-  labels = sources.read_tsv_column(path, "Quality")
+  first = text_files.read_tsv_column(path, "#1 String")
+  second = text_files.read_tsv_column(path, "#2 String")
+  labels = text_files.read_tsv_column(path, "Quality")
   assert len(first) == len(second) == len(labels) == 408
   assert set(labels) == {"0", "1"}
 
@@ -303,14 +303,14 @@ def test_glue_cola_without_a_header_is_refused_naming_its_first_line():
   and says so with what it found (read CoLA as a task, jaxtl.tasks)."""
   path = datadir.require_data("glue", "CoLA", "dev.tsv")
   with pytest.raises(ValueError, match=r"dev.tsv: no column 'sentence'.*'gj04'"):
-    sources.read_tsv_column(path, "sentence")
+    text_files.read_tsv_column(path, "sentence")
 
 
 def test_trec_is_latin1():
   path = datadir.require_data("trec", "train_5500.label")
   with pytest.raises(ValueError, match=r"train_5500\.label:66"):
-    sources.read_text(path)
-  rows = sources.read_text(path, encoding="latin-1")
+    text_files.read_text(path)
+  rows = text_files.read_text(path, encoding="latin-1")
   assert len(rows) == 5452
   assert "\xf0" in rows[65]
 
