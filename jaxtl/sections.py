@@ -74,10 +74,6 @@ def field_types(cls: type) -> dict[str, Any]:
   return typing.get_type_hints(cls)
 
 
-def meaning(cls: type, name: str) -> str:
-  return fields(cls)[name].metadata.get("meaning", "")
-
-
 def section_class(hint: Any) -> type | None:
   """The section class a field's type names (``X | None`` included)."""
   union = typing.get_origin(hint) in (typing.Union, types.UnionType)

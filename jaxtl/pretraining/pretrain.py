@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import types
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
@@ -47,8 +48,7 @@ def load_source(config: PretrainConfig) -> pretrained.Pretrained | None:
   checking the objective fits it (or config.model)."""
   if not config.init_from:
     objectives.check_objective(config.objective.name, config.model["family"])
-    objectives.check_model(config.objective.name,
-                           TransformerConfig.from_mapping({**config.model, "vocab_size": 1}))
+    objectives.check_model(config.objective.name, types.SimpleNamespace(**config.model))
     return None
   # A tokenizer path still overrides, as in fine-tuning (same ids, other files).
   source = pretrained.load(config.init_from, config.data.tokenizer.path)
