@@ -213,6 +213,27 @@ def test_dropout_mask_is_the_same_however_it_is_sharded():
   np.testing.assert_array_equal(np.asarray(draw(jax.sharding.PartitionSpec(None, "a", "b"))), whole)
 
 
+def test_hashed_words_look_random():
+  """Dropout's counter hash: every bit fair, no correlation between
+  neighbours along either axis or between keys, bytes uniform."""
+  key, other = jax.random.key(5), jax.random.key(6)
+  words = np.asarray(layers.hashed_words(key, (64, 4096)))
+  bits = lambda w: ((w[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.float32)
+  b = bits(words)
+  tol = 5 * 0.5 / np.sqrt(words.size)  # five standard errors of a fair bit's mean
+  assert np.all(np.abs(b.mean(axis=(0, 1)) - 0.5) < tol)
+  # A pair of independent fair bits agrees with probability 1/2.
+  for x, y in [(b[:, 1:], b[:, :-1]), (b[1:], b[:-1]),
+               (b, bits(np.asarray(layers.hashed_words(other, (64, 4096)))))]:
+    assert np.all(np.abs((x == y).mean(axis=(0, 1)) - 0.5) < 2 * tol)
+  counts = np.bincount((words & 0xFF).ravel(), minlength=256)
+  expected = words.size / 256
+  chi2 = ((counts - expected) ** 2 / expected).sum()
+  assert chi2 < 255 + 5 * np.sqrt(2 * 255)  # 255 degrees of freedom, five sigma
+  with pytest.raises(ValueError, match="overflow the 32-bit counter"):
+    jax.eval_shape(lambda k: layers.hashed_words(k, (2, 2**20, 2**13)), key)
+
+
 @pytest.mark.slow
 def test_relative_position_buckets():
   rel = jnp.arange(-200, 201)
