@@ -199,6 +199,26 @@ def test_trim_padding_cuts_to_the_longest_row_rounded_up():
   assert finetune.trim_padding(batch, "encoder", 0)["encoder_input_tokens"].shape == (2, 64)
 
 
+def test_predict_batches_rows_by_length_and_answers_in_order():
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(1, 64, size=37)
+  seg = (np.arange(64) < lengths[:, None]).astype(np.int32)
+  arrays = {"encoder_segment_ids": seg, "labels": np.arange(37),
+            "label_weights": seg.astype(np.float32)}
+  widths = []
+
+  def eval_fn(params, batch):  # a row's answer: its label and its length
+    widths.append(batch["encoder_segment_ids"].shape[1])
+    return np.stack([batch["labels"], batch["encoder_segment_ids"].sum(1)], 1)
+
+  mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  out = finetune.predict(eval_fn, None, arrays, 8, mesh, multiple=16, desc=None)
+  np.testing.assert_array_equal(out, np.stack([np.arange(37), lengths], 1))
+  assert widths == sorted(widths, reverse=True)  # longest first: similar rows together
+  # Sorted, the 37 rows pad to fewer positions than in their given order.
+  assert sum(widths) < sum(-(-lengths[i:i + 8].max() // 16) * 16 for i in range(0, 37, 8))
+
+
 @pytest.mark.slow
 def test_minilm_recipe_fine_tunes_a_hugging_face_folder(tmp_path):
   """configs/finetune_minilm.py end to end on real weights: the HF folder's

@@ -41,11 +41,13 @@ def predict_file(workdir: str, input_path: str, output_path: str = "-",
                     "each predicted on its empty text", name, empty)
   model = predictor.load(workdir)
   writer = rows_lib.Writer(output_path, columns=fields)
-  chunk = 4 * batch_size  # rows between writes; the bar moves per chunk
+  # Rows between writes; the bar moves per chunk. Within a chunk rows are
+  # batched by length, so a larger chunk pads less.
+  chunk = 32 * batch_size
   try:
     with metrics.progress_bar(total=len(inputs), desc="predict", unit="row") as bar:
       for start in range(0, len(inputs), chunk):
-        preds = model.predict(inputs[start:start + chunk], batch_size=batch_size)
+        preds = model.predict(inputs[start:start + chunk], batch_size=batch_size, desc=None)
         for (_, row), pred in zip(rows[start:start + chunk], preds):
           writer.write(with_prediction(row, pred, fields))
         bar.update(len(preds))

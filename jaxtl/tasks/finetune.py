@@ -219,21 +219,31 @@ def trim_padding(batch: Mapping[str, np.ndarray], side: str, multiple: int
 
 def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
             batch_size: int, mesh, side: str = "encoder", multiple: int = 0,
-            desc: str = "predict", interruptible: bool = False) -> np.ndarray:
+            desc: str | None = "predict", interruptible: bool = False) -> np.ndarray:
   """Model outputs (class ids, scores, tag ids or spans) for every row, in order.
 
   Batches are trimmed as in training; per-token outputs are padded back.
-  A large split gets a progress bar named ``desc`` on a terminal, cleared
-  when done. ``interruptible``: a stop request (SIGTERM, Ctrl-C) ends it
-  between batches (:func:`jaxtl.train.stopping.check`).
+  When trimming (``multiple``), rows are batched longest first, so that a
+  batch's rows have similar lengths and little padding, and put back in
+  order after. A large split gets a progress bar named ``desc`` on a
+  terminal, cleared when done (``desc=None``: none). ``interruptible``: a
+  stop request (SIGTERM, Ctrl-C) ends it between batches
+  (:func:`jaxtl.train.stopping.check`).
   """
   n = len(arrays["labels"])
+  order = np.arange(n)
+  if multiple:
+    used = arrays[f"{side}_segment_ids"] > 0
+    ends = np.where(used.any(1), used.shape[1] - np.argmax(used[:, ::-1], axis=1), 0)
+    order = np.argsort(-ends, kind="stable")
+    arrays = {k: v[order] for k, v in arrays.items()}
   padded = _pad_rows(arrays, batch_size)
   t = padded[f"{side}_segment_ids"].shape[1]
   outs = []
   starts = range(0, len(padded["labels"]), batch_size)
-  for i in train.metrics.progress_bar(starts, desc=desc, unit="batch", leave=False,
-                                      enabled=jax.process_index() == 0, min_total=8):
+  for i in train.metrics.progress_bar(starts, desc=desc or "", unit="batch", leave=False,
+                                      enabled=desc is not None and jax.process_index() == 0,
+                                      min_total=8):
     if interruptible:
       stopping.check()
     batch = trim_padding({k: v[i:i + batch_size] for k, v in padded.items()}, side,
@@ -244,7 +254,9 @@ def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
     if out.shape == batch["label_weights"].shape and out.ndim == 2 and out.shape[1] < t:
       out = np.pad(out, [(0, 0), (0, t - out.shape[1])])
     outs.append(out)
-  return np.concatenate(outs)[:n]
+  in_order = np.empty_like(outs[0], shape=(n, *outs[0].shape[1:]))
+  in_order[order] = np.concatenate(outs)[:n]
+  return in_order
 
 
 def score(task: TaskConfig, preds: np.ndarray, feats: task_features.Features,

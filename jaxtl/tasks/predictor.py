@@ -69,7 +69,7 @@ class FineTuned:
     return jax.jit(run), jax.device_put(self.params, jax.devices()[0]), mesh
 
   def predict(self, inputs: Sequence[Input], batch_size: int = 32,
-              desc: str = "predict") -> list[dict[str, Any]]:
+              desc: str | None = "predict") -> list[dict[str, Any]]:
     """One prediction per input, in order.
 
     Classification: ``{"label", "probabilities"}`` (text_to_text adds the
@@ -78,7 +78,8 @@ class FineTuned:
     ``{"answer"}``; generation: ``{"generated"}``, the text it writes. Inputs: texts, ``(text, text_pair)`` pairs for pair
     tasks, word lists (or whitespace-split texts) for tagging,
     ``(question, context)`` for span_qa, or mappings keyed by
-    ``spec.text_fields``.
+    ``spec.text_fields``. ``desc`` names the progress bar shown on a
+    terminal for many batches (None: no bar).
     """
     if not len(inputs):
       return []
