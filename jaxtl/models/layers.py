@@ -109,14 +109,14 @@ def hashed_words(rng: Array, shape: tuple[int, ...]) -> Array:
   global index, a sharded array draws the same words as an unsharded one.
   """
   shape = tuple(shape)
-  outer, inner = (shape[0], shape[1:]) if len(shape) > 1 else (1, shape)
-  if math.prod(inner) > 2**32:
-    raise ValueError(f"hashed_words: {math.prod(inner)} words per slice of the first "
+  outer, *inner = shape if len(shape) > 1 else (1, *shape)  # 1-D: one slice
+  count = math.prod(inner)
+  if count > 2**32:
+    raise ValueError(f"hashed_words: {count} words per slice of the first "
                      f"axis of {shape} overflow the 32-bit counter")
-  index = jax.lax.iota(jnp.uint32, math.prod(inner)).reshape(inner)
-  keys = jax.random.bits(rng, (outer, 2), jnp.uint32)
-  keys = keys.reshape((outer,) * (len(shape) > 1) + (1,) * len(inner) + (2,))
-  return mix32(mix32(index ^ keys[..., 0]) ^ keys[..., 1])
+  index = jax.lax.iota(jnp.uint32, count).reshape(inner)
+  keys = jax.random.bits(rng, (outer, *[1] * len(inner), 2), jnp.uint32)
+  return mix32(mix32(index ^ keys[..., 0]) ^ keys[..., 1]).reshape(shape)
 
 
 def dropout_keep_mask(rng: Array, rate: float, shape: tuple[int, ...]) -> Array:

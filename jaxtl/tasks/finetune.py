@@ -197,6 +197,12 @@ def _pad_rows(arrays: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.n
           for k, v in arrays.items()}
 
 
+def _row_ends(segment_ids: np.ndarray) -> np.ndarray:
+  """Per row, one past its last token (0 for an empty row)."""
+  positions = np.arange(1, segment_ids.shape[1] + 1)
+  return np.where(segment_ids > 0, positions, 0).max(axis=1, initial=0)
+
+
 def trim_padding(batch: Mapping[str, np.ndarray], side: str, multiple: int
                  ) -> dict[str, np.ndarray]:
   """Cuts the length axis to the batch's longest row, rounded up to ``multiple``.
@@ -207,11 +213,9 @@ def trim_padding(batch: Mapping[str, np.ndarray], side: str, multiple: int
   (``max_len / multiple``). Arrays on the other side (T5's decoder) keep
   their length. ``multiple=0`` turns this off.
   """
-  lengths = batch[f"{side}_segment_ids"]
-  t = lengths.shape[1]
-  used = np.flatnonzero((lengths > 0).any(0))
-  keep = min(t, -(-(int(used[-1]) + 1 if used.size else 1) // multiple) * multiple) \
-      if multiple else t
+  t = batch[f"{side}_segment_ids"].shape[1]
+  longest = max(int(_row_ends(batch[f"{side}_segment_ids"]).max(initial=0)), 1)
+  keep = min(t, -(-longest // multiple) * multiple) if multiple else t
   other = "encoder_" if side == "decoder" else "decoder_"
   return {k: v[:, :keep] if v.ndim >= 2 and v.shape[1] == t and not k.startswith(other)
           else v for k, v in batch.items()}
@@ -233,9 +237,7 @@ def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
   n = len(arrays["labels"])
   order = np.arange(n)
   if multiple:
-    used = arrays[f"{side}_segment_ids"] > 0
-    ends = np.where(used.any(1), used.shape[1] - np.argmax(used[:, ::-1], axis=1), 0)
-    order = np.argsort(-ends, kind="stable")
+    order = np.argsort(-_row_ends(arrays[f"{side}_segment_ids"]), kind="stable")
     arrays = {k: v[order] for k, v in arrays.items()}
   padded = _pad_rows(arrays, batch_size)
   t = padded[f"{side}_segment_ids"].shape[1]
