@@ -5,7 +5,9 @@ r"""MiniLM on TREC-6: jaxtl against the `transformers` (PyTorch) anchor, in one 
 
 Both fine-tune all-MiniLM-L6-v2 on the same examples with the same recipe:
 batch 32, AdamW lr 5e-5 and weight decay 0.01, 10% warmup then linear decay,
-max length 64, 3 epochs, each batch padded only to its longest text. jaxtl
+max length 64, 3 epochs, each batch drawn from texts of similar length
+(``--nogroup_by_length``: plain shuffling) and padded only to its longest
+text (jaxtl: rounded up to a few compiled lengths). jaxtl
 runs ``configs/finetune_minilm.py``; PyTorch runs
 ``AutoModelForSequenceClassification`` ([CLS] + pooler, as `transformers`
 users get it). By default both train on all 5452 TREC train questions and
@@ -36,6 +38,10 @@ flags.DEFINE_float("dev_fraction", 0.0,
                    "Share of train held out as dev to choose the epoch by; 0 "
                    "(the config's): train on all of train, report the last epoch.")
 flags.DEFINE_bool("torch", True, "Also run the PyTorch anchor.")
+flags.DEFINE_bool("group_by_length", True,
+                  "Both sides draw each batch from texts of similar length (the "
+                  "config's default); False: plain shuffling, as `transformers` "
+                  "users get by default.")
 FLAGS = flags.FLAGS
 
 
@@ -44,6 +50,7 @@ def _config(seed: int, epochs: int) -> Any:
   c = finetune_minilm.get_config("task=trec")
   c.seed, c.train.epochs, c.train.checkpoint_every = seed, epochs, 0
   c.task.dev_fraction = FLAGS.dev_fraction
+  c.train.group_by_length = FLAGS.group_by_length
   return c
 
 
@@ -60,6 +67,7 @@ def run_torch(seed: int, epochs: int) -> dict[str, Any]:
   import numpy as np  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
+  from jaxtl.data import batches as batches_lib  # pylint: disable=g-import-not-at-top
   from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
 
   c = _config(seed, epochs)
@@ -92,13 +100,17 @@ def run_torch(seed: int, epochs: int) -> dict[str, Any]:
         right += int((model(**enc).logits.argmax(-1) == labels).sum())
     return right / len(ex)
 
+  train_ex = splits["train"]
+  lengths = np.array([len(ids) for ids in tok(list(train_ex.texts), truncation=True,
+                                               max_length=c.task.max_len)["input_ids"]])
   rng = np.random.default_rng(seed)
   seconds, dev, test = [], [], []
   has_dev = splits["dev"] is not None
   for _ in range(epochs):
     model.train()
     start = time.perf_counter()
-    order = rng.permutation(len(splits["train"]))
+    order = (batches_lib.grouped_order(rng, lengths, bs) if c.train.group_by_length
+             else rng.permutation(len(train_ex)))
     for enc, labels in batches(splits["train"], order, drop_last=True):  # as jaxtl
       loss = model(**enc, labels=labels).loss
       loss.backward()

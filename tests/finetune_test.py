@@ -199,6 +199,23 @@ def test_trim_padding_cuts_to_the_longest_row_rounded_up():
   assert finetune.trim_padding(batch, "encoder", 0)["encoder_input_tokens"].shape == (2, 64)
 
 
+def test_compiled_lengths_fold_rare_lengths_into_longer_ones():
+  # Batches' longest rows, as grouped TREC batches have them.
+  longest = np.array([3] * 15 + [12] * 117 + [20] * 32 + [30] * 2 + [38] * 3 + [41])
+  cut = lambda cost: sorted(set(finetune.compiled_lengths(longest, 8, 64, cost)[longest]))
+  assert cut(0) == [8, 16, 24, 32, 40, 48]  # compiling free: every rounded length
+  assert cut(1e9) == [48]  # compiling dear: one shape
+  # 15 batches padded from 8 to 16 and 6 from 32-40 to 48 cost less than 3 compiles.
+  assert cut(finetune.COMPILE_POSITIONS) == [16, 24, 48]
+  table = finetune.compiled_lengths(longest, 8, 64)
+  assert all(table[n] >= n for n in range(65)) and table[64] == 64
+  assert table[49] == 56  # longer than any training batch: its own rounded length
+  seg = np.zeros((2, 64), np.int32)
+  seg[:, :33] = 1
+  assert finetune.trim_padding({"encoder_segment_ids": seg}, "encoder", 8,
+                               table)["encoder_segment_ids"].shape == (2, 48)
+
+
 def test_predict_batches_rows_by_length_and_answers_in_order():
   rng = np.random.default_rng(0)
   lengths = rng.integers(1, 64, size=37)

@@ -81,6 +81,39 @@ def test_prefetcher_reports_the_consumers_position():
   pre.close()
 
 
+def test_grouped_batches_hold_rows_of_similar_length_in_random_order():
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(3, 60, 1003)
+  bs = 8
+  order = batches.grouped_order(np.random.default_rng(1), lengths, bs)
+  assert sorted(order) == list(range(1003))  # every row once
+  full = order[:len(order) - len(order) % bs].reshape(-1, bs)
+  plain = np.random.default_rng(1).permutation(1003)[:len(full) * bs].reshape(-1, bs)
+  spread = lambda b: (lengths[b].max(1) - lengths[b].min(1)).mean()
+  assert spread(full) < spread(plain) / 5  # little padding once cut to the longest
+  # The batches are in random order, not longest first through a chunk.
+  longest = lengths[full].max(1)
+  assert 0.3 < np.mean(np.diff(longest[:batches.GROUP_BATCHES]) < 0) < 0.7
+  # A chunk is a random sample: each batch's rows come from all over the split.
+  assert np.mean(np.abs(np.diff(np.sort(full, axis=1), axis=1))) > 20
+
+
+def test_grouped_iterator_is_deterministic_and_resumes_exactly():
+  rows = _rows(64)
+  lengths = np.random.default_rng(0).integers(1, 12, 64)
+  make = lambda: batches.BatchIterator(rows, _noisy, batch_size=8, seed=2,
+                                       lengths=lengths)
+  it = make()
+  first = _take(it, 16)  # two epochs: each its own grouping
+  assert [b["x"][:, 0].tolist() for b in first[:8]] != [
+      b["x"][:, 0].tolist() for b in first[8:]]
+  fresh = make()
+  fresh.set_state({"epoch": 1, "index": 3})
+  np.testing.assert_array_equal(next(fresh)["noise"], first[11]["noise"])
+  with pytest.raises(ValueError, match="63 lengths for 64 rows"):
+    batches.BatchIterator(rows, _noisy, batch_size=8, seed=0, lengths=lengths[:63])
+
+
 def test_eval_iteration_is_finite_and_in_order():
   it = batches.BatchIterator(_rows(), _noisy, batch_size=8, seed=0,
                               shuffle=False, repeat=False)

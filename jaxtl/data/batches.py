@@ -28,6 +28,42 @@ Example = dict[str, np.ndarray]
 Row = dict[str, np.ndarray]  # "tokens", "segment_ids", "positions": [L]
 Rows = dict[str, np.ndarray]  # the same, [N, L]
 
+# Rows are grouped by length within chunks of this many batches (as
+# `transformers`' group_by_length): enough rows for batches of near-equal
+# lengths, few enough that a chunk is still a random sample of the split.
+GROUP_BATCHES = 50
+
+
+def grouped_order(rng: np.random.Generator, lengths: np.ndarray,
+                  batch_size: int) -> np.ndarray:
+  """A random order of rows in which each run of ``batch_size`` has rows of
+  similar ``lengths``.
+
+  The rows are shuffled, cut into chunks of :data:`GROUP_BATCHES` batches,
+  sorted by length within each chunk, and the batches this makes are put
+  in a random order (unlike `transformers`, whose batches go from longest
+  to shortest within a chunk: a trend in length through the epoch). A batch
+  cut to its longest row then carries little padding. The rows that do not
+  fill a last batch come at the end.
+  """
+  n = len(lengths)
+  order = rng.permutation(n)
+  size = GROUP_BATCHES * batch_size
+  order = np.concatenate([chunk[np.argsort(-lengths[chunk], kind="stable")]
+                          for chunk in np.split(order, range(size, n, size))])
+  full = n - n % batch_size
+  batches = order[:full].reshape(-1, batch_size)
+  return np.concatenate([batches[rng.permutation(len(batches))].ravel(), order[full:]])
+
+
+class _Lengths:
+  """Row lengths, equal only to themselves: ``_Batch.order`` is cached on
+  the batch maker's fields, and hashing an array's values per call would
+  cost more than the cache saves."""
+
+  def __init__(self, array: np.ndarray):
+    self.array = array
+
 
 @dataclasses.dataclass(frozen=True)
 class _Batch:
@@ -44,6 +80,7 @@ class _Batch:
   stream: tuple[int, ...]
   partners: bool = False
   make_batch: Callable[..., Example] | None = None  # (rows [B, L], rngs) -> batch
+  lengths: "_Lengths | None" = None  # batches of rows of similar length
 
   def rng(self, *key: int) -> np.random.Generator:
     """``default_rng((seed, *key))``, or its spawn for the stream (built
@@ -54,7 +91,11 @@ class _Batch:
   @functools.lru_cache(maxsize=2)
   def order(self, epoch: int) -> np.ndarray:
     n = len(self.rows)
-    return self.rng(epoch).permutation(n) if self.shuffle else np.arange(n)
+    if not self.shuffle:
+      return np.arange(n)
+    if self.lengths is not None:
+      return grouped_order(self.rng(epoch), self.lengths.array, self.batch_size)
+    return self.rng(epoch).permutation(n)
 
   def __call__(self, k: int) -> Example:
     epoch, index = divmod(k, self.batches_per_epoch)
@@ -111,6 +152,9 @@ class BatchIterator:
   and both rows carry the number of the document they start in. A
   ``make_batch`` (``Prepared.make_batch``: ``make_example`` of stacked rows
   at once, the same examples) is used instead of ``make_example`` when given.
+  With ``lengths`` (one per row) a shuffled epoch's batches are each made of
+  rows of similar length (:func:`grouped_order`), for batches cut to their
+  longest row.
   """
 
   def __init__(self, rows: Rows | row_store.RowStore | row_store.ArrayRows,
@@ -119,7 +163,8 @@ class BatchIterator:
                repeat: bool = True, process_index: int = 0,
                process_count: int = 1, stream: tuple[int, ...] = (),
                workers: int = 0, partners: bool = False,
-               make_batch: Callable[..., Example] | None = None):
+               make_batch: Callable[..., Example] | None = None,
+               lengths: np.ndarray | None = None):
     if batch_size % process_count:
       raise ValueError(f"global batch size {batch_size} is not divisible by "
                        f"the {process_count} processes")
@@ -139,10 +184,18 @@ class BatchIterator:
     self.epoch, self.index = 0, 0
     if partners:  # the document index, made here rather than in each worker
       rows.first_documents()
+    if lengths is not None and len(lengths) != self.num_rows:
+      raise ValueError(f"{len(lengths)} lengths for {self.num_rows} rows")
     self._batches = _Batch(rows, make_example, batch_size, self.local, self.offset,
                            self.batches_per_epoch, seed, shuffle, self.stream,
-                           partners, make_batch)
+                           partners, make_batch,
+                           None if lengths is None else _Lengths(np.asarray(lengths)))
     self._it = None
+
+  def epoch_rows(self, epoch: int) -> np.ndarray:
+    """The rows of each (global) batch of ``epoch``: [batches, batch_size]."""
+    n = self.batches_per_epoch * self.batch_size
+    return self._batches.order(epoch)[:n].reshape(-1, self.batch_size)
 
   def get_state(self) -> dict[str, int]:
     return {"epoch": self.epoch, "index": self.index}

@@ -128,6 +128,10 @@ class FinetuneTrainConfig:
   # A few shapes to compile, far less padding.
   length_multiple: int = key(16, "a batch is cut to its longest text, rounded up to "
                                  "this; 0: always max_len")
+  # Batches of near-equal lengths carry little padding once cut.
+  group_by_length: bool = key(True, "each batch is drawn from texts of similar length "
+                                    "(within random chunks of 50 batches); False: "
+                                    "plain shuffling")
   log_every: int = key(50, "steps between train-loss lines")
   # The run's result is kept anyway (best/: the selected epoch), the last
   # state is saved at the end (a rerun only evaluates) and SIGTERM or
