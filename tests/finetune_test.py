@@ -12,7 +12,7 @@ from jaxtl.pretraining import pretrain
 from jaxtl.pretraining.pretrained import load_model_config, save_model_config
 from jaxtl.train import checkpoint, sharding
 from jaxtl.tasks import config as tasks_config
-from jaxtl.tasks import finetune
+from jaxtl.tasks import finetune, padding
 
 import datadir
 import runs
@@ -191,28 +191,28 @@ def test_trim_padding_cuts_to_the_longest_row_rounded_up():
   batch = {"encoder_segment_ids": seg, "encoder_input_tokens": seg * 7,
            "labels": np.array([1, 2]), "label_weights": seg.astype(np.float32),
            "decoder_input_tokens": np.ones((2, 64), np.int32)}
-  out = finetune.trim_padding(batch, "encoder", 16)
+  out = padding.trim_padding(batch, "encoder", 16)
   assert out["encoder_input_tokens"].shape == (2, 32)
   assert out["label_weights"].shape == (2, 32)  # per-token arrays follow
   assert out["decoder_input_tokens"].shape == (2, 64)  # the other side keeps its length
   np.testing.assert_array_equal(out["labels"], [1, 2])
-  assert finetune.trim_padding(batch, "encoder", 0)["encoder_input_tokens"].shape == (2, 64)
+  assert padding.trim_padding(batch, "encoder", 0)["encoder_input_tokens"].shape == (2, 64)
 
 
 def test_compiled_lengths_fold_rare_lengths_into_longer_ones():
   # Batches' longest rows, as grouped TREC batches have them.
   longest = np.array([3] * 15 + [12] * 117 + [20] * 32 + [30] * 2 + [38] * 3 + [41])
-  cut = lambda cost: sorted(set(finetune.compiled_lengths(longest, 8, 64, cost)[longest]))
+  cut = lambda cost: sorted(set(padding.compiled_lengths(longest, 8, 64, cost)[longest]))
   assert cut(0) == [8, 16, 24, 32, 40, 48]  # compiling free: every rounded length
   assert cut(1e9) == [48]  # compiling dear: one shape
   # 15 batches padded from 8 to 16 and 6 from 32-40 to 48 cost less than 3 compiles.
-  assert cut(finetune.COMPILE_POSITIONS) == [16, 24, 48]
-  table = finetune.compiled_lengths(longest, 8, 64)
+  assert cut(padding.COMPILE_POSITIONS) == [16, 24, 48]
+  table = padding.compiled_lengths(longest, 8, 64)
   assert all(table[n] >= n for n in range(65)) and table[64] == 64
   assert table[49] == 56  # longer than any training batch: its own rounded length
   seg = np.zeros((2, 64), np.int32)
   seg[:, :33] = 1
-  assert finetune.trim_padding({"encoder_segment_ids": seg}, "encoder", 8,
+  assert padding.trim_padding({"encoder_segment_ids": seg}, "encoder", 8,
                                table)["encoder_segment_ids"].shape == (2, 48)
 
 

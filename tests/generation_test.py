@@ -16,7 +16,7 @@ from jaxtl.tasks import file_predictions as predict_lib
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.models import TransformerConfig, build_model, paths
 from jaxtl.models.heads import TaskModel
-from jaxtl.tasks import file_task, finetune, generation, generation_metrics, kinds
+from jaxtl.tasks import file_task, finetune, generation, generation_metrics, kinds, padding
 from jaxtl.tasks.examples import Examples
 from jaxtl.train import sharding
 
@@ -118,7 +118,7 @@ def test_the_loss_is_the_output_tokens_cross_entropy_whatever_the_padding(tok, f
   assert float(sums["weight_sum"]) == float(w.sum())
   # Cutting the padding (as training does) changes nothing.
   side = "decoder" if family == "decoder" else "encoder"
-  trimmed = finetune.trim_padding(feats.arrays, side, 8)
+  trimmed = padding.trim_padding(feats.arrays, side, 8)
   assert trimmed[f"{side}_input_tokens"].shape[1] < task.max_len  # GPT-2's too
   _, other = loss_fn(params, {k: jnp.asarray(v) for k, v in trimmed.items()}, None)
   np.testing.assert_allclose(float(other["loss_sum"]), float(sums["loss_sum"]), rtol=1e-5)
@@ -159,7 +159,7 @@ def test_decoding_writes_the_teacher_forced_argmax_whatever_the_padding(tok, fie
   # One example alone (less padding) is decoded the same.
   alone = generation.encode(ex.subset([0]), tok, task, model.config).arrays
   if family == "encoder_decoder":
-    alone = finetune.trim_padding(alone, "encoder", 8)
+    alone = padding.trim_padding(alone, "encoder", 8)
   np.testing.assert_array_equal(np.asarray(run(params, alone))[0], ids[0])
 
 
