@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxtl.tools import benchmark, footprint, presets
+from jaxtl.tools import benchmark, benchmark_keras, footprint, presets
 from jaxtl.train import perf
 from jaxtl.objectives import corruption
 from jaxtl.models import build_model
@@ -20,10 +20,12 @@ import datadir
 @pytest.mark.slow
 def test_tiny_presets_run_and_append_a_results_table(tmp_path):
   torch_side = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
+  keras_side = benchmark_keras.available()
   names = ["tiny_gpt2", "tiny_bert", "tiny_t5", "tiny_cls"]
   # One layer (of each stack): the harness is the same at any depth, and both
   # sides compile less (the presets' 4 layers: 52 -> 40 CPU s ours, 26 -> 17 theirs).
-  rows = benchmark.benchmark(names, torch_side=torch_side, warmup=1, steps=2,
+  rows = benchmark.benchmark(names, torch_side=torch_side, keras_side=keras_side,
+                             warmup=1, steps=2,
                              num_devices=1, profile_dir=str(tmp_path / "profile"),
                              overrides={"num_layers": 1, "num_decoder_layers": 1})
   assert [r["preset"] for r in rows] == names
@@ -39,6 +41,10 @@ def test_tiny_presets_run_and_append_a_results_table(tmp_path):
     if torch_side:
       ratio = float(r["PyTorch step ms"]) / float(r["step ms"])  # both rounded
       assert float(r["jaxtl / PyTorch"][:-1]) == pytest.approx(ratio, rel=0.01)
+    if keras_side:  # KerasHub built every preset's model and stepped it
+      ratio = float(r["KerasHub step ms"]) / float(r["step ms"])
+      assert float(r["jaxtl / KerasHub"][:-1]) == pytest.approx(ratio, rel=0.01)
+      assert float(r["KerasHub compile s"]) > 0
   path = tmp_path / "results.md"
   benchmark.append_results(str(path), rows, "python -m jaxtl.tools.benchmark")
   benchmark.append_results(str(path), rows[:1], "again")
@@ -68,6 +74,33 @@ def test_batches_have_the_layout_each_loss_reads():
   clm = presets.make_batch(presets.PRESETS["tiny_gpt2"])
   np.testing.assert_array_equal(clm["decoder_input_tokens"][:, 1:],
                                 clm["decoder_target_tokens"][:, :-1])
+
+
+def test_keras_side_reads_the_same_batch():
+  """KerasHub's BertMaskedLM predicts at given positions: the rows' loss
+  positions, with their targets; the other tasks read the batch as is."""
+  preset = presets.PRESETS["tiny_bert"]
+  batch = presets.make_batch(preset)
+  inputs, labels, weights = benchmark_keras.keras_batch(preset)
+  positions = inputs["mask_positions"]
+  assert positions.shape == labels.shape == weights.shape == (4, 20)
+  for row, where in enumerate(positions):
+    np.testing.assert_array_equal(where, np.flatnonzero(batch["encoder_loss_weights"][row]))
+    np.testing.assert_array_equal(labels[row], batch["encoder_target_tokens"][row, where])
+  inputs, labels, weights = benchmark_keras.keras_batch(presets.PRESETS["tiny_t5"])
+  assert inputs["decoder_token_ids"].shape == labels.shape == weights.shape == (4, 32)
+  inputs, labels, _ = benchmark_keras.keras_batch(presets.PRESETS["tiny_cls"])
+  assert inputs["padding_mask"].all() and labels.shape == (8,)
+
+
+def test_keras_side_says_what_to_install_and_what_does_not_fit(monkeypatch):
+  monkeypatch.setattr(benchmark_keras, "available", lambda: False)
+  with pytest.raises(ImportError, match="pip install --no-deps keras-hub"):
+    benchmark.benchmark(["tiny_bert"], torch_side=False, keras_side=True, warmup=0, steps=1)
+  preset = presets.PRESETS["tiny_bert"]
+  cfg = presets.model_config(preset, "float32", head_dim=32)
+  with pytest.raises(ValueError, match="split d_model 128 over 2 heads"):
+    benchmark_keras.build_task(preset, cfg)
 
 
 def test_gpt2_small_flops_per_token_by_hand():

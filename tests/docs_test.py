@@ -116,10 +116,14 @@ def test_the_benchmarks_page_draws_the_newest_rows_per_device():
   h100 = {row["preset"]: (run.date, row) for run, row in best["NVIDIA H100 80GB HBM3"]}
   assert h100["gpt2_small"][1]["batch x tokens"] == "16 x 1024"  # the newer of two
   assert not [d for d in best if d.startswith("CPU: ?")]  # no model recorded: listed only
+  keras = benchmarks_page.headline(runs_, "KerasHub")
+  assert {row["preset"] for _, row in keras["CPU: AMD EPYC, 2 cores"]} >= {
+      "minilm_cls", "bert_base", "gpt2_small", "t5_small"}
   page, figures = benchmarks_page.render(str(REPO / "launch" / "benchmark_results.md"))
   assert all(f"]({name})" in page for name in figures)
   assert all(svg.startswith(b"<?xml") for svg in figures.values())
   assert page.count("### Run ") == len(runs_)
+  assert "## Newest against KerasHub, per device" in page
 
 
 @pytest.mark.slow

@@ -185,6 +185,28 @@ def test_a_stopped_run_resumes_and_ends_as_if_never_stopped(pretrained, tmp_path
   assert resumed["test"] == whole["test"]
 
 
+@pytest.mark.slow
+def test_bfloat16_fine_tuning_keeps_float32_state_and_follows_float32(pretrained, tmp_path):
+  """Matmuls and activations in bfloat16; parameters and Adam's moments in
+  float32, so the run's losses stay within 2% of a float32 run's."""
+  out = {}
+  for dtype in ("float32", "bfloat16"):
+    config = runs.finetune_config(pretrained, "full")
+    config.train.compute_dtype = dtype
+    out[dtype] = finetune.finetune_and_evaluate(config, str(tmp_path / dtype))
+  losses = {d: [h["train_loss"] for h in r["history"]] for d, r in out.items()}
+  np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=0.02)
+  saved = checkpoint._state_metadata(checkpoint.find_checkpoint(tmp_path / "bfloat16"))
+  floats = {str(leaf.dtype) for leaf in jax.tree.leaves(
+      {"params": saved["params"], "opt_state": saved["opt_state"]})} - {"int32"}
+  assert floats == {"float32"}, floats
+  assert load_model_config(str(tmp_path / "bfloat16")).dtype == "bfloat16"  # predict's too
+  config.train.compute_dtype = "float16"
+  with pytest.raises(ValueError, match="compute_dtype='float16'; expected one of "
+                                       "float32, bfloat16"):
+    finetune.finetune_and_evaluate(config, str(tmp_path / "bad"))
+
+
 def test_trim_padding_cuts_to_the_longest_row_rounded_up():
   seg = np.zeros((2, 64), np.int32)
   seg[0, :5], seg[1, :19] = 1, 1

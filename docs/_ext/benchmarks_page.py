@@ -4,8 +4,8 @@
 per run: a ``### DATE · DEVICE · VERSIONS`` heading, the command, and a table
 with a row per preset. This module reads those blocks back and writes the
 page: per device, the newest side-by-side row of each preset, drawn (step time
-against PyTorch, and MFU where the device has a known peak) and tabled, then
-every run as it was recorded, newest first.
+against PyTorch, and MFU where the device has a known peak) and tabled, the
+newest rows against KerasHub, then every run as it was recorded, newest first.
 """
 
 from __future__ import annotations
@@ -97,16 +97,18 @@ def _number(cell: str) -> float | None:
   return float(match.group(0).replace(",", "")) if match and match.group(0) != "." else None
 
 
-def headline(runs: list[Run]) -> dict[str, list[tuple[Run, dict[str, str]]]]:
-  """Per device, the newest row of each preset measured against PyTorch
-  (CPU runs that did not record the CPU's model are left to the full list)."""
+def headline(runs: list[Run], against: str = "PyTorch"
+             ) -> dict[str, list[tuple[Run, dict[str, str]]]]:
+  """Per device, the newest row of each preset measured against ``against``
+  (PyTorch or KerasHub; CPU runs that did not record the CPU's model are
+  left to the full list)."""
   newest: dict[str, dict[str, tuple[Run, dict[str, str]]]] = {}
   for run in runs:  # oldest first: later rows replace earlier ones
     name = device_name(run.device)
     for table in run.tables:
       for row in table:
         if (name and not name.startswith("CPU: ?") and "preset" in row
-            and _number(row.get("PyTorch tokens/s", ""))):
+            and _number(row.get(f"{against} tokens/s", ""))):
           newest.setdefault(name, {})[row["preset"]] = (run, row)
   return {name: list(rows.values()) for name, rows in newest.items()}
 
@@ -171,6 +173,20 @@ def render(path: str) -> tuple[str, dict[str, bytes]]:
     lines += [f"| {r['preset']} | {r['batch x tokens']} | {r['dtype']} | {run.date} | "
               f"{r['step ms']} | {r['tokens/s']} | {r['MFU']} | {r['PyTorch tokens/s']} | "
               f"{r['PyTorch MFU']} | {r['jaxtl / PyTorch']} |" for run, r in rows]
+    lines.append("")
+  keras = headline(runs, "KerasHub")
+  if keras:
+    lines += ["## Newest against KerasHub, per device", "",
+              "KerasHub's task for the same architecture on the same JAX "
+              "(`--keras`), trained by its own `train_on_batch`.", ""]
+  for device, rows in keras.items():
+    lines += [f"### {device}: KerasHub", "",
+              "| preset | batch x tokens | dtype | date | step ms | tokens/s | "
+              "KerasHub step ms | KerasHub tokens/s | jaxtl / KerasHub |",
+              "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['preset']} | {r['batch x tokens']} | {r['dtype']} | {run.date} | "
+              f"{r['step ms']} | {r['tokens/s']} | {r['KerasHub step ms']} | "
+              f"{r['KerasHub tokens/s']} | {r['jaxtl / KerasHub']} |" for run, r in rows]
     lines.append("")
   lines += ["## Every run, newest first", "",
             "As recorded, with the notes written beside them.", ""]

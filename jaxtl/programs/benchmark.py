@@ -2,6 +2,7 @@ r"""``jaxtl benchmark``: time the train step, with PyTorch side by side.
 
   jaxtl benchmark --presets=tiny_gpt2,tiny_bert,tiny_t5,tiny_cls --torch
   jaxtl benchmark --presets=gpt2_small,bert_base,t5_small,minilm_cls --torch
+  jaxtl benchmark --presets=minilm_cls --torch --keras
 
 What is measured and how: :mod:`jaxtl.tools.benchmark`.
 """
@@ -24,6 +25,8 @@ from jaxtl.tools.profiling import CPU_TRACE_FLAG
 flags.DEFINE_list("presets", ["tiny_gpt2", "tiny_bert", "tiny_t5", "tiny_cls"],
                   f"Presets: {', '.join(PRESETS)}.")
 flags.DEFINE_boolean("torch", False, "Also time transformers (PyTorch) side by side.")
+flags.DEFINE_boolean("keras", False, "Also time KerasHub on the same JAX side by side "
+                     "(pip install --no-deps keras-hub).")
 flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
 flags.DEFINE_integer("steps", 10, "Timed steps (the median is reported).")
 flags.DEFINE_string("dtype", "auto", "Compute dtype; auto: bfloat16 on accelerators, "
@@ -83,7 +86,8 @@ def main(argv: list[str]) -> None:
   elif f.memory:
     rows = footprint.memory_rows(f.presets)
   else:
-    rows = bench.benchmark(f.presets, torch_side=f.torch, warmup=f.warmup, steps=f.steps,
+    rows = bench.benchmark(f.presets, torch_side=f.torch, keras_side=f.keras,
+                     warmup=f.warmup, steps=f.steps,
                      dtype=f.dtype, batch_size=f.batch_size, length=f.length,
                      num_devices=f.devices,
                      overrides=bench.parse_overrides(f.model), loss_chunk_len=f.loss_chunk_len,

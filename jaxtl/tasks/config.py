@@ -132,6 +132,11 @@ class FinetuneTrainConfig:
   group_by_length: bool = key(True, "each batch is drawn from texts of similar length "
                                     "(within random chunks of 50 batches); False: "
                                     "plain shuffling")
+  # Parameters and optimizer state stay float32 either way; norms and
+  # softmax statistics compute in float32 (jaxtl.models.layers).
+  compute_dtype: str = key("", "what matmuls and activations compute in: float32 | "
+                               "bfloat16; \"\": the backbone's (init_from's, or "
+                               "config.model's)")
   log_every: int = key(50, "steps between train-loss lines")
   # The run's result is kept anyway (best/: the selected epoch), the last
   # state is saved at the end (a rerun only evaluates) and SIGTERM or

@@ -261,6 +261,9 @@ def _predictions(outputs: Callable, task: TaskConfig, params: Any, batch: Any) -
   return kinds.get(task.kind).predict(outputs(params, batch), batch, task)
 
 
+COMPUTE_DTYPES = ("", "float32", "bfloat16")
+
+
 def _backbone(config: FinetuneConfig
               ) -> tuple[TransformerConfig, Tokenizer, Any, tuple[str, ...]]:
   """(model config, tokenizer, pretrained params or None, what of the
@@ -293,7 +296,11 @@ def _backbone(config: FinetuneConfig
                     lora_rank=adapt.lora_rank if adapt.scheme == "lora" else 0,
                     lora_alpha=adapt.lora_alpha, lora_dropout=adapt.lora_dropout,
                     lora_targets=tuple(adapt.lora_targets))
-  return cfg, tok, params, dropped
+  dtype = config.train.compute_dtype
+  if dtype not in COMPUTE_DTYPES:
+    raise ValueError(f"config.train.compute_dtype={dtype!r}; expected one of "
+                     f"{', '.join(filter(None, COMPUTE_DTYPES))} or \"\" (the backbone's)")
+  return (cfg.replace(dtype=dtype) if dtype else cfg), tok, params, dropped
 
 
 def check_loadable(workdir: str, tok: Tokenizer, spec: task_spec.TaskSpec) -> bool:

@@ -8,7 +8,8 @@ device; PyTorch runs the same architecture built by ``transformers`` from the
 config jaxtl would export (``jaxtl.convert``), with the same batch, AdamW and
 clipping. On a GPU both compute in bfloat16 with float32 parameters and
 optimizer state (jaxtl: ``dtype=bfloat16``; PyTorch: bf16 autocast and SDPA
-attention); on a CPU both in float32.
+attention); on a CPU both in float32. ``keras_side`` adds KerasHub on the
+same JAX (:mod:`jaxtl.tools.benchmark_keras`), the same way.
 
 Reported per preset and side: step time (median over ``--steps`` steps after
 ``--warmup``, each step synchronised with the device), tokens/s, model FLOPs
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.metadata
 import json
 import os
 import time
@@ -44,7 +46,7 @@ from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.tools.presets import (PRESETS, Measurement, Preset, init_inputs, jaxtl_step,
                                  make_batch, max_predictions, model_config,
                                  on_accelerator, optimizer_config, time_steps)
-from jaxtl.tools import benchmark_torch, profiling
+from jaxtl.tools import benchmark_keras, benchmark_torch, profiling
 from jaxtl.train import optim, perf, sharding
 
 def _peak_memory(compiled: Any) -> tuple[int | None, str]:
@@ -148,8 +150,9 @@ def attention_kernel(cfg: TransformerConfig) -> str:
 
 def row(name: str, preset: Preset, cfg: TransformerConfig, ours: Measurement,
         flops_per_row: float, theirs: Measurement | None,
-        peak_flops: float | None) -> dict[str, str]:
-  """One results-table row (strings, in COLUMNS order)."""
+        peak_flops: float | None, keras: Measurement | None = None) -> dict[str, str]:
+  """One results-table row (strings, in COLUMNS order; KerasHub's figures
+  after them where it was timed)."""
   shape = f"{preset.batch_size} x {preset.length}" + (
       f"+{preset.target_length}" if preset.target_length else "")
   flops_per_s = lambda m: flops_per_row * preset.batch_size / m.step_s
@@ -168,6 +171,12 @@ def row(name: str, preset: Preset, cfg: TransformerConfig, ours: Measurement,
                 "PyTorch MFU": _mfu(flops_per_s(theirs), peak_flops),
                 "PyTorch peak GiB": _gib(theirs),
                 "jaxtl / PyTorch": f"{theirs.step_s / ours.step_s:.2f}x"})
+  if keras is not None:
+    out.update({"KerasHub step ms": f"{1e3 * keras.step_s:.1f}",
+                "KerasHub tokens/s": f"{keras.tokens_per_s(preset):,.0f}",
+                "KerasHub compile s": f"{keras.compile_s:.1f}",
+                "KerasHub peak GiB": _gib(keras),
+                "jaxtl / KerasHub": f"{keras.step_s / ours.step_s:.2f}x"})
   return out
 
 
@@ -185,6 +194,11 @@ def environment() -> str:
     versions += [f"torch {torch.__version__}", f"transformers {transformers.__version__}"]
   except ImportError:
     pass
+  for dist in ("keras", "keras-hub"):  # read, not imported: keras-hub imports TensorFlow
+    try:
+      versions.append(f"{dist} {importlib.metadata.version(dist)}")
+    except importlib.metadata.PackageNotFoundError:
+      pass
   return (f"{datetime.date.today().isoformat()} · {kind} · "
           + ", ".join(versions))
 
@@ -203,13 +217,14 @@ def append_results(path: str, rows: list[dict[str, str]], command: str) -> None:
 
 
 def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
+              keras_side: bool = False,
               dtype: str = "auto", batch_size: int = 0, length: int = 0,
               num_devices: int = 0,
               overrides: dict[str, Any] | None = None,
               loss_chunk_len: int = objectives.LOSS_CHUNK_LEN,
               profile_dir: str = "") -> list[dict[str, str]]:
   """Runs the named presets on ``num_devices`` devices (0: all); returns
-  their table rows. PyTorch runs on one device."""
+  their table rows. PyTorch and KerasHub (``keras_side``) run on one device."""
   unknown = sorted(set(names) - set(PRESETS))
   if unknown:
     raise ValueError(f"unknown benchmark presets {unknown}; known: {sorted(PRESETS)}")
@@ -218,7 +233,9 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
   devices = jax.devices()[:num_devices or None]
   peak_flops = perf.peak_flops_per_device(dtype=dtype)
   peak_flops = peak_flops and peak_flops * len(devices)
-  rows = []
+  if keras_side and not benchmark_keras.available():
+    raise ImportError(benchmark_keras.INSTALL_HINT)
+  jobs = []
   for name in names:
     preset = PRESETS[name]
     if batch_size:
@@ -228,8 +245,13 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
           preset, batch_size=preset.accelerator_batch_size * len(devices))
     if length:
       preset = dataclasses.replace(preset, length=length)
-    cfg = model_config(preset, dtype, **(overrides or {}))
-    # PyTorch first: its caching allocator hands memory back before jax
+    jobs.append((preset, model_config(preset, dtype, **(overrides or {}))))
+  # KerasHub first, in a child process that hands the device back on exit.
+  keras = (benchmark_keras.run_keras(jobs, warmup, steps) if keras_side
+           else [None] * len(jobs))
+  rows = []
+  for name, (preset, cfg), theirs_keras in zip(names, jobs, keras):
+    # PyTorch next: its caching allocator hands memory back before jax
     # allocates, so the two never share the device's memory.
     theirs = None
     if torch_side:
@@ -238,7 +260,7 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
     ours, flops = run_jaxtl(preset, cfg, warmup, steps, devices,
                             loss_chunk_len=loss_chunk_len,
                             profile_dir=profile_dir and os.path.join(profile_dir, name))
-    rows.append(row(name, preset, cfg, ours, flops, theirs, peak_flops))
+    rows.append(row(name, preset, cfg, ours, flops, theirs, peak_flops, theirs_keras))
     print(json.dumps(rows[-1]), flush=True)
   return rows
 
