@@ -13,6 +13,8 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
 #     ml-collections==1.1.0 tensorboardX==2.6.5 grain==0.2.18 cloudpickle==3.1.2 \
 #     portpicker==1.6.0 array_record==0.8.6 psutil==7.2.2
+# (KERAS=1 below also needs keras==3.15.1 keras-hub==0.32.0 namex==0.1.0
+# optree==0.20.0 h5py==3.14.0; optree and h5py are compiled: same command)
 # and installed into /tmp/site. Logs and tables go to $OUT (or ./gpu_out).
 # Extra benchmark flags come from $BENCH_FLAGS (e.g. --model=attention_impl=xla).
 set -uo pipefail
@@ -47,7 +49,8 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
     # PRESET[:ITEM+ITEM...]: an ITEM --flag=value goes to the benchmark, an ITEM
     # VAR=value into its environment (e.g. JAX_DEFAULT_PRNG_IMPL=unsafe_rbg).
     # Each run is also profiled ($PROFILE_STEPS steps, 0: not), its op
-    # breakdown printed into bench.log. NO_TORCH=1 leaves PyTorch out.
+    # breakdown printed into bench.log. NO_TORCH=1 leaves PyTorch out;
+    # KERAS=1 adds KerasHub (--keras).
     for p in "$@"; do
       IFS=: read -r name extra <<<"$p"
       envs=(); args=()
@@ -55,6 +58,7 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
         if [[ $item == --* ]]; then args+=("$item"); else envs+=("$item"); fi
       done
       [[ ${NO_TORCH:-0} == 1 ]] || args+=(--torch)
+      [[ ${KERAS:-0} == 1 ]] && args+=(--keras)
       [[ ${PROFILE_STEPS:-3} == 0 ]] || args+=(--profile="/tmp/prof/${p//[^A-Za-z0-9]/_}")
       echo "=== $p" | tee -a "$out/bench.log"
       # Past the time limit, SIGABRT makes faulthandler print where Python was.
