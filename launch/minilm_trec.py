@@ -7,9 +7,11 @@ Both fine-tune all-MiniLM-L6-v2 on the same examples with the same recipe:
 batch 32, AdamW lr 5e-5 and weight decay 0.01, 10% warmup then linear decay,
 max length 64, 3 epochs, each batch drawn from texts of similar length
 (``--nogroup_by_length``: plain shuffling) and padded only to its longest
-text (jaxtl: rounded up to a few compiled lengths). jaxtl
+text (jaxtl: rounded up to a few compiled lengths), computing in float32
+(``--compute_dtype=bfloat16``: bfloat16 matmuls and activations, float32
+parameters and optimizer state on both sides). jaxtl
 runs ``configs/finetune_minilm.py``; PyTorch runs
-``AutoModelForSequenceClassification`` ([CLS] + pooler, as `transformers`
+``AutoModelForSequenceClassification`` (on the GPU when there is one) ([CLS] + pooler, as `transformers`
 users get it). By default both train on all 5452 TREC train questions and
 the last epoch is scored on the 500 test questions, as in BERT's recipe;
 ``--dev_fraction=0.1`` instead holds out that share of train as dev and
@@ -42,6 +44,10 @@ flags.DEFINE_bool("group_by_length", True,
                   "Both sides draw each batch from texts of similar length (the "
                   "config's default); False: plain shuffling, as `transformers` "
                   "users get by default.")
+flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"],
+                  "What matmuls and activations compute in (jaxtl: "
+                  "config.train.compute_dtype; PyTorch: bf16 autocast); parameters "
+                  "and optimizer state stay float32.")
 FLAGS = flags.FLAGS
 
 
@@ -51,6 +57,7 @@ def _config(seed: int, epochs: int) -> Any:
   c.seed, c.train.epochs, c.train.checkpoint_every = seed, epochs, 0
   c.task.dev_fraction = FLAGS.dev_fraction
   c.train.group_by_length = FLAGS.group_by_length
+  c.train.compute_dtype = FLAGS.compute_dtype
   return c
 
 
@@ -72,10 +79,11 @@ def run_torch(seed: int, epochs: int) -> dict[str, Any]:
 
   c = _config(seed, epochs)
   torch.manual_seed(seed)
+  device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
   splits = finetune.load_task_splits(c.task, seed)
   tok = transformers.AutoTokenizer.from_pretrained(c.init_from)
   model = transformers.AutoModelForSequenceClassification.from_pretrained(
-      c.init_from, num_labels=len(splits["train"].label_names))
+      c.init_from, num_labels=len(splits["train"].label_names)).to(device)
   bs = c.train.batch_size
   steps = epochs * (len(splits["train"]) // bs)
   decay = [p for n, p in model.named_parameters() if not any(
@@ -84,20 +92,24 @@ def run_torch(seed: int, epochs: int) -> dict[str, Any]:
   opt = torch.optim.AdamW([{"params": decay, "weight_decay": c.optim.weight_decay},
                            {"params": rest, "weight_decay": 0.0}], lr=c.optim.lr)
   sched = transformers.get_linear_schedule_with_warmup(opt, int(0.1 * steps), steps)
+  autocast = lambda: torch.autocast(device.type, torch.bfloat16,
+                                    enabled=c.train.compute_dtype == "bfloat16")
 
   def batches(ex, order, drop_last=False):
     for i in range(0, len(order) - (len(order) % bs if drop_last else 0), bs):
       idx = order[i:i + bs]
       enc = tok([ex.texts[j] for j in idx], truncation=True, max_length=c.task.max_len,
-                padding=True, return_tensors="pt")
-      yield enc, torch.tensor([ex.labels[j] for j in idx])
+                padding=True, return_tensors="pt").to(device)
+      yield enc, torch.tensor([ex.labels[j] for j in idx], device=device)
 
   def accuracy(ex):
     model.eval()
     right = 0
     with torch.no_grad():
       for enc, labels in batches(ex, np.arange(len(ex))):
-        right += int((model(**enc).logits.argmax(-1) == labels).sum())
+        with autocast():
+          logits = model(**enc).logits
+        right += int((logits.argmax(-1) == labels).sum())
     return right / len(ex)
 
   train_ex = splits["train"]
@@ -112,12 +124,15 @@ def run_torch(seed: int, epochs: int) -> dict[str, Any]:
     order = (batches_lib.grouped_order(rng, lengths, bs) if c.train.group_by_length
              else rng.permutation(len(train_ex)))
     for enc, labels in batches(splits["train"], order, drop_last=True):  # as jaxtl
-      loss = model(**enc, labels=labels).loss
+      with autocast():
+        loss = model(**enc, labels=labels).loss
       loss.backward()
       torch.nn.utils.clip_grad_norm_(model.parameters(), c.optim.clip_norm)
       opt.step()
       sched.step()
       opt.zero_grad()
+    if device.type == "cuda":
+      torch.cuda.synchronize()
     seconds.append(round(time.perf_counter() - start, 2))
     dev.append(accuracy(splits["dev"]) if has_dev else None)
     test.append(accuracy(splits["test"]))
