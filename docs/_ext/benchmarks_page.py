@@ -145,6 +145,16 @@ def _slug(text: str) -> str:
   return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
+def _table(rows: list[tuple[Run, dict[str, str]]], against: list[str]) -> list[str]:
+  """A headline table: each row's preset, shape, dtype, date and jaxtl's
+  step, then the ``against`` columns (numbers, right-aligned)."""
+  columns = ["preset", "batch x tokens", "dtype", "date", "step ms", "tokens/s", *against]
+  lines = ["| " + " | ".join(columns) + " |", "|---|---|---|---|" + "---:|" * (len(columns) - 4)]
+  lines += ["| " + " | ".join(run.date if c == "date" else r[c] for c in columns) + " |"
+            for run, r in rows]
+  return lines
+
+
 def render(path: str) -> tuple[str, dict[str, bytes]]:
   """The page's Markdown and its figures (paths relative to docs/)."""
   with open(path, encoding="utf-8") as f:
@@ -167,13 +177,8 @@ def render(path: str) -> tuple[str, dict[str, bytes]]:
     name = f"_generated/bench_{_slug(device)}.svg"
     figures[name] = plot(device, rows)
     lines += [f"### {device}", "", f"![{device}: jaxtl and PyTorch per preset]({name})", "",
-              "| preset | batch x tokens | dtype | date | step ms | tokens/s | MFU | "
-              "PyTorch tokens/s | PyTorch MFU | jaxtl / PyTorch |",
-              "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['preset']} | {r['batch x tokens']} | {r['dtype']} | {run.date} | "
-              f"{r['step ms']} | {r['tokens/s']} | {r['MFU']} | {r['PyTorch tokens/s']} | "
-              f"{r['PyTorch MFU']} | {r['jaxtl / PyTorch']} |" for run, r in rows]
-    lines.append("")
+              *_table(rows, ["MFU", "PyTorch tokens/s", "PyTorch MFU", "jaxtl / PyTorch"]),
+              ""]
   keras = headline(runs, "KerasHub")
   if keras:
     lines += ["## Newest against KerasHub, per device", "",
@@ -181,13 +186,8 @@ def render(path: str) -> tuple[str, dict[str, bytes]]:
               "(`--keras`), trained by its own `train_on_batch`.", ""]
   for device, rows in keras.items():
     lines += [f"### {device}: KerasHub", "",
-              "| preset | batch x tokens | dtype | date | step ms | tokens/s | "
-              "KerasHub step ms | KerasHub tokens/s | jaxtl / KerasHub |",
-              "|---|---|---|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['preset']} | {r['batch x tokens']} | {r['dtype']} | {run.date} | "
-              f"{r['step ms']} | {r['tokens/s']} | {r['KerasHub step ms']} | "
-              f"{r['KerasHub tokens/s']} | {r['jaxtl / KerasHub']} |" for run, r in rows]
-    lines.append("")
+              *_table(rows, ["KerasHub step ms", "KerasHub tokens/s", "jaxtl / KerasHub"]),
+              ""]
   lines += ["## Every run, newest first", "",
             "As recorded, with the notes written beside them.", ""]
   for number, run in reversed(list(enumerate(runs, 1))):
