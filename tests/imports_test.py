@@ -126,6 +126,10 @@ LAZY = {
     "grain": "imports JAX, ~1 s: jaxtl.data loads without JAX until batches are made",
     "pyarrow": "~50 modules: Parquet files only; jaxtl.data loads without Arrow",
     "array_record": "no wheel on some platforms: guarded, so a clear error names it",
+    "keras": "optional (comes with jaxtl[tfds]): fixes its backend at import; the "
+             "benchmark's KerasHub child only",
+    "keras_hub": "optional (pip install --no-deps keras-hub), imports TensorFlow when "
+                 "installed: the benchmark's KerasHub child only",
 }
 # jaxtl's own modules or core packages imported late in one place, for its reason.
 LAZY_HERE = {

@@ -10,7 +10,7 @@ AdamW (decay off biases and norms), global-norm clipping and the
 sparse cross-entropy from logits, and stepped with ``train_on_batch``: Keras's
 own jitted train step. On GPUs and TPUs it computes in ``mixed_bfloat16``.
 
-It runs in a child process (``python -m jaxtl.tools.benchmark_keras``):
+It runs in a child process (:func:`main`):
 Keras fixes its backend at import and keeps global state, its device memory
 must not count in jaxtl's peak, and keras-hub imports TensorFlow when it is
 installed, which this child blocks (KerasHub needs it only for ``tf.data``
@@ -34,6 +34,9 @@ import time
 import warnings
 from typing import Any
 
+import jax
+import numpy as np
+
 from jaxtl.models import TransformerConfig
 from jaxtl.tools.presets import Measurement, Preset, make_batch, optimizer_config, time_steps
 
@@ -54,7 +57,8 @@ def run_keras(jobs: list[tuple[Preset, TransformerConfig]], warmup: int, steps: 
   spec = {"jobs": [{"preset": dataclasses.asdict(p), "config": dataclasses.asdict(c)}
                    for p, c in jobs],
           "warmup": warmup, "steps": steps, "seed": seed}
-  proc = subprocess.run([sys.executable, "-m", __name__], input=json.dumps(spec),
+  proc = subprocess.run([sys.executable, "-c", f"import {__name__} as m; m.main()"],
+                        input=json.dumps(spec),
                         stdout=subprocess.PIPE, text=True, check=False,
                         env={**os.environ, "KERAS_BACKEND": "jax"})
   if proc.returncode:
@@ -111,7 +115,6 @@ def build_task(preset: Preset, cfg: TransformerConfig) -> Any:
 
 def keras_batch(preset: Preset, seed: int = 0) -> tuple[dict[str, Any], Any, Any]:
   """(inputs, labels, sample weights): the benchmark's batch as the task reads it."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   batch = make_batch(preset, seed)
   if preset.objective == "clm":
     tokens = batch["decoder_input_tokens"]
@@ -140,7 +143,6 @@ def measure(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
             seed: int = 0) -> Measurement:
   """Times ``train_on_batch`` on the preset (in this process: Keras's backend
   must already be JAX)."""
-  import jax  # pylint: disable=g-import-not-at-top
   import keras  # pylint: disable=g-import-not-at-top
   keras.utils.set_random_seed(seed)
   task = build_task(preset, cfg)
@@ -183,6 +185,3 @@ def main() -> None:
                                           spec["seed"])))
   print(json.dumps(out), flush=True)
 
-
-if __name__ == "__main__":
-  main()
