@@ -11,8 +11,8 @@ text (jaxtl: rounded up to a few compiled lengths), computing in float32
 (``--compute_dtype=bfloat16``: bfloat16 matmuls and activations, float32
 parameters and optimizer state on both sides). jaxtl
 runs ``configs/finetune_minilm.py``; PyTorch runs
-``AutoModelForSequenceClassification`` (on the GPU when there is one) ([CLS] + pooler, as `transformers`
-users get it). By default both train on all 5452 TREC train questions and
+``AutoModelForSequenceClassification`` ([CLS] + pooler, as `transformers`
+users get it; on the GPU when there is one). By default both train on all 5452 TREC train questions and
 the last epoch is scored on the 500 test questions, as in BERT's recipe;
 ``--dev_fraction=0.1`` instead holds out that share of train as dev and
 scores the epoch with the best dev accuracy. Prints per seed and in summary:

@@ -120,6 +120,10 @@ class AdaptConfig:
                                            "fine-tuning")
 
 
+# train.compute_dtype's values ("": the backbone's own).
+COMPUTE_DTYPES = ("", "float32", "bfloat16")
+
+
 @dataclasses.dataclass(frozen=True)
 class FinetuneTrainConfig:
   """How long and how often a fine-tuning run goes, in epochs."""

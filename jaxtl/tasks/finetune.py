@@ -261,14 +261,15 @@ def _predictions(outputs: Callable, task: TaskConfig, params: Any, batch: Any) -
   return kinds.get(task.kind).predict(outputs(params, batch), batch, task)
 
 
-COMPUTE_DTYPES = ("", "float32", "bfloat16")
-
-
 def _backbone(config: FinetuneConfig
               ) -> tuple[TransformerConfig, Tokenizer, Any, tuple[str, ...]]:
   """(model config, tokenizer, pretrained params or None, what of the
   checkpoint is left out: an earlier task's head) per config.init_from."""
-  adapt = config.adapt
+  adapt, dtype = config.adapt, config.train.compute_dtype
+  if dtype not in tasks_config.COMPUTE_DTYPES:  # before a model is read
+    raise ValueError(f"config.train.compute_dtype={dtype!r}; expected one of "
+                     f"{', '.join(filter(None, tasks_config.COMPUTE_DTYPES))} or \"\" "
+                     "(the backbone's)")
   dropped = ()
   if config.init_from:
     loaded = pretrained.load(config.init_from, config.tokenizer_path)
@@ -290,17 +291,13 @@ def _backbone(config: FinetuneConfig
     tok = get_tokenizer(sources.expand_path(config.tokenizer_path))
     cfg, params = pretrain.model_config_from(config.model, tok.vocab_size,
                                              config.vocab_multiple), None
-  cfg = cfg.replace(dropout_rate=adapt.dropout_rate,
+  cfg = cfg.replace(dtype=dtype or cfg.dtype, dropout_rate=adapt.dropout_rate,
                     attention_dropout_rate=adapt.attention_dropout_rate,
                     adapter_dim=adapt.adapter_dim if adapt.scheme == "adapters" else 0,
                     lora_rank=adapt.lora_rank if adapt.scheme == "lora" else 0,
                     lora_alpha=adapt.lora_alpha, lora_dropout=adapt.lora_dropout,
                     lora_targets=tuple(adapt.lora_targets))
-  dtype = config.train.compute_dtype
-  if dtype not in COMPUTE_DTYPES:
-    raise ValueError(f"config.train.compute_dtype={dtype!r}; expected one of "
-                     f"{', '.join(filter(None, COMPUTE_DTYPES))} or \"\" (the backbone's)")
-  return (cfg.replace(dtype=dtype) if dtype else cfg), tok, params, dropped
+  return cfg, tok, params, dropped
 
 
 def check_loadable(workdir: str, tok: Tokenizer, spec: task_spec.TaskSpec) -> bool:
