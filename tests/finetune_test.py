@@ -230,6 +230,10 @@ def test_compiled_lengths_fold_rare_lengths_into_longer_ones():
   assert cut(1e9) == [48]  # compiling dear: one shape
   # 15 batches padded from 8 to 16 and 6 from 32-40 to 48 cost less than 3 compiles.
   assert cut(padding.COMPILE_POSITIONS) == [16, 24, 48]
+  # On an accelerator, where a short step is launch-bound: one shape.
+  assert padding.compile_positions("gpu") == padding.ACCELERATOR_COMPILE_POSITIONS
+  assert padding.compile_positions("cpu") == padding.COMPILE_POSITIONS
+  assert cut(padding.compile_positions("gpu")) == [48]
   table = padding.compiled_lengths(longest, 8, 64)
   assert all(table[n] >= n for n in range(65)) and table[64] == 64
   assert table[49] == 56  # longer than any training batch: its own rounded length
@@ -239,7 +243,7 @@ def test_compiled_lengths_fold_rare_lengths_into_longer_ones():
                                table)["encoder_segment_ids"].shape == (2, 48)
 
 
-def test_predict_batches_rows_by_length_and_answers_in_order():
+def test_predict_batches_rows_by_length_and_answers_in_order(monkeypatch):
   rng = np.random.default_rng(0)
   lengths = rng.integers(1, 64, size=37)
   seg = (np.arange(64) < lengths[:, None]).astype(np.int32)
@@ -252,11 +256,19 @@ def test_predict_batches_rows_by_length_and_answers_in_order():
     return np.stack([batch["labels"], batch["encoder_segment_ids"].sum(1)], 1)
 
   mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  monkeypatch.setattr(padding, "compile_positions", lambda: 0)  # every rounded length
   out = finetune.predict(eval_fn, None, arrays, 8, mesh, multiple=16, desc=None)
   np.testing.assert_array_equal(out, np.stack([np.arange(37), lengths], 1))
   assert widths == sorted(widths, reverse=True)  # longest first: similar rows together
   # Sorted, the 37 rows pad to fewer positions than in their given order.
   assert sum(widths) < sum(-(-lengths[i:i + 8].max() // 16) * 16 for i in range(0, 37, 8))
+  # The lengths are chosen for the batches at once, as in training: where a
+  # compile is dear (an accelerator's) every batch takes the longest one.
+  monkeypatch.setattr(padding, "compile_positions", lambda: 1e9)
+  widths.clear()
+  again = finetune.predict(eval_fn, None, arrays, 8, mesh, multiple=16, desc=None)
+  np.testing.assert_array_equal(again, out)
+  assert set(widths) == {64}
 
 
 @pytest.mark.slow

@@ -205,15 +205,16 @@ def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
   Batches are trimmed as in training; per-token outputs are padded back.
   When trimming (``multiple``), rows are batched longest first, so that a
   batch's rows have similar lengths and little padding, and put back in
-  order after. A large split gets a progress bar named ``desc`` on a
-  terminal, cleared when done (``desc=None``: none). ``interruptible``: a
-  stop request (SIGTERM, Ctrl-C) ends it between batches
-  (:func:`jaxtl.train.stopping.check`).
+  order after; the lengths compiled are chosen for all batches at once, as
+  in training (:func:`padding.compiled_lengths`). A large split gets a
+  progress bar named ``desc`` on a terminal, cleared when done
+  (``desc=None``: none). ``interruptible``: a stop request (SIGTERM,
+  Ctrl-C) ends it between batches (:func:`jaxtl.train.stopping.check`).
   """
   n = len(arrays["labels"])
-  order = np.arange(n)
+  order, table = np.arange(n), None
   if multiple:
-    order = np.argsort(-padding.row_ends(arrays[f"{side}_segment_ids"]), kind="stable")
+    order, table = padding.longest_first(arrays[f"{side}_segment_ids"], batch_size, multiple)
     arrays = {k: v[order] for k, v in arrays.items()}
   padded = _pad_rows(arrays, batch_size)
   t = padded[f"{side}_segment_ids"].shape[1]
@@ -225,7 +226,7 @@ def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
     if interruptible:
       stopping.check()
     batch = padding.trim_padding({k: v[i:i + batch_size] for k, v in padded.items()}, side,
-                         multiple)
+                                 multiple, table)
     out = np.asarray(eval_fn(params, sharding.shard_batch(batch, mesh)))
     # Per-token outputs (tag ids) are shaped like the per-token weights;
     # class probabilities [B, C] are not, whatever C is.

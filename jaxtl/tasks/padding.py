@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+import jax
 import numpy as np
 
 
@@ -21,9 +22,22 @@ def row_ends(segment_ids: np.ndarray) -> np.ndarray:
 # What compiling one more batch shape costs, in padding: as much as this
 # many more positions in each of the batches it would serve. Measured on a
 # 2-core EPYC for MiniLM at batch 32: about 12 s to trace and compile a
-# step, against 27-38 ms per position of a step; 256 keeps to clear wins
-# (an accelerator's compiles cost far more steps).
+# step, against 27-38 ms per position of a step; 256 keeps to clear wins.
 COMPILE_POSITIONS = 256
+# On an accelerator a short batch's step is launch-bound and a compile is
+# dear: on an H100, MiniLM's step at 32 x 64 took 5.6 ms (at most 0.09 ms a
+# position) against 18.7 s to compile, so a compile is worth 200,000
+# positions or more. In a TREC fine-tune there (2026-11-27, bf16) the first
+# epoch took 71 s, of which the steps about 2.5: the rest compiled the
+# lengths that the CPU's figure keeps.
+ACCELERATOR_COMPILE_POSITIONS = 200_000
+
+
+def compile_positions(backend: str | None = None) -> float:
+  """:data:`COMPILE_POSITIONS` on a CPU, else the accelerators' figure;
+  ``backend`` defaults to JAX's default back end."""
+  backend = backend or jax.default_backend()
+  return COMPILE_POSITIONS if backend == "cpu" else ACCELERATOR_COMPILE_POSITIONS
 
 
 def round_up(longest: np.ndarray | int, multiple: int, limit: int) -> np.ndarray:
@@ -32,7 +46,7 @@ def round_up(longest: np.ndarray | int, multiple: int, limit: int) -> np.ndarray
 
 
 def compiled_lengths(longest: np.ndarray, multiple: int, limit: int,
-                     compile_cost: float = COMPILE_POSITIONS) -> np.ndarray:
+                     compile_cost: float | None = None) -> np.ndarray:
   """The lengths a run's batches are cut to, given each batch's longest row.
 
   Each length is a compiled step (seconds to trace and compile); padding a
@@ -41,9 +55,13 @@ def compiled_lengths(longest: np.ndarray, multiple: int, limit: int,
   set that costs least: ``compile_cost`` per length kept, plus each batch's
   padded length (a step's time grows about linearly with it). A rare
   length (three batches of 40 when one needs 48) then joins the next longer
-  one. Returns a table: entry ``L`` is the length a batch whose longest row
-  has ``L`` tokens is cut to, for ``L`` up to ``limit``.
+  one. ``compile_cost`` defaults to the back end's
+  (:func:`compile_positions`): on an accelerator a run mostly keeps one
+  length. Returns a table: entry ``L`` is the length a batch whose longest
+  row has ``L`` tokens is cut to, for ``L`` up to ``limit``.
   """
+  if compile_cost is None:
+    compile_cost = compile_positions()
   sizes, counts = np.unique(round_up(np.asarray(longest), multiple, limit),
                             return_counts=True)
   served = np.concatenate([[0], np.cumsum(counts)])
@@ -63,6 +81,16 @@ def compiled_lengths(longest: np.ndarray, multiple: int, limit: int,
   rounded = round_up(np.arange(limit + 1), multiple, limit)
   at = np.searchsorted(kept, rounded)  # past the longest kept: its own length
   return np.where(at < len(kept), kept[np.minimum(at, len(kept) - 1)], rounded)
+
+
+def longest_first(segment_ids: np.ndarray, batch_size: int, multiple: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """How prediction batches rows: their order, longest first (a batch's rows
+  then have similar lengths and little padding), and the lengths its
+  batches are cut to (:func:`compiled_lengths`, for all of them at once)."""
+  ends = row_ends(segment_ids)
+  order = np.argsort(-ends, kind="stable")
+  return order, compiled_lengths(ends[order][::batch_size], multiple, segment_ids.shape[1])
 
 
 def trim_padding(batch: Mapping[str, np.ndarray], side: str, multiple: int,
