@@ -94,7 +94,10 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
     base=--model=attention_dropout_rate=0.0
     [[ $name == t5_* ]] && base=""  # T5's presets have no attention dropout
     # $SWEEP (space-separated +ITEM strings) replaces the candidates; the
-    # baseline (no item) always runs first.
+    # baseline (no item) always runs first. For compile time (what a short
+    # fine-tune on a GPU mostly waits for), e.g. on minilm_cls:
+    #   SWEEP="+XLA_FLAGS=--xla_gpu_autotune_level=0 +XLA_FLAGS=--xla_gpu_autotune_level=1
+    #          +XLA_FLAGS=--xla_gpu_enable_triton_gemm=false"
     variants=(+XLA_FLAGS=--xla_gpu_enable_cudnn_layer_norm=true
               +XLA_FLAGS=--xla_gpu_enable_cublaslt=true
               +JAX_DEFAULT_PRNG_IMPL=unsafe_rbg +--loss_chunk_len=0 +--loss_chunk_len=1024
@@ -106,14 +109,14 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
     python3 - "$out/bench.log" "${items[@]}" <<'PY'
 import json, sys
 log, items = ("\n" + open(sys.argv[1]).read()).split("\n=== "), sys.argv[2:]
-print("| setting | step ms | MFU | tokens/s | peak GiB |\n|---|---:|---:|---:|---:|")
+print("| setting | step ms | MFU | tokens/s | compile s | peak GiB |\n|---|---:|---:|---:|---:|---:|")
 for item in items:
   runs = [part for part in log if part.startswith(item + "\n")]
   rows = [json.loads(line) for line in (runs[-1] if runs else "").splitlines()
           if line.startswith('{"preset"')]
   r = rows[-1] if rows else {}
   print(f"| {item} | {r.get('step ms', 'failed')} | {r.get('MFU', '')} | "
-        f"{r.get('tokens/s', '')} | {r.get('peak GiB', '')} |")
+        f"{r.get('tokens/s', '')} | {r.get('compile s', '')} | {r.get('peak GiB', '')} |")
 PY
     ;;
   trec)
