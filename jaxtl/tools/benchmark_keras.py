@@ -38,7 +38,8 @@ import jax
 import numpy as np
 
 from jaxtl.models import TransformerConfig
-from jaxtl.tools.presets import Measurement, Preset, make_batch, optimizer_config, time_steps
+from jaxtl.tools.presets import (Measurement, Preset, make_batch, optimizer_config,
+                                 peak_memory, time_steps)
 
 INSTALL_HINT = ("the KerasHub side needs keras-hub and keras: "
                 "pip install keras && pip install --no-deps keras-hub")
@@ -162,9 +163,7 @@ def measure(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
   run_step()  # the first step: tracing and XLA compilation
   first_s = time.perf_counter() - start
   step_s = time_steps(run_step, max(warmup - 1, 0), steps)
-  stats = jax.local_devices()[0].memory_stats() or {}
-  peak = stats.get("peak_bytes_in_use")
-  return Measurement(step_s, first_s, peak, "memory_stats" if peak else "none")
+  return Measurement(step_s, first_s, *peak_memory())  # Keras's step is not ours to analyse
 
 
 def main() -> None:

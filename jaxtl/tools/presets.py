@@ -166,6 +166,21 @@ def time_steps(run_step: Callable[[], Any], warmup: int, steps: int) -> float:
   return statistics.median(times)
 
 
+def peak_memory(compiled: Any = None) -> tuple[int | None, str]:
+  """(peak bytes, where they came from) of the first local device: its
+  ``memory_stats()`` where it keeps them (GPUs, TPUs), else the compiled
+  step's ``memory_analysis()`` (arguments + outputs - aliased + temps)."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    return int(stats["peak_bytes_in_use"]), "memory_stats"
+  analysis = compiled and compiled.memory_analysis()
+  if analysis is None:
+    return None, "none"
+  total = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+           - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)
+  return int(total), "memory_analysis"
+
+
 def jaxtl_step(preset: Preset, cfg: TransformerConfig,
                loss_chunk_len: int = objectives.LOSS_CHUNK_LEN
                ) -> tuple[Any, Any, Callable]:
