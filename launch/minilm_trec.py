@@ -52,6 +52,8 @@ flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"],
                   "What matmuls and activations compute in (jaxtl: "
                   "config.train.compute_dtype; PyTorch: bf16 autocast); parameters "
                   "and optimizer state stay float32.")
+flags.DEFINE_bool("row_major_dots", False, "jaxtl's dense layers as row-major dots "
+                  "with float32 accumulation (config.train.row_major_dots).")
 FLAGS = flags.FLAGS
 
 
@@ -62,6 +64,7 @@ def _config(seed: int, epochs: int) -> Any:
   c.task.dev_fraction = FLAGS.dev_fraction
   c.train.group_by_length = FLAGS.group_by_length
   c.train.compute_dtype = FLAGS.compute_dtype
+  c.train.row_major_dots = FLAGS.row_major_dots
   return c
 
 

@@ -187,16 +187,21 @@ def test_a_stopped_run_resumes_and_ends_as_if_never_stopped(pretrained, tmp_path
 
 @pytest.mark.slow
 def test_bfloat16_fine_tuning_keeps_float32_state_and_follows_float32(pretrained, tmp_path):
-  """Matmuls and activations in bfloat16; parameters and Adam's moments in
-  float32, so the run's losses stay within 2% of a float32 run's."""
+  """Matmuls and activations in bfloat16 (XLA's dots, or row-major ones that
+  accumulate in float32); parameters and Adam's moments in float32, so the
+  run's losses stay within 2% of a float32 run's."""
   out = {}
-  for dtype in ("float32", "bfloat16"):
+  for run, dtype, row_major in (("float32", "float32", False),
+                                ("bfloat16", "bfloat16", False),
+                                ("row_major", "bfloat16", True)):
     config = runs.finetune_config(pretrained, "full")
-    config.train.compute_dtype = dtype
-    out[dtype] = finetune.finetune_and_evaluate(config, str(tmp_path / dtype))
+    config.train.compute_dtype, config.train.row_major_dots = dtype, row_major
+    out[run] = finetune.finetune_and_evaluate(config, str(tmp_path / run))
   losses = {d: [h["train_loss"] for h in r["history"]] for d, r in out.items()}
-  np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=0.02)
-  assert losses["bfloat16"] != losses["float32"]  # bfloat16 did compute
+  for run in ("bfloat16", "row_major"):
+    np.testing.assert_allclose(losses[run], losses["float32"], rtol=0.02)
+    assert losses[run] != losses["float32"]  # bfloat16 did compute
+  assert load_model_config(str(tmp_path / "row_major")).row_major_dots
   saved = checkpoint._state_metadata(checkpoint.find_checkpoint(tmp_path / "bfloat16"))
   floats = {str(leaf.dtype) for leaf in jax.tree.leaves(
       {"params": saved["params"], "opt_state": saved["opt_state"]})} - {"int32"}

@@ -95,6 +95,9 @@ class TransformerConfig:
   scan_layers: bool = _field(False, "compile one layer and scan it (faster compiles)")
   remat: str = _field("none", "activations recomputed in the backward pass (less "
                       "memory): none | full | dots | dots_no_batch")
+  row_major_dots: bool = _field(False, "dense layers' matmuls as row-major dots with "
+                               "float32 accumulation, backward included (XLA:CPU's "
+                               "fast kernels; jaxtl.models.dense_dots)")
   attention_impl: str | None = _field(None, "attention kernel: xla | cudnn | einsum; "
                                       "None (\"\" in a config): automatic")
   # Parameter-efficient adaptation (0 = off); fine-tuning sets them from

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-from jaxtl.models import paths
+from jaxtl.models import dense_dots, paths
 from jaxtl.models.config import TransformerConfig
 
 Array = jax.Array
@@ -59,7 +59,8 @@ def dense(cfg: TransformerConfig, features: int, axes: tuple[str, str], name: st
   logical ``axes`` (heads' pooler / transform and output layers)."""
   return nn.Dense(features, dtype=dtype, param_dtype=cfg.jnp_param_dtype,
                   kernel_init=normal_init(cfg.init_std, axes),
-                  bias_init=zeros_init(axes[1:]), name=name)
+                  bias_init=zeros_init(axes[1:]), name=name,
+                  dot_general=dense_dots.for_config(cfg))
 
 
 def activation_fn(name: str) -> Callable[[Array], Array]:
@@ -254,7 +255,9 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     kernel = self.param(paths.kernel(name), normal_init(cfg.init_std, axes), shape,
                         cfg.jnp_param_dtype)
-    y = jnp.einsum(equation, x, jnp.asarray(kernel, cfg.jnp_dtype))
+    kernel = jnp.asarray(kernel, cfg.jnp_dtype)
+    y = (dense_dots.project(x, kernel, len(shape) - len(bias_shape)) if cfg.row_major_dots
+         else jnp.einsum(equation, x, kernel))
     if cfg.lora_rank and name in cfg.lora_targets:
       y += self._lora(name, x, equation, shape, axes)
     if cfg.use_bias:
@@ -397,7 +400,7 @@ class Mlp(nn.Module):
     dense = lambda features, axes, name: nn.Dense(
         features, use_bias=cfg.use_bias, dtype=cfg.jnp_dtype,
         param_dtype=cfg.jnp_param_dtype, kernel_init=normal_init(cfg.init_std, axes),
-        bias_init=zeros_init(axes[1:]), name=name)
+        bias_init=zeros_init(axes[1:]), name=name, dot_general=dense_dots.for_config(cfg))
     act = activation_fn(cfg.activation)
     if cfg.gated_mlp:
       h_BTF = (act(dense(cfg.mlp_dim, ("embed", "mlp"), paths.WI_0)(x_BTD))
@@ -488,6 +491,7 @@ class LMHead(nn.Module):
       logits_BTV = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.jnp_dtype,
                             param_dtype=cfg.jnp_param_dtype,
                             kernel_init=normal_init(cfg.init_std, ("embed", "vocab")),
+                            dot_general=dense_dots.for_config(cfg),
                             name=paths.LOGITS)(x_BTD)
     if cfg.lm_head_bias:
       logits_BTV += self.param(paths.BIAS, zeros_init(("vocab",)), (cfg.vocab_size,),

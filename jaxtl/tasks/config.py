@@ -141,6 +141,10 @@ class FinetuneTrainConfig:
   compute_dtype: str = key("", "what matmuls and activations compute in: float32 | "
                                "bfloat16; \"\": the backbone's (init_from's, or "
                                "config.model's)")
+  # An XLA:CPU kernel choice; the same function either way.
+  row_major_dots: bool = key(False, "dense layers' matmuls as row-major dots with float32 "
+                                    "accumulation, backward included "
+                                    "(jaxtl.models.dense_dots)")
   log_every: int = key(50, "steps between train-loss lines")
   # The run's result is kept anyway (best/: the selected epoch), the last
   # state is saved at the end (a rerun only evaluates) and SIGTERM or

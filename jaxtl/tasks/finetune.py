@@ -292,8 +292,8 @@ def _backbone(config: FinetuneConfig
     tok = get_tokenizer(sources.expand_path(config.tokenizer_path))
     cfg, params = pretrain.model_config_from(config.model, tok.vocab_size,
                                              config.vocab_multiple), None
-  cfg = cfg.replace(dtype=dtype or cfg.dtype, dropout_rate=adapt.dropout_rate,
-                    attention_dropout_rate=adapt.attention_dropout_rate,
+  cfg = cfg.replace(dtype=dtype or cfg.dtype, row_major_dots=config.train.row_major_dots,
+                    dropout_rate=adapt.dropout_rate, attention_dropout_rate=adapt.attention_dropout_rate,
                     adapter_dim=adapt.adapter_dim if adapt.scheme == "adapters" else 0,
                     lora_rank=adapt.lora_rank if adapt.scheme == "lora" else 0,
                     lora_alpha=adapt.lora_alpha, lora_dropout=adapt.lora_dropout,

@@ -1,0 +1,71 @@
+"""row_major_dots: the same model and gradients, with every dense dot in
+the row-major form XLA:CPU's fast kernels take (jaxtl.models.dense_dots)."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxtl.models import dense_dots
+from models_test import init, make, run, tokens
+
+
+def test_dense_dot_matches_matmul_with_its_gradients():
+  k = jax.random.split(jax.random.key(0), 3)
+  x, w = jax.random.normal(k[0], (2, 5, 8)), jax.random.normal(k[1], (8, 6))
+  loss = lambda dot: lambda x, w: jnp.sin(dot(x, w)).sum()
+  want = jax.grad(loss(jnp.matmul), (0, 1))(x, w)
+  got = jax.grad(loss(dense_dots.dense_dot), (0, 1))(x, w)
+  for a, b in zip(want, got):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  kernel = jax.random.normal(k[2], (8, 3, 4))
+  np.testing.assert_allclose(dense_dots.project(x, kernel, 1),
+                             jnp.einsum("btd,dhk->bthk", x, kernel), rtol=1e-5, atol=1e-5)
+  heads = jnp.einsum("btd,dhk->bthk", x, kernel)
+  np.testing.assert_allclose(dense_dots.project(heads, kernel.transpose(1, 2, 0), 2),
+                             jnp.einsum("bthk,hkd->btd", heads, kernel.transpose(1, 2, 0)),
+                             rtol=1e-5, atol=1e-5)
+
+
+def _loss_and_grads(name, dtype, row_major):
+  cfg, model = make(name, row_major_dots=row_major, dtype=dtype, tie_embeddings=False)
+  x = tokens((2, 12))
+  params = init(make(name, tie_embeddings=False)[1], x)
+
+  def loss(p):
+    return run(model, p, x)["logits"].astype(jnp.float32).std()
+
+  return jax.jit(jax.value_and_grad(loss))(params), (model, params, x)
+
+
+@pytest.mark.parametrize("name", ["bert", pytest.param("gpt2", marks=pytest.mark.slow),
+                                  pytest.param("t5", marks=pytest.mark.slow)])
+def test_row_major_dots_compute_the_same_model_and_gradients(name):
+  (want, grads), _ = _loss_and_grads(name, "float32", False)
+  (got, got_grads), _ = _loss_and_grads(name, "float32", True)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               grads, got_grads)
+  # In bfloat16 both round, differently: within bf16's few digits.
+  (half, half_grads), _ = _loss_and_grads(name, "bfloat16", True)
+  np.testing.assert_allclose(half, want, rtol=3e-2)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      b, a, atol=0.05 * float(np.abs(a).max()) + 1e-6), grads, half_grads)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_row_major_dots_leave_no_transposed_dense_dot(dtype):
+  """After XLA's passes, every dot that is not per-head attention is
+  ``[M, K] @ [K, N]`` (the embedder's one-hot token-type product aside)."""
+  _, (model, params, x) = _loss_and_grads("bert", dtype, True)
+  grad = jax.jit(jax.grad(lambda p: run(model, p, x)["logits"].astype(jnp.float32).std()))
+  hlo = grad.lower(params).compile().as_text()
+  dots = [line for line in hlo.splitlines()
+          if re.search(r"= \S+ dot\(", line) and "lhs_batch_dims" not in line
+          and "embedder" not in line]
+  assert len(dots) >= 3 * 6 * 2  # q, k, v, out, wi, wo: forward and two backward
+  odd = [line.strip()[:160] for line in dots
+         if "lhs_contracting_dims={1}, rhs_contracting_dims={0}" not in line]
+  assert not odd, odd
