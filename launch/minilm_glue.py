@@ -23,6 +23,9 @@ flags.DEFINE_string("workdir", "/tmp/minilm_glue", "Output folder.")
 flags.DEFINE_list("tasks", ["sst2", "cola", "mrpc", "rte", "stsb"], "GLUE tasks.")
 flags.DEFINE_integer("seed", 0, "Seed.")
 flags.DEFINE_integer("epochs", 0, "Epochs (0: the task's default in configs/finetune.py).")
+flags.DEFINE_enum("compute_dtype", "", ["", "float32", "bfloat16"],
+                  "config.train.compute_dtype (\"\": the model's, float32).")
+flags.DEFINE_bool("row_major_dots", False, "config.train.row_major_dots.")
 FLAGS = flags.FLAGS
 
 
@@ -33,6 +36,7 @@ def run(task: str, workdir: str) -> dict:
     from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
     c = finetune_minilm.get_config(f"task={task}")
     c.seed, c.train.checkpoint_every = FLAGS.seed, 0
+    c.train.compute_dtype, c.train.row_major_dots = FLAGS.compute_dtype, FLAGS.row_major_dots
     if FLAGS.epochs:
       c.train.epochs = FLAGS.epochs
     finetune.finetune_and_evaluate(c, workdir)

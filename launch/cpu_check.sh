@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Issue 34's measurements on the CPU this runs on (prepared on an AMD EPYC
+# for a session on an Intel Xeon with AMX); each stage prints a table:
+#
+#   launch/cpu_check.sh dots     # which dot forms reach the fast kernels (launch/cpu_dots.py),
+#                                # with jaxtl's flag rule and with XLA's defaults
+#   launch/cpu_check.sh flags    # MiniLM's step per XLA:CPU flag: float32, bfloat16, and
+#                                # bfloat16 with row-major dots (model.row_major_dots)
+#   launch/cpu_check.sh step     # the same three beside PyTorch, alternated ($ROUNDS rounds)
+#   launch/cpu_check.sh accuracy # TREC and SST-2, 3 seeds, float32 against bfloat16
+#
+# Logs and the benchmark's result blocks go to $OUT (or ./cpu_out).
+# $FLAG_SETTINGS (';'-separated, each a list of VAR=value) replaces the
+# flag stage's settings; "JAXTL_CPU_FLAGS=0" alone is XLA's defaults.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-cpu_out}
+mkdir -p "$out"
+lscpu | grep -E "Model name|^L3" | tee -a "$out/cpu.txt"
+modes=("--dtype=float32" "--dtype=bfloat16" "--dtype=bfloat16 --model=row_major_dots=true")
+
+bench() {  # ENV... -- BENCHMARK FLAGS...: one row of the table
+  local envs=() setting
+  while [[ $1 != -- ]]; do envs+=("$1"); shift; done; shift
+  setting="${envs[*]:-the flag rule} $*"
+  env "${envs[@]}" python -m jaxtl benchmark --presets="${PRESET:-minilm_cls}" \
+      --steps="${STEPS:-6}" --warmup=2 --results="$out/benchmark_results.md" "$@" 2>&1 \
+    | tee -a "$out/bench.log" | grep '^{"preset"' | python3 -c '
+import json, sys
+for line in sys.stdin:
+  r = json.loads(line)
+  cells = [sys.argv[1], r["step ms"], r.get("PyTorch step ms", ""),
+           r.get("jaxtl / PyTorch", ""), r["compile s"]]
+  print("| " + " | ".join(cells) + " |")' "$setting"
+}
+
+header() { echo "| setting | step ms | PyTorch ms | jaxtl / PyTorch | compile s |"; echo "|---|---:|---:|---:|---:|"; }
+
+case ${1:-} in
+  dots)
+    python launch/cpu_dots.py 2>&1 | grep -v "^[IW][0-9]" | tee "$out/dots_rule.md"
+    JAXTL_CPU_FLAGS=0 python launch/cpu_dots.py 2>&1 | grep -v "^[IW][0-9]" \
+      | tee "$out/dots_default.md"
+    ;;
+  flags)
+    IFS=';' read -ra settings <<<"${FLAG_SETTINGS:-JAXTL_CPU_FLAGS=0;JAXTL_CPU_FLAGS=1;\
+JAXTL_CPU_FLAGS=0 XLA_FLAGS=--xla_cpu_use_onednn=true;\
+JAXTL_CPU_FLAGS=0 XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=;\
+JAXTL_CPU_FLAGS=0 XLA_FLAGS=--xla_cpu_experimental_onednn_fusion_type=dot;\
+JAXTL_CPU_FLAGS=0 XLA_FLAGS=--xla_cpu_experimental_xnn_fusion_type=dot;\
+JAXTL_CPU_FLAGS=0 XLA_FLAGS=--xla_cpu_prefer_vector_width=512;\
+JAXTL_CPU_FLAGS=0 XLA_FLAGS=--xla_cpu_enable_fast_math=true}"
+    header | tee "$out/flags.md"
+    for mode in "${modes[@]}"; do
+      for s in "${settings[@]}"; do
+        read -ra envs <<<"$s"
+        bench "${envs[@]}" -- $mode | tee -a "$out/flags.md"
+      done
+    done
+    ;;
+  step)
+    header | tee "$out/step.md"
+    for _ in $(seq ${ROUNDS:-2}); do
+      for mode in "${modes[@]}"; do bench -- --torch $mode | tee -a "$out/step.md"; done
+    done
+    ;;
+  accuracy)
+    # bfloat16 becomes the default on AMX CPUs only within 0.5 points of float32.
+    for run in "float32" "bfloat16" "bfloat16 --row_major_dots"; do
+      read -r dtype extra <<<"$run"
+      python launch/minilm_trec.py --notorch --seeds=0,1,2 --epochs=3 \
+        --workdir="/tmp/cpu_check/trec_${run// /}" --compute_dtype=$dtype $extra 2>&1 \
+        | tee -a "$out/accuracy.log" | grep -vE "^(I|W)[0-9]{4}" | tail -6
+    done
+    for run in "float32" "bfloat16 --row_major_dots"; do
+      read -r dtype extra <<<"$run"
+      for seed in 0 1 2; do
+        python launch/minilm_glue.py --tasks=sst2 --seed=$seed --compute_dtype=$dtype $extra \
+          --workdir="/tmp/cpu_check/sst2_${run// /}_$seed" 2>&1 | tee -a "$out/accuracy.log" \
+          | grep "^| sst2"
+      done
+    done
+    ;;
+  *) echo "usage: launch/cpu_check.sh dots|flags|step|accuracy"; exit 2;;
+esac
