@@ -1,18 +1,21 @@
 """Dense-layer matmuls in the one form XLA:CPU hands to its fast kernels.
 
-XLA:CPU sends a dot to YNNPACK (and, on Intel CPUs with AMX, to AMX tiles
-in bfloat16) only when it is a plain row-major ``[M, K] @ [K, N]``, and for
-16-bit operands only when it accumulates in float32. Autodiff's backward
-dots are transposed forms (``g @ w.T``, ``x.T @ g``); XLA folds those
-transposes into the dot's dimension numbers, and such a dot runs on Eigen
-at a fraction of the speed (issue 34's probe on a Sapphire Rapids: 234-268
-against 1,492-1,940 GFLOP/s in bfloat16).
+XLA:CPU gives a dot to YNNPACK (which on an Intel Xeon with AMX runs bf16
+on AMX tiles) by its form. Autodiff's backward dots are transposed forms
+(``g @ w.T`` for the input's gradient, ``x.T @ g`` for the weights'), and
+XLA folds those transposes into the dot's dimension numbers. On the AVX2
+EPYC, ``x.T @ g`` then runs on Eigen instead (float32 and bf16 alike); on
+issue 34's Sapphire Rapids both backward forms ran at 234-268 GFLOP/s in
+bf16 against 1,492-1,601 with the transposed operand materialised, and a
+bf16 forward reached 1,858-1,940 only when it accumulated in float32 (274
+with a bf16 result).
 
 :func:`dense_dot` is ``x @ w`` with its own backward: both backward dots get
 their transposed operand materialised first, behind an optimization
 barrier so that XLA cannot fold it back, and every dot accumulates in
-float32. The extra transposes read an activation or a kernel once, a few
-percent of the dot they feed.
+float32. A transpose moves ``M x K`` numbers for a dot of ``M x K x N``
+multiply-adds. ``launch/cpu_dots.py`` shows which form reaches which
+kernel on the CPU it runs on.
 """
 
 from __future__ import annotations
