@@ -7,6 +7,7 @@
 #   launch/gpu_check.sh sweep PRESET       # the step under each XLA flag / setting
 #                                          # of SWEEP below, jaxtl only; a table at the end
 #   launch/gpu_check.sh trec [FLAG...]     # MiniLM on TREC-6 end to end beside HF
+#   launch/gpu_check.sh generate [PRESET]  # greedy generation, KV cache, beside HF's generate
 #
 # Packages the GPU image lacks travel as wheels in .whl/ and are installed
 # into /tmp/site; MiniLM and TREC for the trec stage travel in .gpu_carry/.
@@ -137,6 +138,15 @@ PY
     timeout ${TREC_TIMEOUT:-300} python3 launch/minilm_trec.py --workdir=/tmp/trec "$@" 2>&1 \
       | tee "$out/trec.log" | grep -vE "^(I|W|E)[0-9]{4}|^\[transformers\]" | tail -20
     cp /tmp/trec/summary.json "$out/trec_summary.json" 2>/dev/null
+    ;;
+  generate)
+    # Tokens/s of greedy generation at batch 1 and 32 ($GEN_BATCHES), 128
+    # prompt + 128 new tokens, jaxtl against transformers' generate on the
+    # same exported weights (bf16 on both sides), gpt2_small by default.
+    timeout ${BENCH_TIMEOUT:-300} python3 -m jaxtl benchmark --generate=${GEN_BATCHES:-1,32} \
+      --presets="${1:-gpt2_small}" --torch --steps=5 --results="$out/benchmark_results.md" \
+      2>&1 | tee -a "$out/generate.log" | grep -vE "^(I|W|E)[0-9]{4}|^\[transformers\]|^\{" \
+      | tail -8
     ;;
   *) echo "unknown stage $stage"; exit 2;;
 esac

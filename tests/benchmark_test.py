@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxtl.tools import benchmark, benchmark_keras, footprint, presets
+from jaxtl.tools import benchmark, benchmark_generate, benchmark_keras, footprint, presets
 from jaxtl.train import perf
 from jaxtl.objectives import corruption
 from jaxtl.models import build_model
@@ -51,6 +51,27 @@ def test_tiny_presets_run_and_append_a_results_table(tmp_path):
   text = path.read_text()
   assert text.count("### ") == 2 and "`python -m jaxtl.tools.benchmark`" in text
   assert "| tiny_t5 | 4 x 128+32 | float32 |" in text
+
+
+def test_generation_beside_transformers_writes_the_same_tokens():
+  """Both sides decode the same exported weights greedily: the same tokens."""
+  torch_side = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
+  rows = benchmark_generate.generation_rows(
+      ["tiny_gpt2"], [1, 3], prompt_len=8, new_tokens=6, runs=1, dtype="auto",
+      torch_side=torch_side, overrides={"num_layers": 1})
+  assert [(r["preset"], r["batch"], r["prompt + new"]) for r in rows] == [
+      ("tiny_gpt2", "1", "8 + 6"), ("tiny_gpt2", "3", "8 + 6")]
+  for r in rows:
+    assert float(r["jaxtl tokens/s"].replace(",", "")) > 0
+    if torch_side:
+      assert r["same tokens"] == "100%", r
+      assert float(r["PyTorch tokens/s"].replace(",", "")) > 0
+  with pytest.raises(ValueError, match="times decoders; preset 'tiny_bert' is mlm"):
+    benchmark_generate.generation_rows(["tiny_bert"], [1], prompt_len=8, new_tokens=6,
+                                       runs=1, dtype="auto", torch_side=False)
+  with pytest.raises(ValueError, match="exceed tiny_gpt2's max_len"):
+    benchmark_generate.generation_rows(["tiny_gpt2"], [1], prompt_len=8, new_tokens=9999,
+                                       runs=1, dtype="auto", torch_side=False)
 
 
 def test_fusion_summaries_say_what_each_fusion_computes():

@@ -217,3 +217,15 @@ def test_command_line_generates_text(tmp_path):
   lines = [l for l in out.stdout.splitlines() if l.startswith("[")]
   assert len(lines) == 4 and lines[0].startswith("[0] Hello there") and lines[3].startswith(
       "[3] Why")
+
+
+def test_the_prompt_pass_computes_logits_for_its_last_position_only():
+  """A long prompt's B x P x V logits would be most of the prompt pass's
+  work; only the last position's choose the first token."""
+  params = _params(DECODER)
+  tokens = jax.ShapeDtypeStruct((3, 13), jnp.int32)
+  hlo = G._generate_decoder.lower(DECODER, G.GenerationConfig(max_new_tokens=4), params,
+                                  tokens, tokens, jax.random.key(0)).compile().as_text()
+  v = DECODER.vocab_size
+  assert f"[3,{v}]" in hlo
+  assert f"[3,13,{v}]" not in hlo and f"[39,{v}]" not in hlo

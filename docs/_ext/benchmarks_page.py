@@ -107,7 +107,7 @@ def headline(runs: list[Run], against: str = "PyTorch"
     name = device_name(run.device)
     for table in run.tables:
       for row in table:
-        if (name and not name.startswith("CPU: ?") and "preset" in row
+        if (name and not name.startswith("CPU: ?") and "step ms" in row
             and _number(row.get(f"{against} tokens/s", ""))):
           newest.setdefault(name, {})[row["preset"]] = (run, row)
   return {name: list(rows.values()) for name, rows in newest.items()}

@@ -26,6 +26,7 @@ import numpy as np
 
 from jaxtl.decoding import sampling
 from jaxtl.models import TransformerConfig, build_model, family_of, paths
+from jaxtl.models.transformer import apply_lm_head, lm_head_params
 
 Array = jax.Array
 
@@ -139,8 +140,12 @@ def _generate_decoder(cfg: TransformerConfig, gen: GenerationConfig, params: Any
   cache = _empty_cache(model, jnp.zeros((b, p + gen.max_new_tokens), jnp.int32))
   # Left-padded prompts: each row's positions count its real tokens only.
   positions_BP = jnp.maximum(jnp.cumsum(mask_BP, -1) - 1, 0)
+  # The prompt in one pass; logits of its last position only (every
+  # position's would be B x P x V numbers, most of a long prompt's work).
   out, v = model.apply({"params": params, "cache": cache}, tokens_BP, mask_BP,
-                       positions_BP, decode=True, mutable=["cache"])
+                       positions_BP, decode=True, lm_head=False, mutable=["cache"])
+  first_BV = apply_lm_head(cfg, lm_head_params(cfg, params),
+                           out["last_hidden"][:, -1:])[:, -1]
   next_pos_B = positions_BP[:, -1] + 1
 
   def step(cache, tok_B, i):
@@ -149,7 +154,7 @@ def _generate_decoder(cfg: TransformerConfig, gen: GenerationConfig, params: Any
                          decode=True, mutable=["cache"])
     return out["logits"][:, -1], v["cache"]
 
-  return _sample_loop(step, out["logits"][:, -1], v["cache"],
+  return _sample_loop(step, first_BV, v["cache"],
                       _seen(tokens_BP, mask_BP, cfg.vocab_size), rng, gen)
 
 

@@ -3,8 +3,10 @@ r"""``jaxtl benchmark``: time the train step, with PyTorch side by side.
   jaxtl benchmark --presets=tiny_gpt2,tiny_bert,tiny_t5,tiny_cls --torch
   jaxtl benchmark --presets=gpt2_small,bert_base,t5_small,minilm_cls --torch
   jaxtl benchmark --presets=minilm_cls --torch --keras
+  jaxtl benchmark --generate=1,32 --presets=gpt2_small --torch --steps=3
 
-What is measured and how: :mod:`jaxtl.tools.benchmark`.
+What is measured and how: :mod:`jaxtl.tools.benchmark`; generation:
+:mod:`jaxtl.tools.benchmark_generate`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from absl import flags
 
 from jaxtl import objectives
 from jaxtl.tools import benchmark as bench
-from jaxtl.tools import footprint
+from jaxtl.tools import benchmark_generate, footprint
 from jaxtl.tools.footprint import MEMORY_MESHES
 from jaxtl.tools.presets import PRESETS
 from jaxtl.tools.profiling import CPU_TRACE_FLAG
@@ -57,6 +59,10 @@ flags.DEFINE_list("rss_repeats", ["1", "10"], "--rss: how many times the train f
                   "are listed (the corpus repeated).")
 flags.DEFINE_string("workdir", "/tmp/jaxtl_benchmark", "--pipeline keeps its "
                     "trained tokenizers here.")
+flags.DEFINE_list("generate", [], "Instead of train steps: greedy generation with a KV "
+                  "cache at these batch sizes (decoder presets; --steps timed calls).")
+flags.DEFINE_integer("prompt_len", 128, "--generate: prompt tokens per row.")
+flags.DEFINE_integer("new_tokens", 128, "--generate: tokens generated per row.")
 flags.DEFINE_string("profile", "", "Also trace --steps more jaxtl steps into "
                     "DIR/PRESET and print where their device time goes.")
 flags.DEFINE_string("results", "", "Markdown file to append the table to (empty: none).")
@@ -85,6 +91,11 @@ def main(argv: list[str]) -> None:
                                                steps=f.steps)]
   elif f.memory:
     rows = footprint.memory_rows(f.presets)
+  elif f.generate:
+    rows = benchmark_generate.generation_rows(
+        f.presets, [int(b) for b in f.generate], prompt_len=f.prompt_len,
+        new_tokens=f.new_tokens, runs=f.steps, dtype=f.dtype, torch_side=f.torch,
+        overrides=bench.parse_overrides(f.model))
   else:
     rows = bench.benchmark(f.presets, torch_side=f.torch, keras_side=f.keras,
                      warmup=f.warmup, steps=f.steps,

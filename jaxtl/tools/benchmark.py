@@ -43,10 +43,10 @@ import jax
 from jaxtl.runtime import hugepages, xla_cpu
 from jaxtl import objectives, train
 from jaxtl.models import TransformerConfig, layers, paths
-from jaxtl.tools.presets import (PRESETS, Measurement, Preset, init_inputs, jaxtl_step,
-                                 make_batch, max_predictions, model_config,
-                                 on_accelerator, optimizer_config, peak_memory,
-                                 time_steps)
+from jaxtl.tools.presets import (Measurement, Preset, compute_dtype, init_inputs,
+                                 jaxtl_step, lookup, make_batch, max_predictions,
+                                 model_config, on_accelerator, optimizer_config,
+                                 peak_memory, time_steps)
 from jaxtl.tools import benchmark_keras, benchmark_torch, profiling
 from jaxtl.train import optim, perf, sharding
 
@@ -214,17 +214,12 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
               profile_dir: str = "") -> list[dict[str, str]]:
   """Runs the named presets on ``num_devices`` devices (0: all); returns
   their table rows. PyTorch and KerasHub (``keras_side``) run on one device."""
-  unknown = sorted(set(names) - set(PRESETS))
-  if unknown:
-    raise ValueError(f"unknown benchmark presets {unknown}; known: {sorted(PRESETS)}")
-  if dtype == "auto":
-    dtype = "bfloat16" if on_accelerator() else "float32"
+  dtype = compute_dtype(dtype)
   devices = jax.devices()[:num_devices or None]
   peak_flops = perf.peak_flops_per_device(dtype=dtype)
   peak_flops = peak_flops and peak_flops * len(devices)
   jobs = []
-  for name in names:
-    preset = PRESETS[name]
+  for preset in lookup(names):
     if batch_size:
       preset = dataclasses.replace(preset, batch_size=batch_size)
     elif on_accelerator() and preset.accelerator_batch_size:

@@ -87,6 +87,19 @@ def on_accelerator() -> bool:
   return jax.devices()[0].platform != "cpu"
 
 
+def compute_dtype(dtype: str) -> str:
+  """``dtype``, with ``auto`` as bfloat16 on accelerators and float32 on CPUs."""
+  return dtype if dtype != "auto" else "bfloat16" if on_accelerator() else "float32"
+
+
+def lookup(names: list[str]) -> list[Preset]:
+  """The named presets, or an error naming the unknown ones."""
+  unknown = sorted(set(names) - set(PRESETS))
+  if unknown:
+    raise ValueError(f"unknown benchmark presets {unknown}; known: {sorted(PRESETS)}")
+  return [PRESETS[name] for name in names]
+
+
 def model_config(preset: Preset, dtype: str, **overrides: Any) -> TransformerConfig:
   """The preset's TransformerConfig, computing in ``dtype``."""
   if preset.model not in models.PRESETS:
