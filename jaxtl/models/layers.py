@@ -13,6 +13,7 @@ it is laid out on a device mesh; layers never mention mesh axes.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any, Callable
@@ -54,10 +55,12 @@ def ones_init(axes: tuple[str, ...]) -> Callable[..., Any]:
 
 
 def dense(cfg: TransformerConfig, features: int, axes: tuple[str, str], name: str,
-          dtype: Any) -> nn.Dense:
-  """A dense layer with the config's initialisers, its parameters named by
-  logical ``axes`` (heads' pooler / transform and output layers)."""
-  return nn.Dense(features, dtype=dtype, param_dtype=cfg.jnp_param_dtype,
+          dtype: Any, use_bias: bool = True) -> nn.Dense:
+  """A dense layer with the config's initialisers and matmul form, its
+  parameters named by logical ``axes`` (MLP, LM head, heads' pooler /
+  transform and output layers)."""
+  return nn.Dense(features, use_bias=use_bias, dtype=dtype,
+                  param_dtype=cfg.jnp_param_dtype,
                   kernel_init=normal_init(cfg.init_std, axes),
                   bias_init=zeros_init(axes[1:]), name=name,
                   dot_general=dense_dots.for_config(cfg))
@@ -397,19 +400,16 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x_BTD: Array) -> Array:
     cfg = self.config
-    dense = lambda features, axes, name: nn.Dense(
-        features, use_bias=cfg.use_bias, dtype=cfg.jnp_dtype,
-        param_dtype=cfg.jnp_param_dtype, kernel_init=normal_init(cfg.init_std, axes),
-        bias_init=zeros_init(axes[1:]), name=name, dot_general=dense_dots.for_config(cfg))
+    layer = functools.partial(dense, cfg, dtype=cfg.jnp_dtype, use_bias=cfg.use_bias)
     act = activation_fn(cfg.activation)
     if cfg.gated_mlp:
-      h_BTF = (act(dense(cfg.mlp_dim, ("embed", "mlp"), paths.WI_0)(x_BTD))
-               * dense(cfg.mlp_dim, ("embed", "mlp"), paths.WI_1)(x_BTD))
+      h_BTF = (act(layer(cfg.mlp_dim, ("embed", "mlp"), paths.WI_0)(x_BTD))
+               * layer(cfg.mlp_dim, ("embed", "mlp"), paths.WI_1)(x_BTD))
     else:
-      h_BTF = act(dense(cfg.mlp_dim, ("embed", "mlp"), paths.WI)(x_BTD))
+      h_BTF = act(layer(cfg.mlp_dim, ("embed", "mlp"), paths.WI)(x_BTD))
     h_BTF = constrain(h_BTF, ("activation_batch", "activation_length",
                               "activation_mlp"))
-    return dense(cfg.d_model, ("mlp", "embed"), paths.WO)(h_BTF)
+    return layer(cfg.d_model, ("mlp", "embed"), paths.WO)(h_BTF)
 
 
 class Embedder(nn.Module):
@@ -488,11 +488,8 @@ class LMHead(nn.Module):
         x_BTD = x_BTD * cfg.d_model**-0.5
       logits_BTV = self.token_embed.attend(x_BTD)
     else:
-      logits_BTV = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.jnp_dtype,
-                            param_dtype=cfg.jnp_param_dtype,
-                            kernel_init=normal_init(cfg.init_std, ("embed", "vocab")),
-                            dot_general=dense_dots.for_config(cfg),
-                            name=paths.LOGITS)(x_BTD)
+      logits_BTV = dense(cfg, cfg.vocab_size, ("embed", "vocab"), paths.LOGITS,
+                         cfg.jnp_dtype, use_bias=False)(x_BTD)
     if cfg.lm_head_bias:
       logits_BTV += self.param(paths.BIAS, zeros_init(("vocab",)), (cfg.vocab_size,),
                                cfg.jnp_param_dtype)
