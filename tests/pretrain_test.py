@@ -178,6 +178,7 @@ def _records(workdir, key):
 
 
 @pytest.mark.slow
+@pytest.mark.mesh  # pretraining sharded end to end, state restored onto 8 devices
 @pytest.mark.parametrize("objective", ["mlm_nsp", "mlm_sop"])
 def test_a_sentence_pair_run_stopped_after_a_checkpoint_resumes_exactly(
     objective, tmp_path):

@@ -302,6 +302,18 @@ def test_mesh_and_rule_errors_name_the_problem():
     sharding.make_rules({"embed": "model"})
 
 
+def test_runs_fill_their_mesh_from_one_device_unless_marked():
+  """tests/conftest.py: a (-1, 1, 1) mesh takes one device, a named shape
+  the devices it names."""
+  assert sharding.make_mesh((-1, 1, 1)).devices.size == 1
+  assert sharding.make_mesh((1, 4, 2)).devices.size == 8
+
+
+@pytest.mark.mesh
+def test_a_test_marked_mesh_fills_it_from_all_eight():
+  assert sharding.make_mesh((-1, 1, 1)).devices.size == 8
+
+
 @pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_params():
   data = batches("decoder", 1) * 3
