@@ -38,12 +38,13 @@ def test_tiny_presets_run_and_append_a_results_table(tmp_path):
     assert float(r["step ms"]) > 0 and float(r["compile s"]) > 0
     assert r["MFU"] == "n/a"  # no peak FLOP/s is known for CPUs
     assert r["dtype"] == "float32"
+    # The ratio is printed to 2 decimals (0.48x for 0.4852): 0.005 off at most.
     if torch_side:
       ratio = float(r["PyTorch step ms"]) / float(r["step ms"])  # both rounded
-      assert float(r["jaxtl / PyTorch"][:-1]) == pytest.approx(ratio, rel=0.01)
+      assert float(r["jaxtl / PyTorch"][:-1]) == pytest.approx(ratio, rel=0.01, abs=0.006)
     if keras_side:  # KerasHub built every preset's model and stepped it
       ratio = float(r["KerasHub step ms"]) / float(r["step ms"])
-      assert float(r["jaxtl / KerasHub"][:-1]) == pytest.approx(ratio, rel=0.01)
+      assert float(r["jaxtl / KerasHub"][:-1]) == pytest.approx(ratio, rel=0.01, abs=0.006)
       assert float(r["KerasHub compile s"]) > 0
   path = tmp_path / "results.md"
   benchmark.append_results(str(path), rows, "python -m jaxtl.tools.benchmark")
