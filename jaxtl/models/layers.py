@@ -235,11 +235,8 @@ class MultiHeadAttention(nn.Module):
 
   def _cached(self, k_BSHK: Array | None, v_BSHK: Array | None,
               cache_index: Array | None) -> tuple[Array, Array]:
-    """Keys and values through the cache, heads first ([B, H, S, K]; shapes
-    fixed by the init call). The attention einsums read that layout as it
-    is; a [B, S, H, K] cache was copied whole into it at every step and
-    layer (17.5% of GPT-2 small's batch-32 greedy decoding on a 2-core CPU).
-    """
+    """Keys and values through the cache, [B, H, S, K] as the einsums read
+    it (a [B, S, H, K] cache was copied whole at every step and layer)."""
     if k_BSHK is None:  # a later cross-attention step: the stored encoder K/V
       return self.get_variable("cache", "key"), self.get_variable("cache", "value")
     k_BHSK, v_BHSK = jnp.swapaxes(k_BSHK, 1, 2), jnp.swapaxes(v_BSHK, 1, 2)
