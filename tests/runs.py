@@ -19,10 +19,16 @@ import datadir
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 # XLA flags of every test process, and all of those of the runs the tests
-# start (one CPU device each): XLA:CPU's LLVM backend at -O0. Compiling is
-# most of the suite's time; -O0 halves it for a tiny model's train step
-# (7 -> 3.5 CPU s), and the tests' tiny programs run about as fast.
-XLA_FLAGS = "--xla_backend_optimization_level=0"
+# start (one CPU device each). Compiling is most of the suite's time, and the
+# tests' tiny programs run about as fast either way:
+# - XLA:CPU's LLVM backend at -O0 halves a tiny model's train step compile
+#   (7 -> 3.5 CPU s);
+# - at -O0, XLA:CPU's older loop emitters compile a third faster than its
+#   MLIR fusion emitters (a tiny MLM pretraining's compiles: 6.8 -> 4.5 s;
+#   models_test + heads_test: 174 -> 114 CPU s). At -O2, what users run,
+#   it is the other way round (MiniLM's step: 12 -> 28 s), so only tests
+#   turn them off.
+XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 
 
 def start(config_file: str, workdir: str, *flags: str) -> subprocess.Popen:
