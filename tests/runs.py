@@ -27,8 +27,12 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 #   MLIR fusion emitters (a tiny MLM pretraining's compiles: 6.8 -> 4.5 s;
 #   models_test + heads_test: 174 -> 114 CPU s). At -O2, what users run,
 #   it is the other way round (MiniLM's step: 12 -> 28 s), so only tests
-#   turn them off.
-XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+#   turn them off;
+# - one LLVM module per program, not split for parallel codegen: the two
+#   test workers already fill the 2 cores (models_test + heads_test on them:
+#   75 -> 62 s wall).
+XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+             " --xla_cpu_parallel_codegen_split_count=1")
 
 
 def start(config_file: str, workdir: str, *flags: str) -> subprocess.Popen:
