@@ -5,6 +5,7 @@ flipped bytes that still decode are caught (:mod:`jaxtl.train.checkpoint`).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -13,17 +14,22 @@ import numpy as np
 
 
 @jax.jit
-def _all_finite(leaves: list[Any]) -> Any:
-  return jnp.stack([jnp.isfinite(x).all() for x in leaves]).all()
+def _is_finite(x: Any) -> Any:
+  return jnp.isfinite(x).all()
 
 
 def is_finite_tree(tree: Any) -> bool:
-  """Whether every float in ``tree`` is finite: one compiled reduction over
-  the tree. Eagerly, each leaf's shape compiled its own two ops (MiniLM's 85
-  leaves: 1.02 s at the first save, 28 ms after; now 0.60 s and 20 ms)."""
+  """Whether every float in ``tree`` is finite.
+
+  One small compiled reduction per leaf, which jit reuses for every leaf of
+  the same shape: a model repeats a few shapes many times, and a program over
+  the whole tree compiled one reduction per leaf instead (MiniLM's params and
+  AdamW moments, 276 leaves, on the 2-core AVX2 EPYC: 2.1 -> 1.1 s at the
+  first save, 8.8 -> 2.0 s with fingerprints under the tests' XLA flags).
+  """
   leaves = [x for x in jax.tree.leaves(tree)
             if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
-  return not leaves or bool(_all_finite(leaves))
+  return all(jax.device_get([_is_finite(x) for x in leaves]))
 
 
 def _fingerprintable(x: Any) -> bool:
@@ -69,18 +75,16 @@ def _named_leaves(tree: Any) -> dict[str, Any]:
           for path, x in jax.tree_util.tree_leaves_with_path(tree) if _fingerprintable(x)}
 
 
-@jax.jit
-def _device_fingerprints(leaves: dict[str, Any]) -> dict[str, Any]:
-  return {k: _fingerprint(x, jnp) for k, x in leaves.items()}
+_device_fingerprint = jax.jit(functools.partial(_fingerprint, xp=jnp))
 
 
 def fingerprints(tree: Any) -> dict[str, int]:
   """An exact fingerprint per array of ``tree`` (device arrays, computed where
-  they live; numpy arrays on the host), keyed by its path."""
-  leaves = _named_leaves(tree)
-  if all(isinstance(x, np.ndarray) for x in leaves.values()):
-    return {k: int(_fingerprint(x, np)) for k, x in leaves.items()}
-  return {k: int(v) for k, v in jax.device_get(_device_fingerprints(leaves)).items()}
+  they live, one compiled program per leaf shape as in :func:`is_finite_tree`;
+  numpy arrays on the host), keyed by its path."""
+  prints = {k: _fingerprint(x, np) if isinstance(x, np.ndarray) else _device_fingerprint(x)
+            for k, x in _named_leaves(tree).items()}
+  return {k: int(v) for k, v in jax.device_get(prints).items()}
 
 
 def mismatches(expected: dict[str, int], tree: Any, prefix: str = "") -> list[str]:
