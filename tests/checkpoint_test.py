@@ -210,6 +210,14 @@ def test_fingerprints_are_exact_and_the_same_on_device_and_host():
   assert fingerprints.fingerprints({**tree, "w": swapped})["w"] != host["w"]
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_one_inf_or_nan_anywhere_makes_a_tree_non_finite_and_huge_values_do_not(dtype):
+  big = jnp.full((64, 3), jnp.finfo(dtype).max, dtype)  # their sum would overflow
+  assert fingerprints.is_finite_tree({"w": big, "step": jnp.arange(3), "none": None})
+  for bad in (jnp.inf, -jnp.inf, jnp.nan):
+    assert not fingerprints.is_finite_tree({"w": big, "v": big.at[40, 1].set(bad)})
+
+
 def test_refuses_to_save_non_finite_params(tmp_path):
   ckpt = checkpoint.Checkpointer(tmp_path, save_every=1, keep=3, async_save=False)
   bad = _tiny_state(1).replace(params={"w": jnp.full((2,), jnp.nan)})
@@ -228,19 +236,19 @@ def test_transfer_loads_matching_params_and_reports_the_rest(tmp_path):
   params = checkpoint.load_params(tmp_path)  # a workdir resolves to step 4
   target = {"backbone": {"stack": {"w": jnp.zeros((2, 3))}},
             "head": {"out": {"kernel": jnp.zeros((3, 2))}}}
-  merged, report = checkpoint.merge_pretrained(target, params, prefix=("backbone",))
-  np.testing.assert_array_equal(merged["backbone"]["stack"]["w"], 7.0)
-  np.testing.assert_array_equal(merged["head"]["out"]["kernel"], 0.0)
+  loaded, report = checkpoint.select_pretrained(target, params, prefix=("backbone",))
+  assert list(loaded) == ["backbone/stack/w"]
+  np.testing.assert_array_equal(loaded["backbone/stack/w"], 7.0)
   assert report == {"loaded": ["backbone/stack/w"],
                     "discarded": ["backbone/lm_head/bias"],
                     "new": ["head/out/kernel"]}
-  _, report = checkpoint.merge_pretrained(target, params, prefix=("backbone",),
-                                          skip=[r"stack/w"])
+  _, report = checkpoint.select_pretrained(target, params, prefix=("backbone",),
+                                           skip=[r"stack/w"])
   assert report["loaded"] == [] and "backbone/stack/w" in report["new"]
   bad = {"backbone": {"stack": {"w": jnp.zeros((4, 3))}}}
   with pytest.raises(ValueError, match=r"backbone/stack/w: model expects \(4, 3\), "
                      r"checkpoint has \(2, 3\)"):
-    checkpoint.merge_pretrained(bad, params, prefix=("backbone",))
+    checkpoint.select_pretrained(bad, params, prefix=("backbone",))
   with pytest.raises(FileNotFoundError, match="no jaxtl checkpoint"):
     checkpoint.find_checkpoint(tmp_path / "nothing")
 
@@ -317,7 +325,7 @@ def test_a_killed_electra_run_resumes_exactly_and_transfers_its_discriminator(tm
   task = heads.TaskModel(source.config, num_labels=3)
   abstract = nn.unbox(jax.eval_shape(task.init, jax.random.key(0),
                                      jnp.ones((1, 8), jnp.int32)))["params"]
-  report = checkpoint.transfer_report(abstract, {paths.BACKBONE: source.params})
+  _, report = checkpoint.select_pretrained(abstract, {paths.BACKBONE: source.params})
   assert paths.join(paths.BACKBONE, paths.STACK, paths.EMBEDDER, paths.EMBED_PROJECT,
                     paths.KERNEL) in report["loaded"]
   assert all(not n.startswith(paths.BACKBONE + "/") for n in report["new"])
