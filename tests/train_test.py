@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from flax import traverse_util
 from jax.sharding import PartitionSpec as P
 
 from jaxtl import objectives, train
@@ -77,6 +78,31 @@ def run_steps(cfg, mesh_shape, data, *, accum=1, loss_fn=None, optim_cfg=OPTIM,
       metrics.append(m)
       losses.append(float(m["loss_sum"] / m["weight_sum"]))
   return losses, state, metrics
+
+
+def test_loaded_params_replace_their_init_on_a_mesh_and_the_rest_keeps_it():
+  """Pretrained weights enter the jitted init, sharded: each loaded leaf is
+  what was loaded (cast to the parameter's dtype), every other leaf is the
+  fresh init it would have been, and the optimizer starts from them."""
+  model = build_model(tiny("encoder"))
+  mesh = sharding.make_mesh((1, 4, 2), jax.devices()[:8])
+  rules = sharding.make_rules()
+  tx, _ = optim.make_optimizer(OPTIM, total_steps=10)
+  inputs = train.lm_init_inputs(model, batches("encoder", 1)[0])
+  fresh, _ = train.create_sharded_state(model, tx, inputs, jax.random.key(0), mesh, rules)
+  flat = traverse_util.flatten_dict(fresh.params, sep="/")
+  name = "stack/layer_0/mlp/wi/kernel"
+  loaded = {name: np.full(flat[name].shape, 0.5, np.float64)}
+  state, shardings = train.create_sharded_state(model, tx, inputs, jax.random.key(0),
+                                                mesh, rules, loaded=loaded)
+  got = traverse_util.flatten_dict(state.params, sep="/")
+  np.testing.assert_array_equal(got[name], 0.5)
+  assert got[name].dtype == flat[name].dtype and got[name].sharding.spec != P()
+  for other, value in got.items():
+    if other != name:
+      np.testing.assert_array_equal(value, flat[other], err_msg=other)
+  assert jax.tree.structure(state) == jax.tree.structure(fresh)
+  assert all(x.sharding == s for x, s in zip(jax.tree.leaves(state), jax.tree.leaves(shardings)))
 
 
 @pytest.mark.slow

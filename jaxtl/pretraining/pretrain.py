@@ -77,7 +77,7 @@ def architecture(config: PretrainConfig, source: pretrained.Pretrained | None,
 
 
 def source_loader(params_shape: Any, source: pretrained.Pretrained | None,
-                  init_from: str) -> Callable[[Any], Any] | None:
+                  init_from: str) -> Callable[[], dict[str, Any]] | None:
   """Loads the source's weights, LM head included, into a fresh state;
   shapes are checked now, before training."""
   if source is None:
@@ -89,9 +89,9 @@ def source_loader(params_shape: Any, source: pretrained.Pretrained | None,
           else "newly initialised (the source has none)" if head_new
           else "the token table (tied)")
 
-  def load_and_say(params: Any) -> Any:  # said only when it happens: a resumed
-    logging.info("LM head: %s", head)    # run restores its own head instead
-    return load(params)
+  def load_and_say() -> dict[str, Any]:  # said only when it happens: a resumed
+    logging.info("LM head: %s", head)     # run restores its own head instead
+    return load()
   return load_and_say
 
 

@@ -232,19 +232,20 @@ def tuned_backbone(cfg: TransformerConfig, tok: Tokenizer, params: dict[str, Any
 
 def params_loader(abstract: Any, init_params: Any | None, source: str,
                   dropped: tuple[str, ...] = ()
-                  ) -> tuple[Callable[[Any], Any] | None, dict[str, list[str]]]:
-  """(params -> params with the pretrained ones loaded, the transfer report).
+                  ) -> tuple[Callable[[], dict[str, Any]] | None, dict[str, list[str]]]:
+  """(the pretrained parameters to load, by path, as ``Workload.init_params``
+  takes them; the transfer report).
 
   Shapes are checked, and what is loaded, discarded and new is logged, now,
-  before any training; the loading itself (``Workload.init_params``) happens
-  on a fresh start only, so a resumed run goes on from its own checkpoint.
-  ``dropped``: what :func:`load` already left out (an earlier task's head),
-  reported as discarded.
+  before any training; the loading itself happens on a fresh start only, so
+  a resumed run goes on from its own checkpoint. ``dropped``: what
+  :func:`load` already left out (an earlier task's head), reported as
+  discarded.
   """
   if init_params is None:
     return None, {}
-  report = checkpoint.transfer_report(abstract, init_params)
+  loaded, report = checkpoint.select_pretrained(abstract, init_params)
   report["discarded"] = sorted([*report["discarded"], *dropped])
   logging.info("from %s: loaded %d tensors; discarded %s; new %s", source,
                len(report["loaded"]), report["discarded"], report["new"])
-  return lambda params: checkpoint.merge_pretrained(params, init_params)[0], report
+  return lambda: loaded, report

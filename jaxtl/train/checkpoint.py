@@ -462,25 +462,17 @@ def _flat_transfer(target: Any, pretrained: Any, prefix: tuple[str, ...], skip: 
   return flat_target, flat_pre, report
 
 
-def transfer_report(target: Any, pretrained: Any, *, prefix: tuple[str, ...] = (),
-                    skip: Any = ()) -> dict[str, list[str]]:
-  """What :func:`merge_pretrained` would load, discard and leave new, and
-  its shape check, without copying any array (``target`` may be abstract)."""
-  return _flat_transfer(target, pretrained, prefix, skip)[2]
+def select_pretrained(target: Any, pretrained: Any, *, prefix: tuple[str, ...] = (),
+                      skip: Any = ()) -> tuple[dict[str, Any], dict[str, list[str]]]:
+  """The pretrained parameters that ``target`` has (under ``prefix``), by
+  "/"-joined path, and a report of them.
 
-
-def merge_pretrained(target: Any, pretrained: Any, *, prefix: tuple[str, ...] = (),
-                     skip: Any = ()) -> tuple[Any, dict[str, list[str]]]:
-  """Copies every pretrained parameter that ``target`` has (under ``prefix``).
-
-  Returns the merged tree and a report: ``loaded``, ``discarded`` (in the
-  checkpoint but not in the model, e.g. the LM head) and ``new`` (in the
-  model only, e.g. the classifier: they keep their fresh initialisation).
-  Names matching a regex in ``skip`` are not loaded. A parameter present in
-  both with different shapes is an error listing every such parameter.
+  ``target`` may be abstract: nothing is copied. The report lists
+  ``loaded`` (the selected ones), ``discarded`` (in the checkpoint but not in
+  the model, e.g. the LM head) and ``new`` (in the model only, e.g. the
+  classifier: they keep their fresh initialisation). Names matching a regex
+  in ``skip`` are not loaded. A parameter present in both with different
+  shapes is an error listing every such parameter.
   """
-  flat_target, flat_pre, report = _flat_transfer(target, pretrained, prefix, skip)
-  merged = dict(flat_target)
-  for name in report["loaded"]:
-    merged[name] = jax.numpy.asarray(flat_pre[name], flat_target[name].dtype)
-  return traverse_util.unflatten_dict(merged, sep="/"), report
+  _, flat_pre, report = _flat_transfer(target, pretrained, prefix, skip)
+  return {name: flat_pre[name] for name in report["loaded"]}, report

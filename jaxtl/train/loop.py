@@ -92,8 +92,9 @@ class Workload:
       last state is. None: no best state is kept.
     prepare: host-side change to each batch before the step (e.g. cutting
       padding).
-    init_params: ``params -> params`` applied to a fresh (not resumed)
-      state's host parameters: where pretrained weights come in.
+    init_params: ``() -> {path: array}``, called on a fresh (not resumed)
+      start: pretrained parameters, by "/"-joined path, that take the place
+      of their random initialisation.
     steps_per_epoch: for the progress display only (0: no epochs).
     flops_per_example, tokens_per_example: for tokens/s and MFU.
     info: written once to the metrics at the start of a fresh run.
@@ -117,7 +118,7 @@ class Workload:
   eval_name: str = "eval"
   select: Callable[[Mapping[str, float]], float] | None = None
   prepare: Callable[[Batch], Batch] | None = None
-  init_params: Callable[[Any], Any] | None = None
+  init_params: Callable[[], Mapping[str, Any]] | None = None
   steps_per_epoch: int = 0
   flops_per_example: float = 0.0
   tokens_per_example: int = 0
@@ -237,13 +238,14 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
          workdir: str) -> Outcome:
   os.makedirs(workdir, exist_ok=True)
   init_rng, step_rng = jax.random.split(jax.random.key(loop.seed))
-  state, shardings = step_lib.create_sharded_state(
+  abstract, shardings = step_lib.abstract_sharded_state(
       work.model, tx, work.init_inputs, init_rng, mesh, rules)
+  abstract = step_lib.abstract_state(nn.unbox(abstract), shardings)
   ckpt = checkpoint.Checkpointer(layout.checkpoints(workdir),
                                  save_every=loop.checkpoint_every or loop.steps + 1,
                                  keep=max(loop.keep_checkpoints, 1))
   # A disk too full for one checkpoint fails now, not after the first stretch.
-  storage.check_space(ckpt.directory, storage.state_bytes(state))
+  storage.check_space(ckpt.directory, storage.state_bytes(abstract))
   keep_best = work.select is not None or work.evaluate is None
   best_ckpt = checkpoint.Checkpointer(
       layout.best(workdir), save_every=1, keep=1,
@@ -251,7 +253,8 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
   history, best, window_since = [], None, []
   stages = stages_of(work, loop)
   ends = list(itertools.accumulate(s.steps for s in stages))  # each's last step
-  restored = ckpt.restore_latest(step_lib.abstract_state(state, shardings))
+  # A resumed run is initialised by its checkpoint alone: no init is compiled.
+  restored = ckpt.restore_latest(abstract)
   if restored is not None:
     state, extra, at = restored
     _restore_position(stages, ends, extra.get("stage", 0), extra["data"], at)
@@ -260,9 +263,10 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
     # The train loss since the last evaluation, when saved mid-way to it.
     window_since = [extra["train_since"]] if extra.get("train_since") else []
     logging.info("resumed from checkpoint step %d in %s", at, workdir)
-  elif work.init_params is not None:
-    params = work.init_params(jax.device_get(state.params))
-    state = state.replace(params=jax.device_put(params, shardings.params))
+  else:
+    state = step_lib.init_sharded_state(
+        work.model, tx, work.init_inputs, init_rng, mesh, rules, shardings,
+        loaded=work.init_params() if work.init_params is not None else None)
 
   writer = metrics_lib.MetricsWriter(  # a finish record belongs to a run's end
       workdir, enabled=jax.process_index() == 0,
