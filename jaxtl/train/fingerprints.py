@@ -32,7 +32,14 @@ def is_finite_tree(tree: Any) -> bool:
   """
   leaves = [x for x in jax.tree.leaves(tree)
             if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
-  return all(jax.device_get([_is_finite(x) for x in leaves]))
+  return all(_one_at_a_time(_is_finite, leaves))
+
+
+def _one_at_a_time(fn: Any, leaves: list[Any]) -> list[Any]:
+  """``fn`` of each leaf, each fetched before the next starts: with many
+  programs in flight, the cross-process collectives of XLA:CPU deadlocked
+  (a 2-process run hung at its first save)."""
+  return [jax.device_get(fn(x)) for x in leaves]
 
 
 def _fingerprintable(x: Any) -> bool:
@@ -85,9 +92,10 @@ def fingerprints(tree: Any) -> dict[str, int]:
   """An exact fingerprint per array of ``tree`` (device arrays, computed where
   they live, one compiled program per leaf shape as in :func:`is_finite_tree`;
   numpy arrays on the host), keyed by its path."""
-  prints = {k: _fingerprint(x, np) if isinstance(x, np.ndarray) else _device_fingerprint(x)
-            for k, x in _named_leaves(tree).items()}
-  return {k: int(v) for k, v in jax.device_get(prints).items()}
+  fingerprint = lambda x: (_fingerprint(x, np) if isinstance(x, np.ndarray)
+                           else _device_fingerprint(x))
+  leaves = _named_leaves(tree)
+  return dict(zip(leaves, map(int, _one_at_a_time(fingerprint, list(leaves.values())))))
 
 
 def mismatches(expected: dict[str, int], tree: Any, prefix: str = "") -> list[str]:
