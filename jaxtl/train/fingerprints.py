@@ -36,9 +36,9 @@ def is_finite_tree(tree: Any) -> bool:
 
 
 def _one_at_a_time(fn: Any, leaves: list[Any]) -> list[Any]:
-  """``fn`` of each leaf, each fetched before the next starts: with many
-  programs in flight, the cross-process collectives of XLA:CPU deadlocked
-  (a 2-process run hung at its first save)."""
+  """``fn`` of each leaf, each fetched before the next starts. Dispatched
+  all at once, a 2-process CPU run (tests/multiprocess_test.py) hung in a
+  full suite run: many programs with cross-process collectives in flight."""
   return [jax.device_get(fn(x)) for x in leaves]
 
 
