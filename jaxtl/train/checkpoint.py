@@ -439,9 +439,18 @@ def load_params(path: str | os.PathLike) -> dict[str, Any]:
                               + "\n  ".join(problems))
 
 
-def _flat_transfer(target: Any, pretrained: Any, prefix: tuple[str, ...], skip: Any
-                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, list[str]]]:
-  """(flat target, flat pretrained, report); fails on mismatched shapes."""
+def select_pretrained(target: Any, pretrained: Any, *, prefix: tuple[str, ...] = (),
+                      skip: Any = ()) -> tuple[dict[str, Any], dict[str, list[str]]]:
+  """The pretrained parameters that ``target`` has (under ``prefix``), by
+  "/"-joined path, and a report of them.
+
+  ``target`` may be abstract: nothing is copied. The report lists
+  ``loaded`` (the selected ones), ``discarded`` (in the checkpoint but not in
+  the model, e.g. the LM head) and ``new`` (in the model only, e.g. the
+  classifier: they keep their fresh initialisation). Names matching a regex
+  in ``skip`` are not loaded. A parameter present in both with different
+  shapes is an error listing every such parameter.
+  """
   flat_target = traverse_util.flatten_dict(target, sep="/")
   flat_pre = {"/".join((*prefix, k)): v for k, v in
               traverse_util.flatten_dict(pretrained, sep="/").items()}
@@ -459,20 +468,4 @@ def _flat_transfer(target: Any, pretrained: Any, prefix: tuple[str, ...], skip: 
     report["loaded" if name in flat_target and not skipped(name)
            else "discarded"].append(name)
   report["new"] = sorted(set(flat_target) - set(report["loaded"]))
-  return flat_target, flat_pre, report
-
-
-def select_pretrained(target: Any, pretrained: Any, *, prefix: tuple[str, ...] = (),
-                      skip: Any = ()) -> tuple[dict[str, Any], dict[str, list[str]]]:
-  """The pretrained parameters that ``target`` has (under ``prefix``), by
-  "/"-joined path, and a report of them.
-
-  ``target`` may be abstract: nothing is copied. The report lists
-  ``loaded`` (the selected ones), ``discarded`` (in the checkpoint but not in
-  the model, e.g. the LM head) and ``new`` (in the model only, e.g. the
-  classifier: they keep their fresh initialisation). Names matching a regex
-  in ``skip`` are not loaded. A parameter present in both with different
-  shapes is an error listing every such parameter.
-  """
-  _, flat_pre, report = _flat_transfer(target, pretrained, prefix, skip)
   return {name: flat_pre[name] for name in report["loaded"]}, report

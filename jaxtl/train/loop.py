@@ -238,9 +238,9 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
          workdir: str) -> Outcome:
   os.makedirs(workdir, exist_ok=True)
   init_rng, step_rng = jax.random.split(jax.random.key(loop.seed))
-  abstract, shardings = step_lib.abstract_sharded_state(
+  boxed, shardings = step_lib.abstract_sharded_state(
       work.model, tx, work.init_inputs, init_rng, mesh, rules)
-  abstract = step_lib.abstract_state(nn.unbox(abstract), shardings)
+  abstract = step_lib.abstract_state(nn.unbox(boxed), shardings)
   ckpt = checkpoint.Checkpointer(layout.checkpoints(workdir),
                                  save_every=loop.checkpoint_every or loop.steps + 1,
                                  keep=max(loop.keep_checkpoints, 1))
