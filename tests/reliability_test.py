@@ -105,6 +105,37 @@ def test_bad_loop_values_name_their_key(key, value, message):
     pretrain.loop_config(config)
 
 
+def test_a_batch_the_mesh_cannot_split_names_its_key():
+  """Each batch is split over the mesh's data and fsdp devices: a batch size
+  that is not a multiple of them is one line naming the key (not JAX's
+  sharding error at the first step), in a stage and in fine-tuning too."""
+  from jaxtl import train  # pylint: disable=g-import-not-at-top
+  from jaxtl.configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
+  from jaxtl.configs import pretrain_clm  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import config as pretrain_config  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrain  # pylint: disable=g-import-not-at-top
+  from jaxtl.tasks import config as tasks_config  # pylint: disable=g-import-not-at-top
+  from jaxtl.tasks import finetune  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import sharding  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  mesh = sharding.make_mesh((2, 2, 2), jax.devices()[:8])
+  assert sharding.batch_devices(mesh) == 4  # data x fsdp; tensor splits no batch
+  config = pretrain_clm.get_config()
+  config.data.batch_size = 6
+  with pytest.raises(train.ConfigError, match=r"config.data.batch_size=6: must be a "
+                     r"multiple of 4: config.mesh.shape splits each batch over 4 devices"):
+    pretrain.loop_config(pretrain_config.of(config), batch_devices=4)
+  config.data.batch_size = 8
+  config.stages = (dict(steps=2, data=dict(batch_size=6)), dict(steps=config.train.steps - 2))
+  with pytest.raises(train.ConfigError, match=r"config.stages\[0\].data.batch_size=6"):
+    pretrain.loop_config(pretrain_config.of(config), batch_devices=4)
+  assert pretrain.loop_config(pretrain_config.of(config), batch_devices=2).batch_size == 8
+  fine = finetune_config.get_config()
+  fine.train.batch_size = 10
+  with pytest.raises(train.ConfigError, match=r"config.train.batch_size=10: must be a multiple of 4"):
+    finetune.loop_config(tasks_config.of(fine), steps_per_epoch=10, batch_devices=4)
+
+
 def test_fine_tuning_for_zero_epochs_names_the_key():
   from jaxtl import train  # pylint: disable=g-import-not-at-top
   from jaxtl.configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top

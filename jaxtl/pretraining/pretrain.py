@@ -9,6 +9,7 @@ In ``config.stages`` (BERT: 90% of the steps at length 128, the rest at
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -163,16 +164,23 @@ def identity(config: PretrainConfig) -> dict[str, Any]:
                            skip=[f"model.{k}" for k in pretrained.RUNTIME_FIELDS])
 
 
-def loop_config(config: PretrainConfig) -> loop.LoopConfig:
-  """The loop's numbers from a pretraining config (all in steps)."""
+def loop_config(config: PretrainConfig, batch_devices: int = 1) -> loop.LoopConfig:
+  """The loop's numbers from a pretraining config (all in steps);
+  ``batch_devices``: the devices the mesh splits each batch over."""
   t = config.train
-  return loop.LoopConfig(
+  numbers = loop.LoopConfig(
       steps=t.steps, batch_size=config.data.batch_size, log_every=t.log_every,
       eval_every=t.eval_every, eval_at_start=True,
       checkpoint_every=t.checkpoint_every, keep_checkpoints=t.keep_checkpoints,
       max_bad_steps=t.max_bad_steps, accum_steps=config.optim.accum_steps,
       prefetch=config.data.prefetch, peak_flops=t.peak_flops, seed=config.seed,
+      batch_devices=batch_devices,
   ).check({"batch_size": "data.batch_size", "accum_steps": "optim.accum_steps"})
+  for k, stage in enumerate(config.stages):  # each stage's batches meet the same rules
+    dataclasses.replace(numbers, steps=stage.steps, batch_size=stage.data.batch_size).check(
+        {"steps": f"stages[{k}].steps", "batch_size": f"stages[{k}].data.batch_size",
+         "accum_steps": "optim.accum_steps"})
+  return numbers
 
 
 def train_and_evaluate(config: PretrainConfig | ml_collections.ConfigDict, workdir: str,
@@ -188,7 +196,8 @@ def train_and_evaluate(config: PretrainConfig | ml_collections.ConfigDict, workd
   run writes anything to ``workdir``.
   """
   config = pretrain_config.of(config)  # before any work: a bad stage fails now
-  numbers = loop_config(config)  # and a bad number
+  mesh = sharding.make_mesh(config.mesh.shape)
+  numbers = loop_config(config, sharding.batch_devices(mesh))  # and a bad number
   if config.optim.warmup_steps > numbers.steps:
     logging.warning("config.optim.warmup_steps=%d is more than config.train.steps=%d: "
                     "the run ends inside its learning-rate warmup",
@@ -207,7 +216,6 @@ def train_and_evaluate(config: PretrainConfig | ml_collections.ConfigDict, workd
   if jax.process_index() == 0:  # Fine-tuning rebuilds the model from this, an
     # export ELECTRA's generator too.
     pretrained.save_model_config(model_cfg, workdir, generator=generator)
-  mesh = sharding.make_mesh(config.mesh.shape)
   rules = sharding.make_rules(config.mesh.rules)
   tx, schedule = optim.make_optimizer(config.optim, config.train.steps)
   loss_fn = objective.make_loss_fn(model, data.max_predictions, config.objective)

@@ -360,8 +360,10 @@ def identity(config: FinetuneConfig) -> dict[str, Any]:
                            skip=[f"model.{k}" for k in pretrained.RUNTIME_FIELDS])
 
 
-def loop_config(config: FinetuneConfig, steps_per_epoch: int) -> train.LoopConfig:
-  """The loop's numbers from a fine-tuning config: epochs become steps."""
+def loop_config(config: FinetuneConfig, steps_per_epoch: int, batch_devices: int = 1
+                ) -> train.LoopConfig:
+  """The loop's numbers from a fine-tuning config: epochs become steps;
+  ``batch_devices``: the devices the mesh splits each batch over."""
   t = config.train
   if t.epochs <= 0 or t.checkpoint_every < 0:
     bad = ("epochs", t.epochs, "more than 0") if t.epochs <= 0 else (
@@ -374,7 +376,8 @@ def loop_config(config: FinetuneConfig, steps_per_epoch: int) -> train.LoopConfi
       eval_every=steps_per_epoch, checkpoint_every=every,
       save_last=True, keep_checkpoints=1,  # a rerun of a finished run only evaluates
       max_bad_steps=t.max_bad_steps, accum_steps=config.optim.accum_steps,
-      seed=config.seed).check({"steps": "train.epochs", "accum_steps": "optim.accum_steps"})
+      seed=config.seed, batch_devices=batch_devices,
+  ).check({"steps": "train.epochs", "accum_steps": "optim.accum_steps"})
 
 
 def _train_batches(arrays: Mapping[str, np.ndarray], config: FinetuneConfig, side: str
@@ -485,8 +488,8 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
       finish=test_scores if "test" in feats else None,
       # A head's metrics; generation's are an LM's (perplexity included).
       summarize=objectives.summarize if kind.make_loss is not None else task_summary)
-  out = train.run(work, loop_config(config, steps_per_epoch), tx, schedule, mesh,
-                  rules, workdir)
+  numbers = loop_config(config, steps_per_epoch, sharding.batch_devices(mesh))
+  out = train.run(work, numbers, tx, schedule, mesh, rules, workdir)
   history = [{"epoch": h.pop("step") // steps_per_epoch, **h} for h in out.history]
   test = out.final
   results = {"task": task.name, "scheme": adapt.scheme, "init_from": config.init_from,

@@ -143,6 +143,7 @@ class LoopConfig:
   prefetch: int = 2
   peak_flops: float = 0.0  # per device; 0: look the device up
   seed: int = 0
+  batch_devices: int = 1  # the mesh splits each batch over this many
 
   def check(self, keys: Mapping[str, str]) -> "LoopConfig":
     """Returns self, or raises :class:`ConfigError` for the first value outside
@@ -161,6 +162,9 @@ class LoopConfig:
         ("keep_checkpoints", self.keep_checkpoints >= 1,
          "at least 1: the last checkpoint is what resuming, fine-tuning and export read"),
         ("max_bad_steps", self.max_bad_steps >= 1, "at least 1"),
+        ("batch_size", b % self.batch_devices == 0,
+         f"a multiple of {self.batch_devices}: config.mesh.shape splits each batch "
+         f"over {self.batch_devices} devices"),
         ("accum_steps", self.accum_steps >= 1 and b % max(self.accum_steps, 1) == 0,
          f"at least 1 and a divisor of the batch size {b}"),
     )

@@ -106,6 +106,12 @@ def logical_shardings(abstract_tree: Any, mesh: Mesh, rules: Rules) -> Any:
   return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
+def batch_devices(mesh: Mesh) -> int:
+  """How many devices ``mesh`` splits each batch over (its data and fsdp
+  axes): every batch size must be a multiple of it."""
+  return math.prod(mesh.shape[axis] for axis in BATCH_AXES)
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Leading (batch) dimension split over data and fsdp; the rest replicated."""
   return NamedSharding(mesh, P(BATCH_AXES))
