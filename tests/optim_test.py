@@ -96,3 +96,17 @@ def test_stlr_is_the_papers_slanted_triangle():
                              [paper(t) for t in (0, 5, 10, 55, 100)], rtol=1e-5)
   with pytest.raises(ValueError, match="config.optim.schedule='slanted'"):
     optim.make_schedule(dataclasses.replace(c, schedule="slanted"), 10)
+
+
+def test_a_resumed_rate_that_moved_says_why():
+  """The loop's resume check (jaxtl.train.loop.schedule_moved): silent when
+  the rate at the resumed step is the saved one, or when the checkpoint is
+  older than the check; else it names the cause."""
+  from jaxtl.train import loop  # pylint: disable=g-import-not-at-top
+  short, longer = optax.linear_schedule(1.0, 0.0, 100), optax.linear_schedule(1.0, 0.0, 200)
+  saved = {"steps": 100, "lr": float(short(50))}
+  assert loop.schedule_moved(saved, 100, short, 50) is None
+  assert loop.schedule_moved({"steps": 100}, 200, longer, 50) is None
+  assert "the run now has 200 steps, not the 100" in loop.schedule_moved(saved, 200, longer, 50)
+  assert loop.schedule_moved(saved, 100, optax.linear_schedule(2.0, 0.0, 100), 50).endswith(
+      "the learning-rate settings changed (config.optim)")

@@ -162,6 +162,25 @@ def test_new_objectives_resume_exactly_after_a_kill(recipe, arg, tmp_path):
     np.testing.assert_array_equal(resumed_params[name], value, err_msg=name)
 
 
+@pytest.mark.slow
+def test_a_run_trained_for_longer_says_its_learning_rate_moved(tmp_path, caplog):
+  """A finished run resumed with more steps stretches its schedule over
+  them: the resume says the rate it had and has now, and why. A rerun
+  of the same settings says nothing."""
+  config = _tiny_denoising_config(tmp_path, "pretrain_prefix_lm", None)
+  config.train.update(steps=3, eval_every=3, checkpoint_every=3)
+  workdir = str(tmp_path / "wd")
+  pretrain.train_and_evaluate(config, workdir)
+  caplog.set_level(logging.WARNING)
+  pretrain.train_and_evaluate(config, workdir)  # finished: it only evaluates
+  assert "learning rate" not in caplog.text
+  config.train.steps = 5
+  pretrain.train_and_evaluate(config, workdir)
+  # lr 1e-3 after 2 warmup steps, decaying to 1e-4 at step 3, now at step 5
+  assert ("resuming at step 3 with a learning rate of 0.000775, not the 0.0001 of the "
+          "checkpoint: the run now has 5 steps, not the 3 it was started with") in caplog.text
+
+
 def _sentence_pair_config(objective):
   config = runs.tiny_mlm_config()  # one line of Shakespeare per document
   config.objective.name = objective

@@ -267,6 +267,8 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
     # The train loss since the last evaluation, when saved mid-way to it.
     window_since = [extra["train_since"]] if extra.get("train_since") else []
     logging.info("resumed from checkpoint step %d in %s", at, workdir)
+    if (moved := schedule_moved(extra, loop.steps, schedule, at)) is not None:
+      logging.warning("%s", moved)
   else:
     state = step_lib.init_sharded_state(
         work.model, tx, work.init_inputs, init_rng, mesh, rules, shardings,
@@ -288,7 +290,8 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
   def save(at: int, force: bool) -> None:  # the window is fetched only to save
     since = loss_totals(window_since + jax.device_get(window))
     ckpt.save(at, state, {"data": prefetch.get_state(), "stage": k, "rng": rng_data,
-                          "history": history, "best": best, "train_since": since},
+                          "history": history, "best": best, "train_since": since,
+                          "steps": loop.steps, "lr": float(schedule(at))},
               force=force)
 
   prefetch = bar = p_step = final = None
@@ -417,6 +420,22 @@ def _restore_position(stages: tuple[Stage, ...], ends: list[int], saved_stage: i
   raise ValueError(
       f"the checkpoint at step {step} was saved in stage {saved_stage}, but the "
       f"stages now end at steps {ends}: the stages changed since (config.stages)")
+
+
+def schedule_moved(extra: Mapping[str, Any], steps: int, schedule: optax.Schedule,
+                   at: int) -> str | None:
+  """Why a resumed run's learning rate at ``at`` is not the one its
+  checkpoint was saved with, or None when it is. A run resumed with more
+  steps (to train longer) stretches its schedule, so the rate jumps; said
+  once, at the resume, not found later in a loss curve."""
+  saved, now = extra.get("lr"), float(schedule(at))
+  if saved is None or abs(now - saved) <= 1e-6 * max(abs(saved), 1e-12):
+    return None
+  why = (f"the run now has {steps} steps, not the {extra['steps']} it was started "
+         "with, and its schedule spans them" if extra.get("steps", steps) != steps
+         else "the learning-rate settings changed (config.optim)")
+  return (f"resuming at step {at} with a learning rate of {now:.4g}, not the "
+          f"{saved:.4g} of the checkpoint: {why}")
 
 
 def _announce(writer: metrics_lib.MetricsWriter, k: int, stage: Stage,
