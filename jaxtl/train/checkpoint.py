@@ -81,12 +81,13 @@ def _verify(state: Any, extra: dict[str, Any]) -> str | None:
   """Why a restored checkpoint cannot be trusted, or None. Checkpoints from
   before fingerprints were recorded are checked for finiteness only."""
   expected = extra.pop(FINGERPRINTS, None)
+  summary = fingerprints_lib.survey(state)
   if expected is not None:
-    bad = fingerprints_lib.mismatches(expected, state)
+    bad = fingerprints_lib.mismatches(expected, summary)
     if bad:
       return (f"{len(bad)} array(s) differ from what was saved (fingerprint "
               f"mismatch: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''})")
-  if not fingerprints_lib.is_finite_tree(getattr(state, "params", state)):
+  if not fingerprints_lib.params_finite(summary):
     return "its parameters contain NaN or Inf"
   return None
 
@@ -177,10 +178,12 @@ class Checkpointer:
       return False
     if step in self._manager.all_steps():
       return False
-    if not fingerprints_lib.is_finite_tree(state.params):
+    summary = fingerprints_lib.survey(state)
+    if not fingerprints_lib.params_finite(summary):
       raise FloatingPointError(f"refusing to checkpoint step {step}: the "
                                "parameters contain NaN or Inf")
-    extra = {**extra, FINGERPRINTS: fingerprints_lib.fingerprints(state)}
+    extra = {**extra, FINGERPRINTS: {path: fingerprint
+                                     for path, (fingerprint, _) in summary.items()}}
     self.check(wait=True)  # the previous save's (Orbax would wait for it too)
     try:
       storage.probe_writable(self.directory)

@@ -13,28 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 
 
-@jax.jit
-def _is_finite(x: Any) -> Any:
-  # x * 0 is 0 where x is finite and NaN where it is Inf or NaN, and a sum of
-  # zeros cannot overflow: exact, and it compiles and runs faster than
-  # isfinite(x).all() (10 of MiniLM's shapes: 1.0 -> 0.65 s, 12 -> 7 ms).
-  return jnp.isfinite(jnp.sum(x * 0))
-
-
-def is_finite_tree(tree: Any) -> bool:
-  """Whether every float in ``tree`` is finite.
-
-  One small compiled reduction per leaf, which jit reuses for every leaf of
-  the same shape: a model repeats a few shapes many times, and a program over
-  the whole tree compiled one reduction per leaf instead (MiniLM's params and
-  AdamW moments, 276 leaves, on the 2-core AVX2 EPYC: 2.1 -> 1.1 s at the
-  first save, 8.8 -> 2.0 s with fingerprints under the tests' XLA flags).
-  """
-  leaves = [x for x in jax.tree.leaves(tree)
-            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
-  return all(_one_at_a_time(_is_finite, leaves))
-
-
 def _one_at_a_time(fn: Any, leaves: list[Any]) -> list[Any]:
   """``fn`` of each leaf, each fetched before the next starts. Dispatched
   all at once, a 2-process CPU run (tests/multiprocess_test.py) hung in a
@@ -85,23 +63,56 @@ def _named_leaves(tree: Any) -> dict[str, Any]:
           for path, x in jax.tree_util.tree_leaves_with_path(tree) if _fingerprintable(x)}
 
 
-_device_fingerprint = jax.jit(functools.partial(_fingerprint, xp=jnp))
+def _summary(x: Any, xp: Any) -> tuple[Any, Any]:
+  """(fingerprint, whether every element is finite) of one array.
+
+  x * 0 is 0 where x is finite and NaN where it is Inf or NaN, and a sum of
+  zeros cannot overflow: exact, and it compiles and runs faster than
+  isfinite(x).all() (10 of MiniLM's shapes: 1.0 -> 0.65 s, 12 -> 7 ms).
+  """
+  finite = xp.isfinite(xp.sum(x * 0)) if jnp.issubdtype(x.dtype, jnp.floating) else True
+  return _fingerprint(x, xp), finite
+
+
+_device_summary = jax.jit(functools.partial(_summary, xp=jnp))
+
+
+def survey(tree: Any) -> dict[str, tuple[int, bool]]:
+  """Per array of ``tree``, keyed by its path: an exact fingerprint, and
+  whether it is finite (integers always are).
+
+  Device arrays are read where they live, in one small compiled program per
+  leaf shape that jit reuses for every leaf of that shape: a model repeats a
+  few shapes many times, and a program over the whole tree compiled one
+  reduction per leaf instead (MiniLM's params and AdamW moments, 276
+  leaves, on the 2-core AVX2 EPYC: first save 4.5 -> 2.3 s, and one program
+  for both figures rather than one each). numpy arrays are read on the host.
+  """
+  summary = lambda x: (_summary(x, np) if isinstance(x, np.ndarray)
+                       else _device_summary(x))
+  leaves = _named_leaves(tree)
+  return {path: (int(fingerprint), bool(finite)) for path, (fingerprint, finite)
+          in zip(leaves, _one_at_a_time(summary, list(leaves.values())))}
 
 
 def fingerprints(tree: Any) -> dict[str, int]:
-  """An exact fingerprint per array of ``tree`` (device arrays, computed where
-  they live, one compiled program per leaf shape as in :func:`is_finite_tree`;
-  numpy arrays on the host), keyed by its path."""
-  fingerprint = lambda x: (_fingerprint(x, np) if isinstance(x, np.ndarray)
-                           else _device_fingerprint(x))
-  leaves = _named_leaves(tree)
-  return dict(zip(leaves, map(int, _one_at_a_time(fingerprint, list(leaves.values())))))
+  """The exact fingerprint of each array of ``tree``, by path (:func:`survey`)."""
+  return {path: fingerprint for path, (fingerprint, _) in survey(tree).items()}
 
 
-def mismatches(expected: dict[str, int], tree: Any, prefix: str = "") -> list[str]:
-  """Paths whose fingerprint differs from ``expected`` (restricted to the
-  paths under ``prefix`` when the tree is a part of what was saved)."""
-  actual = fingerprints(tree)
-  wanted = {k[len(prefix):]: v for k, v in expected.items() if k.startswith(prefix)}
-  return sorted(k for k in wanted.keys() | actual.keys()
-                if wanted.get(k) != actual.get(k))
+def is_finite_tree(tree: Any) -> bool:
+  """Whether every float in ``tree`` is finite (:func:`survey`)."""
+  return all(finite for _, finite in survey(tree).values())
+
+
+def params_finite(summary: dict[str, tuple[int, bool]]) -> bool:
+  """Whether a state's :func:`survey` found its parameters finite."""
+  return all(finite for path, (_, finite) in summary.items() if path.startswith("params/"))
+
+
+def mismatches(expected: dict[str, int], summary: dict[str, tuple[int, bool]]
+               ) -> list[str]:
+  """Paths whose fingerprint in a :func:`survey` differs from ``expected``."""
+  actual = {path: fingerprint for path, (fingerprint, _) in summary.items()}
+  return sorted(k for k in expected.keys() | actual.keys()
+                if expected.get(k) != actual.get(k))
