@@ -182,8 +182,7 @@ class Checkpointer:
     if not fingerprints_lib.params_finite(summary):
       raise FloatingPointError(f"refusing to checkpoint step {step}: the "
                                "parameters contain NaN or Inf")
-    extra = {**extra, FINGERPRINTS: {path: fingerprint
-                                     for path, (fingerprint, _) in summary.items()}}
+    extra = {**extra, FINGERPRINTS: fingerprints_lib.prints(summary)}
     self.check(wait=True)  # the previous save's (Orbax would wait for it too)
     try:
       storage.probe_writable(self.directory)

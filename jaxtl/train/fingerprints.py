@@ -95,9 +95,14 @@ def survey(tree: Any) -> dict[str, tuple[int, bool]]:
           in zip(leaves, _one_at_a_time(summary, list(leaves.values())))}
 
 
+def prints(summary: dict[str, tuple[int, bool]]) -> dict[str, int]:
+  """The fingerprints of a :func:`survey`, by path."""
+  return {path: fingerprint for path, (fingerprint, _) in summary.items()}
+
+
 def fingerprints(tree: Any) -> dict[str, int]:
   """The exact fingerprint of each array of ``tree``, by path (:func:`survey`)."""
-  return {path: fingerprint for path, (fingerprint, _) in survey(tree).items()}
+  return prints(survey(tree))
 
 
 def is_finite_tree(tree: Any) -> bool:
@@ -113,6 +118,6 @@ def params_finite(summary: dict[str, tuple[int, bool]]) -> bool:
 def mismatches(expected: dict[str, int], summary: dict[str, tuple[int, bool]]
                ) -> list[str]:
   """Paths whose fingerprint in a :func:`survey` differs from ``expected``."""
-  actual = {path: fingerprint for path, (fingerprint, _) in summary.items()}
+  actual = prints(summary)
   return sorted(k for k in expected.keys() | actual.keys()
                 if expected.get(k) != actual.get(k))
