@@ -303,7 +303,7 @@ def test_a_jaxtl_pretrained_model_exports_to_transformers(pretrained, tmp_path):
   out = tmp_path / "hf"
   subprocess.run([sys.executable, "-m", "jaxtl", "convert", f"--checkpoint={pretrained}",
                   f"--out={out}"], check=True, capture_output=True, timeout=300)
-  assert (out / "spiece.model").is_file()
+  assert (out / "spiece.model").is_file() and (out / "tokenizer.json").is_file()
   model, info = transformers.BertForMaskedLM.from_pretrained(out, output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"]
   loaded = pretrained_lib.load(pretrained)
@@ -312,3 +312,12 @@ def test_a_jaxtl_pretrained_model_exports_to_transformers(pretrained, tmp_path):
   with torch.no_grad():
     theirs = model.eval()(torch.tensor(tokens)).logits.numpy()
   np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4)
+  # AutoTokenizer reads the SentencePiece model as tokenizer.json: the same
+  # ids, framed [CLS] a [SEP] b [SEP] as jaxtl frames a BERT's inputs.
+  hf_tok, tok = transformers.AutoTokenizer.from_pretrained(out), loaded.tokenizer
+  a, b = "To be, or not to be:  that is the question", "Whether 'tis nobler\nin the [MASK]"
+  pair = hf_tok(a, b)
+  assert pair["input_ids"] == [tok.cls_id, *tok.encode(a), tok.sep_id, *tok.encode(b), tok.sep_id]
+  assert pair["token_type_ids"] == [0] * (len(tok.encode(a)) + 2) + [1] * (len(tok.encode(b)) + 1)
+  assert (hf_tok.pad_token_id, hf_tok.mask_token_id) == (tok.pad_id, tok.mask_id)
+  assert hf_tok.decode(hf_tok(a)["input_ids"], skip_special_tokens=True) == a.replace("  ", " ")

@@ -303,3 +303,22 @@ def test_whole_word_mlm_masks_every_piece_of_a_chosen_word(trained, shakespeare_
     continued = ~starts[1:]  # position i + 1 continues position i's word
     np.testing.assert_array_equal(chosen[1:][continued], chosen[:-1][continued])
     assert abs(chosen.mean() - 0.3) < 0.05
+
+
+EDGE_TEXTS = ["  leading,  double  and trailing spaces  ", "a\nline break\tand a tab",
+              "Ünïcödé ﬁ café ①", "[MASK] whole [CLS] pieces [SEP]", "<extra_id_0> x", "", " "]
+
+
+def test_a_sentencepiece_model_rebuilt_for_transformers_gives_its_ids(trained,
+                                                                      shakespeare_lines):
+  """An export's tokenizer.json (jaxtl.convert.hf_tokenizer) encodes as the
+  SentencePiece model it was made from: ours (unigram and bpe, user-defined
+  pieces) and T5's (nmt_nfkc)."""
+  from jaxtl.convert import hf_tokenizer  # pylint: disable=g-import-not-at-top
+  texts = shakespeare_lines[300:] + EDGE_TEXTS
+  models = [trained[0]]
+  if (t5 := datadir.data_dir() / T5_MODEL[0] / T5_MODEL[1]).is_file():
+    models.append(tokenizers.SentencePieceTokenizer(t5))
+  for tok in models:
+    fast = hf_tokenizer.from_sentencepiece(tok)
+    assert [e.ids for e in fast.encode_batch(texts)] == tok.encode_batch(texts), tok

@@ -23,9 +23,10 @@ loads with ``trust_remote_code=True``, e.g. the default finetune_minilm's:
                       trust_remote_code=True)
 
 Either way ``config.json`` + ``model.safetensors`` are written, and the
-tokenizer beside them: ``tokenizer.json`` for WordPiece/BPE tokenizers, the
-SentencePiece model as ``spiece.model`` (what ``T5Tokenizer`` reads; other
-classes need their own tokenizer files).
+tokenizer beside them, in files ``AutoTokenizer`` reads: ``tokenizer.json``
+(a SentencePiece model rebuilt as one, framed as the model's inputs are, and
+kept as ``spiece.model`` for ``T5Tokenizer``; see
+:mod:`jaxtl.convert.hf_tokenizer`).
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ from __future__ import annotations
 from absl import flags, logging
 
 from jaxtl import convert
-from jaxtl.convert import remote_code
+from jaxtl.convert import hf_tokenizer, remote_code
 from jaxtl.convert.electra import GENERATOR_CLASS
 from jaxtl.convert.family import SpecialIds
-from jaxtl.data.tokenizer_files import save_tokenizer
 from jaxtl.pretraining import pretrained
-from jaxtl.tasks import predictor, spec
+from jaxtl.models.family import family_of
+from jaxtl.tasks import features, predictor, spec
 
 flags.DEFINE_string("checkpoint", None, "A jaxtl workdir, checkpoints dir or step dir.",
                     required=True)
@@ -60,7 +61,9 @@ def main(argv: list[str]) -> None:
     tuned = predictor.load(FLAGS.checkpoint)  # best/, LoRA merged
     arch = convert.export_task_hf(FLAGS.out, tuned.config, tuned.params, tuned.spec,
                                   tokenizer=tuned.tokenizer, model_type=FLAGS.model_type)
-    tokenizer = tuned.tokenizer
+    # A task's inputs, framed as in fine-tuning (GPT-2's too: a ... <eos>).
+    frame = features.frame(tuned.tokenizer, tuned.config.family)
+    tokenizer, model = tuned.tokenizer, tuned.config
   else:
     if FLAGS.generator:
       loaded = pretrained.load_generator(FLAGS.checkpoint)
@@ -78,8 +81,10 @@ def main(argv: list[str]) -> None:
       raise ValueError(f"{FLAGS.checkpoint}'s generator ({g.num_heads} heads of "
                        f"{g.head_dim} over width {g.d_model}, per "
                        f"config.objective.generator_scale): {e}") from e
-    tokenizer = loaded.tokenizer
-  save_tokenizer(tokenizer, FLAGS.out, sentencepiece_name="spiece.model")
+    tokenizer, model = loaded.tokenizer, loaded.config
+    frame = (None if family_of(model).causal  # an LM continues its prompt
+             else features.frame(tokenizer, model.family))
+  hf_tokenizer.save(tokenizer, FLAGS.out, frame, token_types=model.type_vocab_size > 1)
   logging.info("wrote %s to %s%s", arch, FLAGS.out,
                " (load it with trust_remote_code=True)" if arch in remote_code.CLASSES
                else "")
