@@ -322,3 +322,19 @@ def test_a_sentencepiece_model_rebuilt_for_transformers_gives_its_ids(trained,
   for tok in models:
     fast = hf_tokenizer.from_sentencepiece(tok)
     assert [e.ids for e in fast.encode_batch(texts)] == tok.encode_batch(texts), tok
+    assert fast.get_vocab_size() == tok.vocab_size
+
+
+def test_sentinels_above_the_pieces_are_added_to_the_rebuilt_tokenizer(shakespeare_lines,
+                                                                       tmp_path):
+  """Classic T5 models keep <extra_id_i> above their pieces, <extra_id_0>
+  last (jaxtl's SentencePieceTokenizer, T5Tokenizer): the rebuilt one too."""
+  from jaxtl.convert import hf_tokenizer  # pylint: disable=g-import-not-at-top
+  tok = tokenizers.train_sentencepiece(shakespeare_lines, tmp_path / "m", 300, num_sentinels=0)
+  pieces = tok.processor.get_piece_size()
+  tok._sentinels = tuple(pieces + 2 - i for i in range(3))  # pylint: disable=protected-access
+  fast = hf_tokenizer.from_sentencepiece(tok)
+  assert [fast.token_to_id(f"<extra_id_{i}>") for i in range(3)] == [pieces + 2, pieces + 1,
+                                                                     pieces]
+  assert fast.encode("a <extra_id_1> b").ids == [*fast.encode("a").ids, pieces + 1,
+                                                 *fast.encode("b").ids]

@@ -87,6 +87,12 @@ def from_sentencepiece(tok: SentencePieceTokenizer) -> tokenizers.Tokenizer:
                      f"{spec.model_type} (word or char) has no tokenizer.json form; "
                      "only unigram and bpe models do")
   fast = tokenizers.Tokenizer(model)
+  # T5's sentinels above its pieces (<extra_id_0> is the last id), as
+  # T5Tokenizer adds them.
+  above = sorted((tok.sentinel_id(i), i) for i in range(tok.num_sentinels)
+                 if tok.sentinel_id(i) >= len(pieces))
+  fast.add_special_tokens([tokenizers.AddedToken(f"<extra_id_{i}>", normalized=False)
+                           for _, i in above])
   # The normalizer in SentencePiece's order: its character map, then spaces
   # (only spaces: line breaks stay), then spaces made visible.
   steps = []
