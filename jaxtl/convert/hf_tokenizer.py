@@ -73,7 +73,7 @@ def from_sentencepiece(tok: SentencePieceTokenizer) -> tokenizers.Tokenizer:
   # SentencePiece never emits an unused piece (T5's rare characters): named
   # with a space, which the normalized text never holds, none matches.
   names = [f"<unused {i}>" if p.type == _UNUSED else p.piece for i, p in enumerate(pieces)]
-  # (The processor's unk id: a trainer spec may name another, as one of T5's does.)
+  # The processor's unk id (tok.unk_id): a trainer spec may name another, as one of T5's does.
   if spec.model_type == _UNIGRAM:
     model = tokenizers.models.Unigram([(n, p.score) for n, p in zip(names, pieces)],
                                       unk_id=tok.unk_id, byte_fallback=spec.byte_fallback)
