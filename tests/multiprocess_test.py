@@ -8,6 +8,7 @@ The losses must equal a 1-process run on 4 devices with the same global
 batch, and that 1-process run must resume from the 2-process checkpoint.
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -77,3 +78,33 @@ def test_two_processes_match_one_and_resume_on_one(config_file, tmp_path):
   after = [("train", 7), ("train", 8), ("eval", 8)]
   np.testing.assert_allclose([resumed[k] for k in after], [one[k] for k in after],
                              rtol=1e-5)
+
+
+def test_two_processes_fine_tune_as_one(pretrained, tmp_path):
+  """Fine-tuning on 2 processes: each cuts the whole batch's padding and
+  keeps its half, and the predictions are gathered (each process sees the
+  whole split's): the losses, the test scores and the tokens per step equal
+  a 1-process run's on the same 4 devices."""
+  args = ["finetune", "--config=finetune:task=trec", f"--config.init_from={pretrained}",
+          "--config.train.epochs=1", "--config.task.num_train_examples=32",
+          "--config.task.max_eval_examples=16", "--config.task.max_len=32",
+          "--config.train.length_multiple=16", "--config.train.checkpoint_every=0",
+          "--config.train.batch_size=8", "--config.train.log_every=1", MESH]
+  start = lambda workdir, devices, *extra: subprocess.Popen(
+      [sys.executable, "-m", "jaxtl", *args, f"--workdir={workdir}", *extra], cwd=runs.REPO,
+      env=_env(devices), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  coordinator = f"localhost:{_free_port()}"
+  multi, one = tmp_path / "multi", tmp_path / "one"
+  procs = [start(multi, 2, "--multiprocess", f"--coordinator_address={coordinator}",
+                 "--num_processes=2", f"--process_id={i}") for i in range(2)]
+  procs.append(start(one, 4))
+  _check(procs)
+  records = lambda d: [json.loads(l) for l in open(d / "metrics.jsonl")]
+  two, single = records(multi), records(one)
+  assert [(r["split"], r["step"]) for r in two] == [(r["split"], r["step"]) for r in single]
+  for a, b in zip(two, single):
+    for name in ("loss", "accuracy", "tokens"):
+      if name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-5, err_msg=(a, name))
+  assert json.load(open(multi / "results.json"))["test"] == pytest.approx(
+      json.load(open(one / "results.json"))["test"])

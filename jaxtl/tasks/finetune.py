@@ -227,7 +227,8 @@ def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
       stopping.check()
     batch = padding.trim_padding({k: v[i:i + batch_size] for k, v in padded.items()}, side,
                                  multiple, table)
-    out = np.asarray(eval_fn(params, sharding.shard_batch(batch, mesh)))
+    out = sharding.gather(eval_fn(params, sharding.shard_batch(sharding.process_rows(batch),
+                                                              mesh)))
     # Per-token outputs (tag ids) are shaped like the per-token weights;
     # class probabilities [B, C] are not, whatever C is.
     if out.shape == batch["label_weights"].shape and out.ndim == 2 and out.shape[1] < t:
@@ -483,7 +484,9 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
       # No dev split: nothing to select on, the last epoch is the model.
       evaluate=functools.partial(scores, split="dev") if "dev" in feats else None,
       eval_name="dev", select=lambda dev: next(iter(dev.values())),
-      prepare=lambda batch: padding.trim_padding(batch, side, multiple, table),
+      # Every process reads the whole batch, cuts it, and keeps its own rows.
+      prepare=lambda batch: sharding.process_rows(
+          padding.trim_padding(batch, side, multiple, table)),
       init_params=load_pretrained, steps_per_epoch=steps_per_epoch,
       finish=test_scores if "test" in feats else None,
       # A head's metrics; generation's are an LM's (perplexity included).

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxtl.sections import key
@@ -115,6 +116,25 @@ def batch_devices(mesh: Mesh) -> int:
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Leading (batch) dimension split over data and fsdp; the rest replicated."""
   return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def process_rows(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """This process's slice of a global batch every process holds whole (what
+  :func:`shard_batch` takes): fine-tuning cuts a batch's padding by its
+  longest row, which only the whole batch knows, so every process cuts the
+  same length and then keeps its own rows."""
+  count, index = jax.process_count(), jax.process_index()
+  if count == 1:
+    return dict(batch)
+  return {k: np.split(v, count)[index] for k, v in batch.items()}
+
+
+def gather(x: jax.Array) -> np.ndarray:
+  """A batch-sharded output as one host array on every process (a multi-host
+  array spans devices a process cannot read)."""
+  if jax.process_count() == 1:
+    return np.asarray(x)
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
