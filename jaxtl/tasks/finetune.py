@@ -227,8 +227,7 @@ def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
       stopping.check()
     batch = padding.trim_padding({k: v[i:i + batch_size] for k, v in padded.items()}, side,
                                  multiple, table)
-    out = sharding.gather(eval_fn(params, sharding.shard_batch(sharding.process_rows(batch),
-                                                              mesh)))
+    out = sharding.gather(eval_fn(params, sharding.shard_whole_batch(batch, mesh)))
     # Per-token outputs (tag ids) are shaped like the per-token weights;
     # class probabilities [B, C] are not, whatever C is.
     if out.shape == batch["label_weights"].shape and out.ndim == 2 and out.shape[1] < t:

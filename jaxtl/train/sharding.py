@@ -129,9 +129,19 @@ def process_rows(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   return {k: np.split(v, count)[index] for k, v in batch.items()}
 
 
+def shard_whole_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """A batch every process holds whole -> global jax arrays, each device
+  given its rows by their global index (so row i of the batch is row i of
+  the array on any mesh, which :func:`gather` then keeps)."""
+  sharding = batch_sharding(mesh)
+  return {name: jax.make_array_from_callback(value.shape, sharding,
+                                             lambda index, v=value: v[index])
+          for name, value in batch.items()}
+
+
 def gather(x: jax.Array) -> np.ndarray:
-  """A batch-sharded output as one host array on every process (a multi-host
-  array spans devices a process cannot read)."""
+  """A batch-sharded output as one host array on every process, in global
+  order (a multi-host array spans devices a process cannot read)."""
   if jax.process_count() == 1:
     return np.asarray(x)
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
