@@ -483,9 +483,8 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
       # No dev split: nothing to select on, the last epoch is the model.
       evaluate=functools.partial(scores, split="dev") if "dev" in feats else None,
       eval_name="dev", select=lambda dev: next(iter(dev.values())),
-      # Every process reads the whole batch, cuts it, and keeps its own rows.
-      prepare=lambda batch: sharding.process_rows(
-          padding.trim_padding(batch, side, multiple, table)),
+      prepare=lambda batch: padding.trim_padding(batch, side, multiple, table),
+      whole_batches=True,  # every process cuts the same length
       init_params=load_pretrained, steps_per_epoch=steps_per_epoch,
       finish=test_scores if "test" in feats else None,
       # A head's metrics; generation's are an LM's (perplexity included).

@@ -92,6 +92,9 @@ class Workload:
       last state is. None: no best state is kept.
     prepare: host-side change to each batch before the step (e.g. cutting
       padding).
+    whole_batches: every process reads the whole global batch (fine-tuning,
+      whose padding is cut by the batch's longest row), not only its share
+      (pretraining's streams); each device then takes its rows by index.
     init_params: ``() -> {path: array}``, called on a fresh (not resumed)
       start: pretrained parameters, by "/"-joined path, that take the place
       of their random initialisation.
@@ -118,6 +121,7 @@ class Workload:
   eval_name: str = "eval"
   select: Callable[[Mapping[str, float]], float] | None = None
   prepare: Callable[[Batch], Batch] | None = None
+  whole_batches: bool = False
   init_params: Callable[[], Mapping[str, Any]] | None = None
   steps_per_epoch: int = 0
   flops_per_example: float = 0.0
@@ -294,6 +298,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
                           "steps": loop.steps, "lr": float(schedule(at))},
               force=force)
 
+  shard = sharding.shard_whole_batch if work.whole_batches else sharding.shard_batch
   prefetch = bar = p_step = final = None
   window, k, stop = [], 0, None
   try:
@@ -321,7 +326,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
         batch = next(prefetch)
         if work.prepare is not None:
           batch = work.prepare(batch)
-        state, m = p_step(state, sharding.shard_batch(batch, mesh), step_rng)
+        state, m = p_step(state, shard(batch, mesh), step_rng)
         window.append(m)
         ckpt.check()  # a background save that failed stops the run now
         if prev_bad is not None:  # the previous step's: keeps dispatch async

@@ -118,17 +118,6 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH_AXES))
 
 
-def process_rows(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """This process's slice of a global batch every process holds whole (what
-  :func:`shard_batch` takes): fine-tuning cuts a batch's padding by its
-  longest row, which only the whole batch knows, so every process cuts the
-  same length and then keeps its own rows."""
-  count, index = jax.process_count(), jax.process_index()
-  if count == 1:
-    return dict(batch)
-  return {k: np.split(v, count)[index] for k, v in batch.items()}
-
-
 def shard_whole_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
   """A batch every process holds whole -> global jax arrays, each device
   given its rows by their global index (so row i of the batch is row i of
