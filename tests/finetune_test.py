@@ -11,7 +11,7 @@ from jaxtl.pretraining import pretrain
 from jaxtl.pretraining.pretrained import load_model_config, save_model_config
 from jaxtl.train import checkpoint, sharding
 from jaxtl.tasks import config as tasks_config
-from jaxtl.tasks import finetune, padding
+from jaxtl.tasks import finetune, inference, padding
 
 import datadir
 import runs
@@ -256,7 +256,7 @@ def test_predict_batches_rows_by_length_and_answers_in_order(monkeypatch):
 
   mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
   monkeypatch.setattr(padding, "compile_positions", lambda: 0)  # every rounded length
-  out = finetune.predict(eval_fn, None, arrays, 8, mesh, multiple=16, desc=None)
+  out = inference.predict(eval_fn, None, arrays, 8, mesh, multiple=16, desc=None)
   np.testing.assert_array_equal(out, np.stack([np.arange(37), lengths], 1))
   assert widths == sorted(widths, reverse=True)  # longest first: similar rows together
   # Sorted, the 37 rows pad to fewer positions than in their given order.
@@ -265,7 +265,7 @@ def test_predict_batches_rows_by_length_and_answers_in_order(monkeypatch):
   # compile is dear (an accelerator's) every batch takes the longest one.
   monkeypatch.setattr(padding, "compile_positions", lambda: 1e9)
   widths.clear()
-  again = finetune.predict(eval_fn, None, arrays, 8, mesh, multiple=16, desc=None)
+  again = inference.predict(eval_fn, None, arrays, 8, mesh, multiple=16, desc=None)
   np.testing.assert_array_equal(again, out)
   assert set(widths) == {64}
 

@@ -38,14 +38,14 @@ from jaxtl.models.heads import TaskModel
 from jaxtl.tasks import config as tasks_config
 from jaxtl.tasks import examples as examples_lib
 from jaxtl.tasks import features as task_features
-from jaxtl.tasks import file_task, kinds, padding
+from jaxtl.tasks import file_task, inference, kinds, padding
 from jaxtl.tasks import readers as tasks
 from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.config import FinetuneConfig, TaskConfig, TaskSettings
 from jaxtl.tasks.squad import SquadExamples, split_squad_by_article
 from jaxtl.train import checkpoint
 from jaxtl.train import identity as identity_lib
-from jaxtl.train import optim, sharding, stopping
+from jaxtl.train import optim, sharding
 from jaxtl.pretraining import pretrain, pretrained
 from jaxtl.train import workdir as workdir_lib
 
@@ -187,55 +187,6 @@ def _hold_out(ex: Any, fraction: float, seed: int) -> tuple[Any, Any]:
     return (dataclasses.replace(ex, examples=train),
             dataclasses.replace(ex, examples=dev, skipped_rows=[]))
   return ex.split_off(fraction, seed)
-
-
-def _pad_rows(arrays: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
-  """Pads to a whole number of batches with zero-weight rows (eval sees all)."""
-  n = len(arrays["labels"])
-  extra = -n % multiple
-  return {k: np.concatenate([v, np.zeros((extra, *v.shape[1:]), v.dtype)])
-          for k, v in arrays.items()}
-
-
-def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
-            batch_size: int, mesh, side: str = "encoder", multiple: int = 0,
-            desc: str | None = "predict", interruptible: bool = False) -> np.ndarray:
-  """Model outputs (class ids, scores, tag ids or spans) for every row, in order.
-
-  Batches are trimmed as in training; per-token outputs are padded back.
-  When trimming (``multiple``), rows are batched longest first, so that a
-  batch's rows have similar lengths and little padding, and put back in
-  order after; the lengths compiled are chosen for all batches at once, as
-  in training (:func:`padding.compiled_lengths`). A large split gets a
-  progress bar named ``desc`` on a terminal, cleared when done
-  (``desc=None``: none). ``interruptible``: a stop request (SIGTERM,
-  Ctrl-C) ends it between batches (:func:`jaxtl.train.stopping.check`).
-  """
-  n = len(arrays["labels"])
-  order, table = np.arange(n), None
-  if multiple:
-    order, table = padding.longest_first(arrays[f"{side}_segment_ids"], batch_size, multiple)
-    arrays = {k: v[order] for k, v in arrays.items()}
-  padded = _pad_rows(arrays, batch_size)
-  t = padded[f"{side}_segment_ids"].shape[1]
-  outs = []
-  starts = range(0, len(padded["labels"]), batch_size)
-  for i in train.metrics.progress_bar(starts, desc=desc or "", unit="batch", leave=False,
-                                      enabled=desc is not None and jax.process_index() == 0,
-                                      min_total=8):
-    if interruptible:
-      stopping.check()
-    batch = padding.trim_padding({k: v[i:i + batch_size] for k, v in padded.items()}, side,
-                                 multiple, table)
-    out = sharding.gather(eval_fn(params, sharding.shard_whole_batch(batch, mesh)))
-    # Per-token outputs (tag ids) are shaped like the per-token weights;
-    # class probabilities [B, C] are not, whatever C is.
-    if out.shape == batch["label_weights"].shape and out.ndim == 2 and out.shape[1] < t:
-      out = np.pad(out, [(0, 0), (0, t - out.shape[1])])
-    outs.append(out)
-  in_order = np.empty_like(outs[0], shape=(n, *outs[0].shape[1:]))
-  in_order[order] = np.concatenate(outs)[:n]
-  return in_order
 
 
 def score(task: TaskConfig, preds: np.ndarray, feats: task_features.Features,
@@ -466,7 +417,7 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
                                       task))
 
   def scores(params, split):
-    preds = predict(eval_fn, params, feats[split].arrays, bs, mesh, side, multiple,
+    preds = inference.predict(eval_fn, params, feats[split].arrays, bs, mesh, side, multiple,
                     desc=split, interruptible=split == "test")
     return score(task, preds, feats[split], splits[split])
 

@@ -26,7 +26,7 @@ from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.models.config import input_side
 from jaxtl.models.heads import TaskModel
-from jaxtl.tasks import finetune, generation, kinds
+from jaxtl.tasks import finetune, generation, inference, kinds
 from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.examples import Examples
 from jaxtl.tasks.squad import SquadExample
@@ -87,7 +87,7 @@ class FineTuned:
     examples = as_examples(self.spec, inputs)
     feats = kind.encode(examples, self.tokenizer, self.spec, self.config)
     run, params, mesh = self._run
-    outputs = finetune.predict(run, params, feats.arrays, batch_size, mesh,
+    outputs = inference.predict(run, params, feats.arrays, batch_size, mesh,
                                input_side(self.config.family),
                                self.spec.length_multiple, desc=desc)
     return kind.present(self.spec, outputs, feats, examples)
