@@ -26,6 +26,8 @@ flags.DEFINE_integer("epochs", 0, "Epochs (0: the task's default in configs/fine
 flags.DEFINE_enum("compute_dtype", "", ["", "float32", "bfloat16"],
                   "config.train.compute_dtype (\"\": the model's, float32).")
 flags.DEFINE_bool("row_major_dots", False, "config.train.row_major_dots.")
+flags.DEFINE_integer("num_train_examples", 0, "Train on a fixed random N rows of each "
+                     "task (config.task.num_train_examples); 0: all of train.")
 FLAGS = flags.FLAGS
 
 
@@ -39,6 +41,8 @@ def run(task: str, workdir: str) -> dict:
     c.train.compute_dtype, c.train.row_major_dots = FLAGS.compute_dtype, FLAGS.row_major_dots
     if FLAGS.epochs:
       c.train.epochs = FLAGS.epochs
+    if FLAGS.num_train_examples:
+      c.task.num_train_examples = FLAGS.num_train_examples
     finetune.finetune_and_evaluate(c, workdir)
   with open(path) as f:
     return json.load(f)

@@ -191,9 +191,10 @@ def test_pipeline_throughput_of_a_recipe(tmp_path):
 
 def test_cpu_model_names_vendor_and_matmul_extensions(tmp_path):
   info = tmp_path / "cpuinfo"
-  info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\n"
-                  "model name\t: Intel(R) Xeon(R) Platinum 8481C\n"
+  info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n"
+                  "model\t\t: 143\nmodel name\t: Intel(R) Xeon(R) Platinum 8481C\n"
                   "flags\t\t: fpu sse avx2 avx512f amx_tile amx_bf16\n\nprocessor\t: 1\n")
   assert perf.cpu_model(str(info)) == (
-      "Intel(R) Xeon(R) Platinum 8481C (GenuineIntel; avx2 avx512f amx_tile)")
+      "Intel(R) Xeon(R) Platinum 8481C (GenuineIntel family 6 model 143; "
+      "avx2 avx512f amx_tile)")
   assert perf.cpu_model(str(tmp_path / "missing"))  # falls back to platform

@@ -1,5 +1,6 @@
 """Fine-tuning end to end: transfer report, every scheme runs, freezing freezes."""
 
+import dataclasses
 import importlib
 import json
 
@@ -203,8 +204,25 @@ def test_bfloat16_fine_tuning_keeps_float32_state_and_follows_float32(pretrained
   assert load_model_config(str(tmp_path / "bfloat16")).dtype == "bfloat16"  # predict's too
   config.train.compute_dtype = "float16"
   with pytest.raises(ValueError, match="compute_dtype='float16'; expected one of "
-                                       "float32, bfloat16"):
+                                       "auto, float32, bfloat16"):
     finetune.finetune_and_evaluate(config, str(tmp_path / "bad"))
+
+
+def test_auto_precision_is_bfloat16_with_row_major_dots_only_where_bf16_pays(monkeypatch):
+  from jaxtl.runtime import xla_cpu
+  from xla_cpu_test import AMD, AMD_BF16
+  train = tasks_config.FinetuneTrainConfig()
+  assert train.compute_dtype == "auto"
+  monkeypatch.delenv("JAXTL_CPU_FLAGS")  # the suite opts out of per-CPU choices
+  monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD_BF16)
+  assert finetune._precision(train) == ("bfloat16", True)
+  explicit = dataclasses.replace(train, compute_dtype="float32")
+  assert finetune._precision(explicit) == ("float32", False)
+  monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD)
+  assert finetune._precision(train) == ("", False)  # the backbone's
+  monkeypatch.setenv("JAXTL_CPU_FLAGS", "0")
+  monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD_BF16)
+  assert finetune._precision(train) == ("", False)
 
 
 def test_trim_padding_cuts_to_the_longest_row_rounded_up():

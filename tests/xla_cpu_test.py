@@ -13,6 +13,8 @@ INTEL_AMX = xla_cpu.Cpu("Intel(R) Xeon(R) Platinum 8481C", "GenuineIntel",
 INTEL_OLD = xla_cpu.Cpu("Intel(R) Xeon(R) CPU @ 2.20GHz", "GenuineIntel",
                         frozenset({"avx2", "avx512f"}))
 AMD = xla_cpu.Cpu("AMD EPYC 9B14", "AuthenticAMD", frozenset({"avx2", "avx512f"}))
+AMD_BF16 = xla_cpu.Cpu("AMD EPYC", "AuthenticAMD",
+                       frozenset({"avx2", "avx512f", "avx512_bf16"}), "family 25 model 17")
 ONEDNN = ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_ynn_fusion_type=")
 
 
@@ -21,6 +23,15 @@ def test_only_intel_with_amx_gets_onednn():
   # Measured only there: no rule for other CPUs (nor without /proc/cpuinfo).
   for cpu in (INTEL_OLD, AMD, None):
     assert xla_cpu.flags_for(cpu, {}) == ()
+
+
+def test_bf16_matmuls_pay_only_where_measured():
+  assert xla_cpu.bf16_matmuls(AMD_BF16, {}).needs == {"avx512_bf16"}
+  # Not an AMD without AVX512-BF16, nor (yet) an AMX Xeon under the Intel rule.
+  for cpu in (INTEL_AMX, INTEL_OLD, AMD, None):
+    assert xla_cpu.bf16_matmuls(cpu, {}) is None
+  assert xla_cpu.bf16_matmuls(AMD_BF16, {"JAXTL_CPU_FLAGS": "0"}) is None
+  assert xla_cpu.flags_for(AMD_BF16, {}) == ()  # and it adds no XLA flag
 
 
 def test_the_users_flags_and_opt_out_win():

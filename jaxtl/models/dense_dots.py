@@ -39,9 +39,14 @@ def _dot(a: Array, b: Array, out_dtype: Any) -> Array:
                          preferred_element_type=jnp.float32).astype(out_dtype)
 
 
-def _materialised_t(a: Array) -> Array:
-  """``a.T`` as an array of its own (not a dot's dimension numbers)."""
-  return lax.optimization_barrier(a.T)
+def materialised_t(a: Array) -> Array:
+  """``a.T`` as an array of its own (not a dot's dimension numbers).
+
+  The barrier holds the transpose flattened: a 1-D array has one layout,
+  so XLA must write the transposed numbers out in row-major order and
+  cannot turn the transpose into a column-major layout of the same
+  buffer (which on the AVX-512 EPYC sends a bf16 dot back to float32)."""
+  return lax.optimization_barrier(a.T.reshape(-1)).reshape(a.shape[::-1])
 
 
 @jax.custom_vjp
@@ -59,8 +64,8 @@ def _bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
   x, w = res
   x_MK = x.reshape(-1, x.shape[-1])
   g_MN = g.reshape(-1, g.shape[-1]).astype(x.dtype)
-  dx = _dot(g_MN, _materialised_t(w), x.dtype).reshape(x.shape)
-  dw = _dot(_materialised_t(x_MK), g_MN, w.dtype)
+  dx = _dot(g_MN, materialised_t(w), x.dtype).reshape(x.shape)
+  dw = _dot(materialised_t(x_MK), g_MN, w.dtype)
   return dx, dw
 
 

@@ -12,7 +12,8 @@ reads ``XLA_FLAGS`` once). docs/studies/performance.md has the
 measurements behind each rule.
 
 A user's own ``XLA_FLAGS`` naming any of these flags wins, and
-``JAXTL_CPU_FLAGS=0`` turns the choice off.
+``JAXTL_CPU_FLAGS=0`` turns the choice off (and with it
+:func:`bf16_matmuls`, which fine-tuning's ``compute_dtype=auto`` asks).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Cpu:
   name: str
   vendor: str
   flags: frozenset[str]
+  generation: str = ""  # "family 25 model 17": one model name covers several
 
 
 def read_cpu(cpuinfo: str = CPUINFO) -> Cpu | None:
@@ -43,13 +45,17 @@ def read_cpu(cpuinfo: str = CPUINFO) -> Cpu | None:
         fields.setdefault(key.strip(), value.strip())
   except OSError:
     return None
+  generation = " ".join(f"{key} {fields[key]}" for key in ("cpu family", "model")
+                        if fields.get(key))
   return Cpu(fields.get("model name", ""), fields.get("vendor_id", ""),
-             frozenset(fields.get("flags", "").split()))
+             frozenset(fields.get("flags", "").split()), generation.removeprefix("cpu "))
 
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-  """Flags for the CPUs a rule matches, and the measurement that chose them."""
+  """What jaxtl chooses for the CPUs a rule matches (XLA flags, or none
+  where the rule's table says what it is for), and the measurement that
+  chose it."""
   vendor: str
   needs: frozenset[str]  # ISA flags the CPU must have
   flags: tuple[str, ...]
@@ -65,6 +71,27 @@ RULES = (
          "oneDNN's AMX matmuls instead of YNNPACK's: MiniLM step 1.93-2.00 s -> "
          "about 1.67 s on a 2-core Sapphire Rapids"),
 )
+
+
+# CPUs where a bf16 matmul that accumulates in float32, in the row-major
+# form jaxtl.models.dense_dots gives every dense layer, runs about twice as
+# fast as a float32 one in XLA:CPU (YNNPACK's AVX512-BF16 kernels), so a
+# fine-tuning run's ``compute_dtype=auto`` computes in bfloat16 there. An
+# AMX Xeon is not among them yet: the Intel rule above gives its matmuls to
+# oneDNN, which leaves AMX out (issue 34 measures it).
+BF16_RULES = (
+    Rule("AuthenticAMD", frozenset({"avx512_bf16"}), (),
+         "MiniLM step 952-988 ms float32 -> 649-672 ms bfloat16 with row-major "
+         "dots on a 2-core EPYC, family 25 model 17 (Zen 4)"),
+)
+
+
+def bf16_matmuls(cpu: Cpu | None, environ: Mapping[str, str] = os.environ) -> Rule | None:
+  """The rule saying bf16 matmuls pay on ``cpu``, or None (also when opted
+  out of per-CPU choices with ``JAXTL_CPU_FLAGS=0``)."""
+  if cpu is None or environ.get("JAXTL_CPU_FLAGS") == "0":
+    return None
+  return next((rule for rule in BF16_RULES if rule.matches(cpu)), None)
 
 
 def _flag_name(flag: str) -> str:

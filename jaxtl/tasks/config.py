@@ -121,7 +121,7 @@ class AdaptConfig:
 
 
 # train.compute_dtype's values ("": the backbone's own).
-COMPUTE_DTYPES = ("", "float32", "bfloat16")
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16", "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,13 +138,18 @@ class FinetuneTrainConfig:
                                     "plain shuffling")
   # Parameters and optimizer state stay float32 either way; norms and
   # softmax statistics compute in float32 (jaxtl.models.layers).
-  compute_dtype: str = key("", "what matmuls and activations compute in: float32 | "
-                               "bfloat16; \"\": the backbone's (init_from's, or "
-                               "config.model's)")
+  # auto: bfloat16 (with row_major_dots) only on CPUs measured to gain
+  # from it (jaxtl.runtime.xla_cpu.BF16_RULES); GPUs and TPUs keep the
+  # backbone's dtype, which a GPU user may set to bfloat16 here.
+  compute_dtype: str = key("auto", "what matmuls and activations compute in: float32 | "
+                                   "bfloat16 | auto (bfloat16 on CPUs whose bf16 "
+                                   "matmuls are twice float32's, else the backbone's); "
+                                   "\"\": the backbone's (init_from's, or config.model's)")
   # An XLA:CPU kernel choice; the same function either way.
   row_major_dots: bool = key(False, "dense layers' matmuls as row-major dots with float32 "
                                     "accumulation, backward included "
-                                    "(jaxtl.models.dense_dots)")
+                                    "(jaxtl.models.dense_dots); compute_dtype=auto sets "
+                                    "it where it picks bfloat16")
   log_every: int = key(50, "steps between train-loss lines")
   # The run's result is kept anyway (best/: the selected epoch), the last
   # state is saved at the end (a rerun only evaluates) and SIGTERM or

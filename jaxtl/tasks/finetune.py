@@ -47,6 +47,7 @@ from jaxtl.train import checkpoint
 from jaxtl.train import identity as identity_lib
 from jaxtl.train import optim, sharding
 from jaxtl.pretraining import pretrain, pretrained
+from jaxtl.runtime import xla_cpu
 from jaxtl.train import workdir as workdir_lib
 
 Array = jax.Array
@@ -213,6 +214,26 @@ def _predictions(outputs: Callable, task: TaskConfig, params: Any, batch: Any) -
   return kinds.get(task.kind).predict(outputs(params, batch), batch, task)
 
 
+def _precision(train: tasks_config.FinetuneTrainConfig) -> tuple[str, bool]:
+  """(compute dtype, "" for the backbone's; row-major dots) for this run.
+
+  ``compute_dtype=auto`` is bfloat16 with row-major dots on a CPU whose
+  bf16 matmuls run about twice as fast as float32 ones
+  (:func:`jaxtl.runtime.xla_cpu.bf16_matmuls`), the backbone's dtype
+  anywhere else: a GPU or TPU run keeps its checkpoint's precision."""
+  if train.compute_dtype != "auto":
+    return train.compute_dtype, train.row_major_dots
+  cpu = xla_cpu.read_cpu()
+  rule = xla_cpu.bf16_matmuls(cpu) if jax.default_backend() == "cpu" else None
+  if rule is None:
+    return "", train.row_major_dots
+  logging.info("computing in bfloat16 with row-major dots: this CPU (%s, %s) multiplies "
+               "bf16 about twice as fast as float32 (%s); "
+               "--config.train.compute_dtype=float32 computes in float32",
+               cpu.name, " ".join(sorted(rule.needs)), rule.why)
+  return "bfloat16", True
+
+
 def _backbone(config: FinetuneConfig
               ) -> tuple[TransformerConfig, Tokenizer, Any, tuple[str, ...]]:
   """(model config, tokenizer, pretrained params or None, what of the
@@ -222,6 +243,7 @@ def _backbone(config: FinetuneConfig
     raise ValueError(f"config.train.compute_dtype={dtype!r}; expected one of "
                      f"{', '.join(filter(None, tasks_config.COMPUTE_DTYPES))} or \"\" "
                      "(the backbone's)")
+  dtype, row_major = _precision(config.train)
   dropped = ()
   if config.init_from:
     loaded = pretrained.load(config.init_from, config.tokenizer_path)
@@ -243,7 +265,7 @@ def _backbone(config: FinetuneConfig
     tok = get_tokenizer(sources.expand_path(config.tokenizer_path))
     cfg, params = pretrain.model_config_from(config.model, tok.vocab_size,
                                              config.vocab_multiple), None
-  cfg = cfg.replace(dtype=dtype or cfg.dtype, row_major_dots=config.train.row_major_dots,
+  cfg = cfg.replace(dtype=dtype or cfg.dtype, row_major_dots=row_major,
                     dropout_rate=adapt.dropout_rate, attention_dropout_rate=adapt.attention_dropout_rate,
                     adapter_dim=adapt.adapter_dim if adapt.scheme == "adapters" else 0,
                     lora_rank=adapt.lora_rank if adapt.scheme == "lora" else 0,

@@ -41,18 +41,21 @@ CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
 
 
 def cpu_model(cpuinfo: str = xla_cpu.CPUINFO) -> str:
-  """The CPU as results should name it: model name, vendor and the matmul
-  ISA extensions present, e.g. ``AMD EPYC (AuthenticAMD; avx2 avx512f)``.
+  """The CPU as results should name it: model name, vendor, generation and
+  the matmul ISA extensions present, e.g. ``AMD EPYC (AuthenticAMD family 25
+  model 17; avx2 avx512f avx512_bf16)``.
 
   The same command runs at different speeds relative to PyTorch on AMD and
-  Intel CPUs, so every CPU figure carries this.
+  Intel CPUs, and on two generations a cloud names alike (``AMD EPYC``), so
+  every CPU figure carries this.
   """
   cpu = xla_cpu.read_cpu(cpuinfo)
   if cpu is None:
     return platform.processor() or platform.machine()
   present = (" ".join(x for x in CPU_FEATURES if x in cpu.flags)
              or "none of " + "/".join(CPU_FEATURES))
-  return f"{cpu.name or platform.machine()} ({cpu.vendor or 'unknown vendor'}; {present})"
+  maker = " ".join(filter(None, (cpu.vendor or "unknown vendor", cpu.generation)))
+  return f"{cpu.name or platform.machine()} ({maker}; {present})"
 
 
 def peak_flops_per_device(device: jax.Device | None = None,
