@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxtl.models import dense_dots
+from jaxtl.runtime import xla_cpu
 from models_test import init, make, run, tokens
 
 
@@ -69,3 +70,11 @@ def test_row_major_dots_leave_no_transposed_dense_dot(dtype):
   odd = [line.strip()[:160] for line in dots
          if "lhs_contracting_dims={1}, rhs_contracting_dims={0}" not in line]
   assert not odd, odd
+  if dtype == "bfloat16" and xla_cpu.bf16_matmuls(xla_cpu.read_cpu(), {}):
+    # Where bf16 matmuls pay, XLA keeps each dense dot's operands bf16: it
+    # widens a dot whose transposed operand was left to a layout change.
+    types = dict(re.findall(r"(%\S+) = (\w+)\[", hlo))
+    widened = [line.strip()[:160] for line in dots
+               if any(types.get(name) != "bf16"
+                      for name in re.search(r"dot\((%\S+), (%\S+)\)", line).groups())]
+    assert not widened, widened

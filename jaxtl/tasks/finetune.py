@@ -227,10 +227,10 @@ def _precision(train: tasks_config.FinetuneTrainConfig) -> tuple[str, bool]:
   rule = xla_cpu.bf16_matmuls(cpu) if jax.default_backend() == "cpu" else None
   if rule is None:
     return "", train.row_major_dots
-  logging.info("computing in bfloat16 with row-major dots: this CPU (%s, %s) multiplies "
-               "bf16 about twice as fast as float32 (%s); "
+  logging.info("computing in bfloat16 (config.train.compute_dtype=auto): this CPU (%s, "
+               "%s) multiplies bf16 about twice as fast as float32; "
                "--config.train.compute_dtype=float32 computes in float32",
-               cpu.name, " ".join(sorted(rule.needs)), rule.why)
+               cpu.name, " ".join(sorted(rule.needs)))
   return "bfloat16", True
 
 
