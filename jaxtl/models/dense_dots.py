@@ -48,7 +48,7 @@ def materialised_t(a: Array) -> Array:
   The barrier holds the transpose flattened: a 1-D array has one layout,
   so XLA must write the transposed numbers out in row-major order and
   cannot turn the transpose into a column-major layout of the same
-  buffer (which on the AVX-512 EPYC sends a bf16 dot back to float32)."""
+  buffer (which on a Zen 4 EPYC sends a bf16 dot back to float32)."""
   return lax.optimization_barrier(a.T.reshape(-1)).reshape(a.shape[::-1])
 
 

@@ -223,9 +223,9 @@ def _precision(train: tasks_config.FinetuneTrainConfig) -> tuple[str, bool]:
   anywhere else: a GPU or TPU run keeps its checkpoint's precision."""
   if train.compute_dtype != "auto":
     return train.compute_dtype, train.row_major_dots
-  cpu = xla_cpu.read_cpu()
-  rule = xla_cpu.bf16_matmuls(cpu) if jax.default_backend() == "cpu" else None
-  if rule is None:
+  cpu = xla_cpu.read_cpu() if jax.default_backend() == "cpu" else None
+  rule = xla_cpu.bf16_matmuls(cpu)
+  if cpu is None or rule is None:
     return "", train.row_major_dots
   logging.info("computing in bfloat16 (config.train.compute_dtype=auto): this CPU (%s, "
                "%s) multiplies bf16 about twice as fast as float32; "
