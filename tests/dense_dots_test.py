@@ -30,6 +30,20 @@ def test_dense_dot_matches_matmul_with_its_gradients():
                              rtol=1e-5, atol=1e-5)
 
 
+def test_add_bias_sums_its_gradient_in_float32_without_a_reduce_window():
+  k = jax.random.split(jax.random.key(1), 2)
+  y = jax.random.normal(k[0], (32, 64, 12, 32)).astype(jnp.bfloat16)
+  bias = jax.random.normal(k[1], (12, 32))
+  np.testing.assert_array_equal(dense_dots.add_bias(y, bias), y + bias.astype(jnp.bfloat16))
+  grad = jax.jit(jax.grad(lambda b, y: (dense_dots.add_bias(y, b) * y).sum().astype(
+      jnp.float32)))
+  got = grad(bias, y)
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(got, y.astype(jnp.float32).sum((0, 1)), rtol=1e-6, atol=1e-4)
+  # Autodiff's bf16 sum of the same became a reduce-window (slow on XLA:CPU).
+  assert "reduce-window" not in grad.lower(bias, y).compile().as_text()
+
+
 def _loss_and_grads(name, dtype, row_major):
   _, model = make(name, row_major_dots=row_major, dtype=dtype, tie_embeddings=False)
   x = tokens((2, 12))

@@ -30,8 +30,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxtl.models.config import TransformerConfig
-
 Array = jax.Array
 
 _ROW_MAJOR = (((1,), (0,)), ((), ()))  # [M, K] x [K, N]
@@ -75,6 +73,30 @@ def _bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
 dense_dot.defvjp(_fwd, _bwd)
 
 
+@jax.custom_vjp
+def add_bias(y: Array, bias: Array) -> Array:
+  """``y + bias`` (``bias`` over ``y``'s last axes, cast to ``y``'s dtype)
+  whose bias gradient sums in float32.
+
+  Autodiff sums a bf16 ``y``'s gradient over the batch in bf16, and XLA:CPU
+  turns that sum into a slow reduce-window: 12 ms for one MiniLM MLP bias
+  at 32 x 64 on a Zen 4 EPYC, 160 ms of a bf16 step's 1,035 ms of ops,
+  against about 0.2 ms for a float32 sum."""
+  return y + bias.astype(y.dtype)
+
+
+def _bias_fwd(y: Array, bias: Array) -> tuple[Array, Array]:
+  return add_bias(y, bias), bias
+
+
+def _bias_bwd(bias: Array, g: Array) -> tuple[Array, Array]:
+  batch = tuple(range(g.ndim - bias.ndim))
+  return g, jnp.sum(g.astype(jnp.float32), axis=batch).astype(bias.dtype)
+
+
+add_bias.defvjp(_bias_fwd, _bias_bwd)
+
+
 def project(x: Array, kernel: Array, n_in: int) -> Array:
   """A multi-dimensional dense layer (``btd,dhk->bthk``, ``bthk,hkd->btd``)
   as one :func:`dense_dot`: ``x``'s last ``n_in`` axes contract with
@@ -82,22 +104,3 @@ def project(x: Array, kernel: Array, n_in: int) -> Array:
   lead, out = x.shape[:x.ndim - n_in], kernel.shape[n_in:]
   y = dense_dot(x.reshape(*lead, -1), kernel.reshape(-1, math.prod(out)))
   return y.reshape(*lead, *out)
-
-
-def dot_general(lhs: Array, rhs: Array, dimension_numbers: Any,
-                precision: Any = None, preferred_element_type: Any = None) -> Array:
-  """``lax.dot_general`` for ``flax.linen.Dense(dot_general=...)``: a dense
-  layer's contraction (last axis of ``lhs`` with the first of a 2-D
-  ``rhs``) goes through :func:`dense_dot`, anything else to XLA as is."""
-  (lc, rc), (lb, rb) = dimension_numbers
-  if (tuple(lc), tuple(rc), tuple(lb), tuple(rb)) == ((lhs.ndim - 1,), (0,), (), ()) \
-      and rhs.ndim == 2 and preferred_element_type is None:
-    return dense_dot(lhs, rhs)
-  return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                         preferred_element_type=preferred_element_type)
-
-
-def for_config(cfg: TransformerConfig) -> Any:
-  """The ``dot_general`` a model's dense layers use: this module's with
-  ``cfg.row_major_dots``, else XLA's."""
-  return dot_general if cfg.row_major_dots else lax.dot_general

@@ -59,11 +59,25 @@ def dense(cfg: TransformerConfig, features: int, axes: tuple[str, str], name: st
   """A dense layer with the config's initialisers and matmul form, its
   parameters named by logical ``axes`` (MLP, LM head, heads' pooler /
   transform and output layers)."""
-  return nn.Dense(features, use_bias=use_bias, dtype=dtype,
-                  param_dtype=cfg.jnp_param_dtype,
-                  kernel_init=normal_init(cfg.init_std, axes),
-                  bias_init=zeros_init(axes[1:]), name=name,
-                  dot_general=dense_dots.for_config(cfg))
+  return (RowMajorDense if cfg.row_major_dots else nn.Dense)(
+      features, use_bias=use_bias, dtype=dtype, param_dtype=cfg.jnp_param_dtype,
+      kernel_init=normal_init(cfg.init_std, axes), bias_init=zeros_init(axes[1:]),
+      name=name)
+
+
+class RowMajorDense(nn.Dense):
+  """``nn.Dense`` (the same parameters) as one :func:`dense_dots.dense_dot`,
+  its bias added by :func:`dense_dots.add_bias` (``row_major_dots``)."""
+
+  @nn.compact
+  def __call__(self, inputs: Array) -> Array:
+    kernel = self.param("kernel", self.kernel_init, (inputs.shape[-1], self.features),
+                        self.param_dtype)
+    y = dense_dots.dense_dot(inputs.astype(self.dtype), kernel.astype(self.dtype))
+    if not self.use_bias:
+      return y
+    return dense_dots.add_bias(y, self.param("bias", self.bias_init, (self.features,),
+                                             self.param_dtype))
 
 
 def activation_fn(name: str) -> Callable[[Array], Array]:
@@ -268,7 +282,8 @@ class MultiHeadAttention(nn.Module):
     if cfg.use_bias:
       bias = self.param(paths.bias(name), zeros_init(bias_axes), bias_shape,
                         cfg.jnp_param_dtype)
-      y += jnp.asarray(bias, cfg.jnp_dtype)
+      y = (dense_dots.add_bias(y, bias) if cfg.row_major_dots
+           else y + jnp.asarray(bias, cfg.jnp_dtype))
     return y
 
   def _lora(self, name: str, x: Array, equation: str, shape: tuple[int, ...],
