@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -104,3 +105,18 @@ def project(x: Array, kernel: Array, n_in: int) -> Array:
   lead, out = x.shape[:x.ndim - n_in], kernel.shape[n_in:]
   y = dense_dot(x.reshape(*lead, -1), kernel.reshape(-1, math.prod(out)))
   return y.reshape(*lead, *out)
+
+
+class RowMajorDense(nn.Dense):
+  """``nn.Dense`` (the same parameters) as one :func:`dense_dot`, its bias
+  added by :func:`add_bias` (``row_major_dots``)."""
+
+  @nn.compact
+  def __call__(self, inputs: Array) -> Array:
+    kernel = self.param("kernel", self.kernel_init, (inputs.shape[-1], self.features),
+                        self.param_dtype)
+    y = dense_dot(inputs.astype(self.dtype), kernel.astype(self.dtype))
+    if not self.use_bias:
+      return y
+    return add_bias(y, self.param("bias", self.bias_init, (self.features,),
+                                  self.param_dtype))

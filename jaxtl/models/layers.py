@@ -59,25 +59,10 @@ def dense(cfg: TransformerConfig, features: int, axes: tuple[str, str], name: st
   """A dense layer with the config's initialisers and matmul form, its
   parameters named by logical ``axes`` (MLP, LM head, heads' pooler /
   transform and output layers)."""
-  return (RowMajorDense if cfg.row_major_dots else nn.Dense)(
+  return (dense_dots.RowMajorDense if cfg.row_major_dots else nn.Dense)(
       features, use_bias=use_bias, dtype=dtype, param_dtype=cfg.jnp_param_dtype,
       kernel_init=normal_init(cfg.init_std, axes), bias_init=zeros_init(axes[1:]),
       name=name)
-
-
-class RowMajorDense(nn.Dense):
-  """``nn.Dense`` (the same parameters) as one :func:`dense_dots.dense_dot`,
-  its bias added by :func:`dense_dots.add_bias` (``row_major_dots``)."""
-
-  @nn.compact
-  def __call__(self, inputs: Array) -> Array:
-    kernel = self.param("kernel", self.kernel_init, (inputs.shape[-1], self.features),
-                        self.param_dtype)
-    y = dense_dots.dense_dot(inputs.astype(self.dtype), kernel.astype(self.dtype))
-    if not self.use_bias:
-      return y
-    return dense_dots.add_bias(y, self.param("bias", self.bias_init, (self.features,),
-                                             self.param_dtype))
 
 
 def activation_fn(name: str) -> Callable[[Array], Array]:
