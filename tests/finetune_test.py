@@ -219,10 +219,14 @@ def test_auto_precision_is_bfloat16_with_row_major_dots_only_where_bf16_pays(mon
   explicit = dataclasses.replace(train, compute_dtype="float32")
   assert finetune._precision(explicit) == ("float32", False)
   monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD)
-  assert finetune._precision(train) == ("", False)  # the backbone's
+  assert finetune._precision(train) == ("float32", False)
+  asked = dataclasses.replace(train, row_major_dots=True)
+  assert finetune._precision(asked) == ("float32", True)
   monkeypatch.setenv("JAXTL_CPU_FLAGS", "0")
   monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD_BF16)
-  assert finetune._precision(train) == ("", False)
+  assert finetune._precision(train) == ("float32", False)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert finetune._precision(train) == ("", False)  # the backbone's
 
 
 def test_trim_padding_cuts_to_the_longest_row_rounded_up():

@@ -112,6 +112,44 @@ def test_load_predicts_what_finetuning_scored(tuned):
       [p["label"] for p in preds[:3]]
 
 
+def test_auto_decides_precision_again_where_the_model_is_loaded(monkeypatch):
+  from jaxtl.runtime import xla_cpu
+  from xla_cpu_test import AMD, AMD_BF16
+  monkeypatch.delenv("JAXTL_CPU_FLAGS")  # the suite opts out of per-CPU choices
+  # Tuned under auto on a CPU where bf16 pays: model_config.json says so.
+  tuned_there = TransformerConfig(dtype="bfloat16", row_major_dots=True)
+  monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD)  # an AVX2-class CPU
+  here = predictor.precision(tuned_there, "auto")
+  assert (here.dtype, here.row_major_dots) == ("float32", False)
+  assert predictor.precision(tuned_there, "") == tuned_there  # older workdirs
+  assert predictor.precision(tuned_there, "bfloat16").dtype == "bfloat16"
+  monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD_BF16)
+  here = predictor.precision(TransformerConfig(dtype="float32"), "auto")
+  assert (here.dtype, here.row_major_dots) == ("bfloat16", True)
+  assert predictor.precision(tuned_there, "float32").dtype == "float32"
+  with pytest.raises(ValueError, match="compute_dtype='float16'; expected auto"):
+    predictor.precision(tuned_there, "float16")
+
+
+@pytest.mark.slow  # `tuned` fine-tunes TREC
+def test_a_model_tuned_under_auto_predicts_alike_in_bfloat16(tuned, monkeypatch):
+  from jaxtl.runtime import xla_cpu
+  from xla_cpu_test import AMD_BF16
+  workdir, _ = tuned
+  assert task_spec.load(workdir).compute_dtype == "auto"
+  texts = tasks.load_task("trec", "test").texts[:16]
+  exact = jaxtl.load(workdir)
+  assert exact.config.dtype == "float32"
+  monkeypatch.delenv("JAXTL_CPU_FLAGS")
+  monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD_BF16)
+  fast = jaxtl.load(workdir)
+  assert (fast.config.dtype, fast.config.row_major_dots) == ("bfloat16", True)
+  assert jaxtl.load(workdir, compute_dtype="float32").config.dtype == "float32"
+  probs = [[p["probabilities"][n] for n in tasks.TREC_LABELS]
+           for p in (*exact.predict(texts), *fast.predict(texts))]
+  np.testing.assert_allclose(probs[:16], probs[16:], atol=0.02)
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_the_cli_writes_the_rows_plus_label_names(tuned, tmp_path):

@@ -35,6 +35,10 @@ flags.DEFINE_list("text_fields", [], "The input columns holding the task's "
 flags.DEFINE_enum("input_format", "", ["", "csv", "tsv", "jsonl", "parquet", "text"],
                   "Default: by --input's extension (plain text otherwise).")
 flags.DEFINE_integer("batch_size", 32, "Rows per forward pass.")
+flags.DEFINE_enum("compute_dtype", None, ["auto", "float32", "bfloat16"],
+                  "What the model computes in (default: what fine-tuning was asked, "
+                  "and auto decides again on this machine: bfloat16 on CPUs whose "
+                  "bf16 matmuls are twice float32's, float32 on other CPUs).")
 FLAGS = flags.FLAGS
 
 
@@ -43,5 +47,5 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   n = file_predictions.predict_file(FLAGS.workdir, FLAGS.input, FLAGS.output,
                                     FLAGS.text_fields, FLAGS.input_format,
-                                    FLAGS.batch_size)
+                                    FLAGS.batch_size, FLAGS.compute_dtype)
   logging.info("predicted %d rows -> %s", n, FLAGS.output)

@@ -15,9 +15,10 @@ from jaxtl.train import metrics
 
 def predict_file(workdir: str, input_path: str, output_path: str = "-",
                  text_fields: list[str] | tuple[str, ...] = (), input_format: str = "",
-                 batch_size: int = 32) -> int:
+                 batch_size: int = 32, compute_dtype: str | None = None) -> int:
   """Predicts every row of ``input_path`` into ``output_path``; returns the
-  number of rows. Every row is checked before the model is loaded."""
+  number of rows. Every row is checked before the model is loaded, which
+  computes in ``compute_dtype`` (:func:`jaxtl.tasks.predictor.load`)."""
   spec = task_spec.load(workdir)
   fmt = rows_lib.format_of(input_path, input_format)
   name = "<stdin>" if input_path == "-" else input_path
@@ -39,7 +40,7 @@ def predict_file(workdir: str, input_path: str, output_path: str = "-",
   if empty:
     logging.warning("%s: %d row(s) with an empty text (a blank line or cell), "
                     "each predicted on its empty text", name, empty)
-  model = predictor.load(workdir)
+  model = predictor.load(workdir, compute_dtype)
   writer = rows_lib.Writer(output_path, columns=fields)
   # Rows between writes; the bar moves per chunk. Within a chunk rows are
   # batched by length, so a larger chunk pads less.

@@ -214,24 +214,33 @@ def _predictions(outputs: Callable, task: TaskConfig, params: Any, batch: Any) -
   return kinds.get(task.kind).predict(outputs(params, batch), batch, task)
 
 
-def _precision(train: tasks_config.FinetuneTrainConfig) -> tuple[str, bool]:
-  """(compute dtype, "" for the backbone's; row-major dots) for this run.
+def auto_precision(keep_float32: str) -> tuple[str, bool] | None:
+  """(dtype, row-major dots) that ``compute_dtype=auto`` computes in here.
 
-  ``compute_dtype=auto`` is bfloat16 with row-major dots on a CPU whose
-  bf16 matmuls run about twice as fast as float32 ones
-  (:func:`jaxtl.runtime.xla_cpu.bf16_matmuls`), the backbone's dtype
-  anywhere else: a GPU or TPU run keeps its checkpoint's precision."""
-  if train.compute_dtype != "auto":
-    return train.compute_dtype, train.row_major_dots
-  cpu = xla_cpu.read_cpu() if jax.default_backend() == "cpu" else None
+  bfloat16 with row-major dots on a CPU whose bf16 matmuls run about twice
+  as fast as float32 ones (:func:`jaxtl.runtime.xla_cpu.bf16_matmuls`),
+  said in one log line ending with ``keep_float32``, the flag that keeps
+  float32; float32 on any other CPU, where bf16 is slower and float32
+  exact; None on a GPU or TPU: the backbone's dtype (its checkpoint's
+  precision)."""
+  if jax.default_backend() != "cpu":
+    return None
+  cpu = xla_cpu.read_cpu()
   rule = xla_cpu.bf16_matmuls(cpu)
   if cpu is None or rule is None:
-    return "", train.row_major_dots
-  logging.info("computing in bfloat16 (config.train.compute_dtype=auto): this CPU (%s, "
-               "%s) multiplies bf16 about twice as fast as float32; "
-               "--config.train.compute_dtype=float32 computes in float32",
-               cpu.name, " ".join(sorted(rule.needs)))
+    return "float32", False
+  logging.info("computing in bfloat16 (compute_dtype=auto): this CPU (%s, %s) multiplies "
+               "bf16 about twice as fast as float32; %s computes in float32",
+               cpu.name, " ".join(sorted(rule.needs)), keep_float32)
   return "bfloat16", True
+
+
+def _precision(train: tasks_config.FinetuneTrainConfig) -> tuple[str, bool]:
+  """(compute dtype, "" for the backbone's; row-major dots) for this run."""
+  if train.compute_dtype != "auto":
+    return train.compute_dtype, train.row_major_dots
+  dtype, row_major = auto_precision("--config.train.compute_dtype=float32") or ("", False)
+  return dtype, row_major or train.row_major_dots
 
 
 def _backbone(config: FinetuneConfig

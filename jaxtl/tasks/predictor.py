@@ -27,6 +27,7 @@ from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.models.config import input_side
 from jaxtl.models.heads import TaskModel
 from jaxtl.tasks import finetune, generation, inference, kinds
+from jaxtl.tasks import config as tasks_config
 from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.examples import Examples
 from jaxtl.tasks.squad import SquadExample
@@ -93,9 +94,15 @@ class FineTuned:
     return kind.present(self.spec, outputs, feats, examples)
 
 
-def load(workdir: str) -> FineTuned:
+def load(workdir: str, compute_dtype: str | None = None) -> FineTuned:
   """The model of a fine-tuning workdir: its ``best/`` state (else its
-  newest checkpoint), architecture, tokenizer and task."""
+  newest checkpoint), architecture, tokenizer and task.
+
+  ``compute_dtype``: what it computes in here: float32, bfloat16, or auto
+  (bfloat16 with row-major dots on a CPU where they pay, float32 on other
+  CPUs, as trained on a GPU or TPU). None: what fine-tuning was asked
+  (``task.json``), so a model tuned under auto on one machine computes as
+  auto picks on the machine that loads it."""
   spec = task_spec.load(workdir)
   cfg = pretrained.load_model_config(workdir)
   tok = tokenizer_files.workdir_tokenizer(workdir)
@@ -105,8 +112,25 @@ def load(workdir: str) -> FineTuned:
     raise ValueError(f"{workdir}: its checkpoint holds no task model (no "
                      f"{paths.BACKBONE!r} parameters)")
   cfg, backbone = layers.without_lora(cfg, params[paths.BACKBONE])
+  cfg = precision(cfg, spec.compute_dtype if compute_dtype is None else compute_dtype)
   params = {**params, paths.BACKBONE: backbone}
   return FineTuned(cfg, spec, tok, params, task_spec.task_model(cfg, spec, tok))
+
+
+def precision(cfg: TransformerConfig, compute_dtype: str) -> TransformerConfig:
+  """``cfg`` computing in ``compute_dtype`` (see :func:`load`); "" keeps it.
+
+  Under auto the machine that predicts decides
+  (:func:`jaxtl.tasks.finetune.auto_precision`): a model tuned in bfloat16
+  where that paid computes in float32 on an AVX2 CPU, where bfloat16 is
+  slower."""
+  if compute_dtype not in tasks_config.COMPUTE_DTYPES:
+    raise ValueError(f"compute_dtype={compute_dtype!r}; expected auto, float32 or "
+                     "bfloat16")
+  if compute_dtype == "auto":
+    picked = finetune.auto_precision("--compute_dtype=float32")
+    return cfg.replace(dtype=picked[0], row_major_dots=picked[1]) if picked else cfg
+  return cfg.replace(dtype=compute_dtype) if compute_dtype else cfg
 
 
 def _fields(spec: task_spec.TaskSpec, item: Input, index: int) -> tuple[Any, ...]:

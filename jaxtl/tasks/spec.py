@@ -63,6 +63,11 @@ class TaskSpec:
     columns: The columns of the user's files that fed ``text_fields``, in
       order (``task=files``: ``config.task.text_fields``), which ``predict``
       reads by default; empty: the ``text_fields`` names.
+    compute_dtype: What fine-tuning was asked to compute in
+      (``config.train.compute_dtype``). ``auto`` is decided again by the
+      machine that loads the model (:func:`jaxtl.tasks.predictor.load`);
+      a dtype, or empty (the backbone's; older workdirs), runs as
+      ``model_config.json`` records.
   """
   name: str
   kind: str
@@ -82,6 +87,7 @@ class TaskSpec:
   max_target_len: int = 32
   num_beams: int = 1
   columns: tuple[str, ...] = ()
+  compute_dtype: str = ""
 
   @property
   def is_pair(self) -> bool:
@@ -135,7 +141,8 @@ def from_config(config: FinetuneConfig, family: str, label_names: tuple[str, ...
       max_answer_tokens=task.max_answer_tokens,
       length_multiple=config.train.length_multiple,
       max_target_len=task.max_target_len, num_beams=task.num_beams,
-      columns=tuple(task.text_fields) if task.name == file_task.TASK_NAME else ())
+      columns=tuple(task.text_fields) if task.name == file_task.TASK_NAME else (),
+      compute_dtype=config.train.compute_dtype)
 
 
 def task_model(cfg: TransformerConfig, spec: TaskSpec, tok: Tokenizer) -> TaskModel:
