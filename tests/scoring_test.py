@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from generate_test import DECODER, T5  # the same tiny models the generator's tests use
+from generate_test import BART, DECODER, T5  # the same tiny models the generator's tests use
 from jaxtl.eval import scoring
 from jaxtl.models import build_model
 
@@ -35,11 +35,14 @@ def _apply(cfg):
   return jax.jit(build_model(cfg).apply)
 
 
+EOS = 3  # the tokenizer's, which BART's decoder reads first
+
+
 def _brute_force(cfg, params, context, continuation, max_len=64):
   """One unpadded sequence through the whole model, the full LM head."""
   apply = _apply(cfg)
   if cfg.family == "encoder_decoder":
-    dec = np.array([[0, *continuation[:-1]]])
+    dec = np.array([[EOS if cfg.decoder_start == "eos" else 0, *continuation[:-1]]])
     logits = apply({"params": params}, np.array([context[-max_len:]]), dec)["logits"]
     targets, logits = continuation, logits[0]
   else:
@@ -53,10 +56,11 @@ def _brute_force(cfg, params, context, continuation, max_len=64):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg", [DECODER, T5], ids=["decoder", "t5"])
+@pytest.mark.parametrize("cfg", [DECODER, T5, BART.replace(decoder_start="eos")],
+                         ids=["decoder", "t5", "bart"])
 def test_batched_equals_each_example_alone(cfg):
   params, pairs = _params(cfg), _pairs()
-  logp, greedy = scoring.loglikelihoods(cfg, params, pairs, batch_size=4)
+  logp, greedy = scoring.loglikelihoods(cfg, params, pairs, batch_size=4, eos_id=EOS)
   # Batched and padded (to buckets, and rows) == each alone, unpadded.
   for i, (ctx, cont) in enumerate(pairs):
     want, want_greedy = _brute_force(cfg, params, ctx, cont)

@@ -96,7 +96,7 @@ class JaxtlLM(TemplateLM):
               ) -> tuple[np.ndarray, np.ndarray]:
     return scoring.loglikelihoods(self.loaded.config, self.loaded.params, pairs,
                                   batch_size=self.batch_size, max_len=self.max_length,
-                                  pad_id=self.tok.pad_id)
+                                  pad_id=self.tok.pad_id, eos_id=self.tok.eos_id)
 
   def _loglikelihood_tokens(self, requests: list[tuple[Any, list[int], list[int]]],
                             disable_tqdm: bool = False, **kwargs: Any

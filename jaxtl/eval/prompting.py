@@ -195,7 +195,8 @@ def evaluate(config: TransformerConfig, params: Any, tok: Tokenizer, prompt: Pro
   pairs = label_requests(tok, prompt, prefix, inputs + (free if calibrated else []))
   max_len = min(max_len or config.max_len, config.max_len)
   logp, _ = scoring.loglikelihoods(config, params, pairs, batch_size=batch_size,
-                                   max_len=max_len, pad_id=tok.pad_id, progress=progress)
+                                   max_len=max_len, pad_id=tok.pad_id, eos_id=tok.eos_id,
+                                   progress=progress)
   y = len(prompt.label_words)
   scores_NY = logp.reshape(-1, y)
   test_NY, free_CY = scores_NY[:len(inputs)], scores_NY[len(inputs):]

@@ -70,7 +70,7 @@ def _check(pairs: Sequence[Pair], max_len: int, decoder: bool) -> None:
 
 
 def _batch_arrays(cfg: TransformerConfig, pairs: Sequence[Pair], rows: int,
-                  max_len: int, pad_id: int) -> dict[str, np.ndarray]:
+                  max_len: int, pad_id: int, eos_id: int | None) -> dict[str, np.ndarray]:
   """The padded arrays of one batch (``rows`` rows; the missing ones repeat
   the first request, and their scores are thrown away)."""
   pairs = [*pairs, *[pairs[0]] * (rows - len(pairs))]
@@ -83,8 +83,10 @@ def _batch_arrays(cfg: TransformerConfig, pairs: Sequence[Pair], rows: int,
     contexts = [list(ctx)[-max_len:] for ctx, _ in pairs]
     s = bucket(max(map(len, contexts)), max_len)
     enc_BS, enc_seg_BS = _right_padded(contexts, s, pad_id)
-    # Teacher forcing: the decoder reads pad (T5's start token), then the targets.
-    dec_BC = np.concatenate([np.full((rows, 1), pad_id, np.int32), targets_BC[:, :-1]], 1)
+    # Teacher forcing: the decoder reads its start token (T5's pad, BART's
+    # EOS), then the targets.
+    start = cfg.decoder_start_id(pad_id, eos_id)
+    dec_BC = np.concatenate([np.full((rows, 1), start, np.int32), targets_BC[:, :-1]], 1)
     return {"encoder_input_tokens": enc_BS, "encoder_segment_ids": enc_seg_BS,
             "decoder_input_tokens": dec_BC, "decoder_segment_ids": np.ones_like(dec_BC),
             "target_index": np.broadcast_to(np.arange(c, dtype=np.int32), (rows, c)).copy(),
@@ -135,7 +137,8 @@ def _score_batch(cfg: TransformerConfig, params: Any, batch: dict[str, jax.Array
 
 def loglikelihoods(config: TransformerConfig, params: Any, pairs: Sequence[Pair], *,
                    batch_size: int = 32, max_len: int | None = None, pad_id: int = 0,
-                   progress: Any = None) -> tuple[np.ndarray, np.ndarray]:
+                   eos_id: int | None = None, progress: Any = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
   """Summed log-probabilities [N] and greedy flags [N] of the continuations.
 
   Args:
@@ -148,6 +151,8 @@ def loglikelihoods(config: TransformerConfig, params: Any, pairs: Sequence[Pair]
       length it was trained on when that is shorter: learned positions past
       it were never trained.
     pad_id: Written in padding (it is masked out).
+    eos_id: The tokenizer's EOS, which an encoder-decoder whose decoder
+      starts from it (``decoder_start='eos'``, BART) reads first.
     progress: Called with the number of requests done after each batch.
 
   Returns:
@@ -164,7 +169,8 @@ def loglikelihoods(config: TransformerConfig, params: Any, pairs: Sequence[Pair]
   logp, greedy = np.zeros(len(pairs), np.float64), np.zeros(len(pairs), bool)
   for start in range(0, len(order), batch_size):
     idx = order[start:start + batch_size]
-    batch = _batch_arrays(cfg, [pairs[i] for i in idx], batch_size, max_len, pad_id)
+    batch = _batch_arrays(cfg, [pairs[i] for i in idx], batch_size, max_len, pad_id,
+                          eos_id)
     lp, gr = _score_batch(cfg, params, batch)
     logp[idx], greedy[idx] = np.asarray(lp)[:len(idx)], np.asarray(gr)[:len(idx)]
     if progress is not None:
