@@ -12,7 +12,7 @@ from jaxtl.pretraining import pretrain
 from jaxtl.pretraining.pretrained import load_model_config, save_model_config
 from jaxtl.train import checkpoint, sharding
 from jaxtl.tasks import config as tasks_config
-from jaxtl.tasks import finetune, inference, padding
+from jaxtl.tasks import finetune, inference, kinds, padding
 
 import datadir
 import runs
@@ -227,6 +227,14 @@ def test_auto_precision_is_bfloat16_with_row_major_dots_only_where_bf16_pays(mon
   assert finetune._precision(train) == ("float32", False)
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert finetune._precision(train) == ("", False)  # the backbone's
+
+
+def test_a_heads_training_log_counts_what_its_loss_weighs():
+  sums = {"loss_sum": 6.0, "correct_sum": 2.0, "weight_sum": 4.0}
+  assert finetune.task_summary(sums) == {"loss": 1.5, "accuracy": 0.5, "examples": 4.0}
+  assert {k.name: k.counts for k in kinds.REGISTRY.values()} == {
+      "classification": "examples", "regression": "examples", "token_classification": "tags",
+      "span_qa": "answer_boundaries", "text_to_text": "examples", "generation": "tokens"}
 
 
 def test_trim_padding_cuts_to_the_longest_row_rounded_up():

@@ -83,8 +83,8 @@ def test_two_processes_match_one_and_resume_on_one(config_file, tmp_path):
 def test_two_processes_fine_tune_as_one(pretrained, tmp_path):
   """Fine-tuning on 2 processes: each cuts the whole batch's padding and
   keeps its half, and the predictions are gathered (each process sees the
-  whole split's): the losses, the test scores and the tokens per step equal
-  a 1-process run's on the same 4 devices."""
+  whole split's): the losses, the test scores and the examples per step
+  equal a 1-process run's on the same 4 devices."""
   args = ["finetune", "--config=finetune:task=trec", f"--config.init_from={pretrained}",
           "--config.train.epochs=1", "--config.task.num_train_examples=32",
           "--config.task.max_eval_examples=16", "--config.task.max_len=32",
@@ -102,8 +102,9 @@ def test_two_processes_fine_tune_as_one(pretrained, tmp_path):
   records = lambda d: [json.loads(l) for l in open(d / "metrics.jsonl")]
   two, single = records(multi), records(one)
   assert [(r["split"], r["step"]) for r in two] == [(r["split"], r["step"]) for r in single]
+  assert all(r["examples"] == 8 for r in two if r["split"] == "train")  # per logged step
   for a, b in zip(two, single):
-    for name in ("loss", "accuracy", "tokens"):
+    for name in ("loss", "accuracy", "examples"):
       if name in a:
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, err_msg=(a, name))
   assert json.load(open(multi / "results.json"))["test"] == pytest.approx(

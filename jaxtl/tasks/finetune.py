@@ -83,11 +83,13 @@ def make_task_loss_fn(model: TaskModel) -> Callable:
   return loss_fn
 
 
-def task_summary(sums: Mapping[str, float]) -> dict[str, float]:
-  """A head's training metrics: loss, accuracy and the loss weight, but no
+def task_summary(sums: Mapping[str, float], counts: str = "examples") -> dict[str, float]:
+  """A head's training metrics: loss, accuracy and the loss weight, named
+  for what it ``counts`` (examples, tags: not an LM's tokens), but no
   perplexity, which a class or tag distribution does not have."""
   out = objectives.summarize(sums)
   del out["perplexity"]
+  out[counts] = out.pop("tokens")
   return out
 
 
@@ -470,7 +472,8 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
       init_params=load_pretrained, steps_per_epoch=steps_per_epoch,
       finish=test_scores if "test" in feats else None,
       # A head's metrics; generation's are an LM's (perplexity included).
-      summarize=objectives.summarize if kind.make_loss is not None else task_summary)
+      summarize=(objectives.summarize if kind.make_loss is not None
+                 else functools.partial(task_summary, counts=kind.counts)))
   numbers = loop_config(config, steps_per_epoch, sharding.batch_devices(mesh))
   out = train.run(work, numbers, tx, schedule, mesh, rules, workdir)
   history = [{"epoch": h.pop("step") // steps_per_epoch, **h} for h in out.history]

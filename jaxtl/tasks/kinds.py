@@ -53,6 +53,7 @@ class TaskKind:
       replacing the model's own apply where outputs are computed
       (generation: the decoded ids); None: the model's apply.
     weights: the batch feature whose sum normalises the loss.
+    counts: what that sum counts, as the training log names it.
 
   ``task`` is a :class:`~jaxtl.tasks.config.TaskSettings`: the run's
   TaskConfig while fine-tuning, a loaded model's TaskSpec when predicting.
@@ -70,6 +71,7 @@ class TaskKind:
   make_loss: Callable[[Any], Callable] | None = None
   forward: Callable[[Any, TaskSettings, Tokenizer], Callable] | None = None
   weights: str = "label_weights"
+  counts: str = "examples"
 
 
 def _encode_sequences(examples, tok, task: TaskSettings, model):
@@ -201,15 +203,16 @@ REGISTRY: dict[str, TaskKind] = {k.name: k for k in (
     TaskKind("regression", _encode_sequences, _squared_error, _as_is, _metrics,
              _as_is, _values),
     TaskKind("token_classification", _encode_tagging, _cross_entropy, _argmax,
-             _tag_metrics, _argmax, _tags),
+             _tag_metrics, _argmax, _tags, counts="tags"),
     TaskKind("span_qa", _encode_spans, _span_boundaries, _best_spans, _answer_metrics,
-             _best_spans, _answers, too_long="split into windows"),
+             _best_spans, _answers, too_long="split into windows",
+             counts="answer_boundaries"),
     TaskKind("text_to_text", _encode_sequences, _gold_text_likelihood, _argmax,
              _metrics, _probabilities, _labels),
     TaskKind(generation.KIND, generation.encode, None, _as_is, generation.score,
              _as_is, generation.present,
              make_loss=generation.make_loss, forward=generation.forward,
-             weights="decoder_loss_weights"),
+             weights="decoder_loss_weights", counts="tokens"),
 )}
 
 
