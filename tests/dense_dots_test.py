@@ -30,6 +30,20 @@ def test_dense_dot_matches_matmul_with_its_gradients():
                              rtol=1e-5, atol=1e-5)
 
 
+def test_a_bf16_dense_dot_returns_its_float32_weights_gradient_unrounded():
+  k = jax.random.split(jax.random.key(2), 3)
+  x = jax.random.normal(k[0], (64, 32)).astype(jnp.bfloat16)
+  w = jax.random.normal(k[1], (32, 16))  # float32 parameters of a bf16 layer
+  g = jax.random.normal(k[2], (64, 16)).astype(jnp.bfloat16)
+  y, vjp = jax.vjp(dense_dots.dense_dot, x, w)
+  assert y.dtype == jnp.bfloat16
+  dx, dw = vjp(g)
+  assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
+  want = x.astype(jnp.float32).T @ g.astype(jnp.float32)  # exact bf16 products
+  np.testing.assert_allclose(dw, want, rtol=1e-6, atol=1e-5)
+  assert np.any(dw != dw.astype(jnp.bfloat16).astype(jnp.float32))  # never bf16
+
+
 def test_add_bias_sums_its_gradient_in_float32_without_a_reduce_window():
   k = jax.random.split(jax.random.key(1), 2)
   y = jax.random.normal(k[0], (32, 64, 12, 32)).astype(jnp.bfloat16)

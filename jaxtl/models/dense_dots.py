@@ -54,8 +54,13 @@ def materialised_t(a: Array) -> Array:
 @jax.custom_vjp
 def dense_dot(x: Array, w: Array) -> Array:
   """``x @ w`` for ``x [..., K]`` and ``w [K, N]``, in ``x``'s dtype, with
-  float32 accumulation and a backward made of row-major dots."""
-  return _dot(x.reshape(-1, x.shape[-1]), w, x.dtype).reshape(*x.shape[:-1], w.shape[1])
+  float32 accumulation and a backward made of row-major dots.
+
+  ``w`` may be wider than ``x`` (float32 parameters of a bf16 layer): it
+  is cast here, and its gradient comes back in its own dtype, summed in
+  float32 and never rounded to bf16 on the way."""
+  return _dot(x.reshape(-1, x.shape[-1]), w.astype(x.dtype),
+              x.dtype).reshape(*x.shape[:-1], w.shape[1])
 
 
 def _fwd(x: Array, w: Array) -> tuple[Array, tuple[Array, Array]]:
@@ -66,7 +71,7 @@ def _bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
   x, w = res
   x_MK = x.reshape(-1, x.shape[-1])
   g_MN = g.reshape(-1, g.shape[-1]).astype(x.dtype)
-  dx = _dot(g_MN, materialised_t(w), x.dtype).reshape(x.shape)
+  dx = _dot(g_MN, materialised_t(w.astype(x.dtype)), x.dtype).reshape(x.shape)
   dw = _dot(materialised_t(x_MK), g_MN, w.dtype)
   return dx, dw
 
@@ -115,7 +120,7 @@ class RowMajorDense(nn.Dense):
   def __call__(self, inputs: Array) -> Array:
     kernel = self.param("kernel", self.kernel_init, (inputs.shape[-1], self.features),
                         self.param_dtype)
-    y = dense_dot(inputs.astype(self.dtype), kernel.astype(self.dtype))
+    y = dense_dot(inputs.astype(self.dtype), kernel)
     if not self.use_bias:
       return y
     return add_bias(y, self.param("bias", self.bias_init, (self.features,),

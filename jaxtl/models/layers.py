@@ -259,9 +259,9 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     kernel = self.param(paths.kernel(name), normal_init(cfg.init_std, axes), shape,
                         cfg.jnp_param_dtype)
-    kernel = jnp.asarray(kernel, cfg.jnp_dtype)
-    y = (dense_dots.project(x, kernel, len(shape) - len(bias_shape)) if cfg.row_major_dots
-         else jnp.einsum(equation, x, kernel))
+    y = (dense_dots.project(x.astype(cfg.jnp_dtype), kernel, len(shape) - len(bias_shape))
+         if cfg.row_major_dots
+         else jnp.einsum(equation, x, jnp.asarray(kernel, cfg.jnp_dtype)))
     if cfg.lora_rank and name in cfg.lora_targets:
       y += self._lora(name, x, equation, shape, axes)
     if cfg.use_bias:
