@@ -47,7 +47,8 @@ def get_config(arg: str | None = None):
     pretrain_electra.use_electra(c)
   c.data.source.kind = "mixture"
   # Concatenated; each rate is read once --config.data.source.mixing=rates
-  # (shares of documents: Shakespeare, one document here, would repeat).
+  # (shares of documents: Shakespeare is one document here, which an equal
+  # rate would repeat 25,964 times; the run refuses such a mix).
   c.data.source.parts = dict(
       imdb=dict(kind="jsonl", field="text", rate=1.0, files=dict(train=[
           "{data_dir}/imdb/unsup.jsonl.gz", "{data_dir}/imdb/train.jsonl.gz"])),

@@ -115,6 +115,22 @@ def test_bad_settings_name_their_key(tmp_path, keys, rates, message):
     _load(mix)
 
 
+def test_a_share_that_would_repeat_a_long_document_thousands_of_times_is_refused(tmp_path):
+  """The transfer study's mixture with equal rates: a novel as one document
+  beside many short ones would make the split thousands of times its text."""
+  mix = _with_rates(_mixture(tmp_path), big=1, mid=1, small=1)
+  novel = tmp_path / "novel.txt"
+  novel.write_text("a line of a long play\n" * 2000)
+  mix["parts"]["small"] = {"kind": "text", "paragraphs": True, "rate": 1,
+                           "files": {"train": [str(novel)]}}
+  with pytest.raises(ValueError, match=r"'small' has 1 document\(s\) of 44,000 "
+                     r"characters .* would repeat it [\d,]+ times: [\d,]+x the text .* "
+                     r"lower source.parts.small.rate"):
+    _load(mix)
+  mix["parts"]["small"]["rate"] = 0.001  # a few copies: allowed
+  assert sum(t.startswith("a line") for t in _load(mix)) >= 1
+
+
 def test_quotas_add_up():
   assert mixtures.quotas({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}, 10) == {"a": 4, "b": 3, "c": 3}
 

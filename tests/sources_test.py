@@ -346,7 +346,9 @@ def test_tfds_offline_fails_in_seconds_and_leaves_nothing(tmp_path, monkeypatch)
     sources.load_texts(sources.source_config(
         {"kind": "tfds", "name": "tiny_shakespeare", "data_dir": str(data_dir)}),
         "train")
-  assert time.perf_counter() - start < 5
+  # Seconds, not the minutes of TFDS's download retries; the bound leaves
+  # room for a cold TensorFlow import on a loaded 2-core machine (5.1 s once).
+  assert time.perf_counter() - start < 30
   for part in ("'tiny_shakespeare'", str(data_dir), "no network: test",
                "manual_dir", "JAXTL_DATA_DIR", "~/tensorflow_datasets"):
     assert part in str(e.value), part

@@ -90,6 +90,34 @@ def quotas(share: Mapping[str, float], size: int) -> dict[str, int]:
   return counts
 
 
+# How much more text than its parts hold together a weighted split may
+# read. Shares count documents, so a part of a few long documents given an
+# equal share beside many short ones (a novel as one document beside 75,000
+# reviews) would repeat thousands of times, and the run would fail for
+# memory instead of with a message.
+MAX_GROWTH = 10.0
+
+
+def check_growth(sizes: Mapping[str, int], characters: Mapping[str, int],
+                 share: Mapping[str, float], split: str) -> None:
+  """Refuses shares that would make the split more than `MAX_GROWTH` times
+  the text of its parts (``characters``: each part's), naming the part."""
+  counts = quotas(share, sum(sizes.values()))
+  drawn = {n: counts[n] * characters[n] / sizes[n] for n in sizes if sizes[n]}
+  whole = max(sum(characters.values()), 1)
+  if sum(drawn.values()) <= MAX_GROWTH * whole:
+    return
+  worst = max(drawn, key=drawn.get)
+  raise ValueError(
+      f"mixture {split!r} split: {worst!r} has {sizes[worst]:,} document(s) of "
+      f"{characters[worst] / sizes[worst]:,.0f} characters on average, and its "
+      f"share of {share[worst]:.1%} of the split's {sum(sizes.values()):,} documents "
+      f"would repeat it {counts[worst] / sizes[worst]:,.0f} times: "
+      f"{sum(drawn.values()) / whole:,.0f}x the text of the parts together. Rates "
+      f"are shares of documents: lower source.parts.{worst}.rate, or cut its "
+      "files into more documents")
+
+
 def _rng(seed: int, split: str, name: str) -> np.random.Generator:
   """A generator for (seed, split, part name): adding a part or renaming
   another leaves the documents drawn from this one unchanged."""

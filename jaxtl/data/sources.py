@@ -320,9 +320,15 @@ def _iter_mixture(source: MixtureSource, split: str, seed: int) -> Iterator[str]
   if mixing == "rates" and not texts:
     raise ValueError(f"source.parts.*.rate: all rates of the parts with split "
                      f"{split!r} are 0; at least one must be > 0")
-  sizes = {name: sum(1 for _ in stream()) for name, stream in texts.items()}
+  sizes, characters = {}, {}
+  for name, stream in texts.items():  # one streaming pass per part counts both
+    sizes[name] = characters[name] = 0
+    for text in stream():
+      sizes[name] += 1
+      characters[name] += len(text)
   share = mixtures.shares(sizes, mixing, rates=rates, cap=cap,
                           temperature=temperature)
+  mixtures.check_growth(sizes, characters, share, split)
   yield from mixtures.mix(texts, sizes, share, seed=seed, split=split)
 
 
