@@ -67,10 +67,10 @@ def fields() -> dict[str, tuple[Any, str]]:
 
   ``vocab_size`` 0 takes it from the tokenizer; ``attention_impl`` None
   becomes "", since None is not a type ml_collections can check overrides
-  against.
+  against; ``dtype`` is ``auto`` (``jaxtl.pretraining.pretrain.precision``).
   """
   from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top
-  config_value = {"vocab_size": 0, "attention_impl": ""}
+  config_value = {"vocab_size": 0, "attention_impl": "", "dtype": "auto"}
   return {f.name: (config_value.get(f.name, f.default), f.metadata["meaning"])
           for f in dataclasses.fields(TransformerConfig)}
 

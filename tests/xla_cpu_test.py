@@ -34,6 +34,35 @@ def test_bf16_matmuls_pay_only_where_measured():
   assert xla_cpu.flags_for(AMD_BF16, {}) == ()  # and it adds no XLA flag
 
 
+def test_auto_precision_is_bf16_where_it_pays_float32_on_other_cpus(monkeypatch, caplog):
+  monkeypatch.delenv("JAXTL_CPU_FLAGS", raising=False)  # the suite opts out
+  monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD_BF16)
+  with caplog.at_level("INFO"):
+    assert xla_cpu.auto_precision("cpu", "--keep=f32") == ("bfloat16", True)
+  assert "computing in bfloat16 (auto): this CPU (AMD EPYC, avx512_bf16)" in caplog.text
+  assert "--keep=f32 computes in float32" in caplog.text
+  assert xla_cpu.auto_precision("gpu", "") is None  # the caller keeps the model's
+  for cpu in (AMD, INTEL_AMX, None):
+    monkeypatch.setattr(xla_cpu, "read_cpu", lambda: cpu)
+    assert xla_cpu.auto_precision("cpu", "") == ("float32", False)
+
+
+def test_a_recipes_model_computes_in_auto_precision(monkeypatch):
+  from jaxtl.configs import models
+  from jaxtl.models import TransformerConfig
+  values = {**models.get_model_config("bert_tiny"), "vocab_size": 64}
+  assert values["dtype"] == "auto" and not values["row_major_dots"]
+  monkeypatch.delenv("JAXTL_CPU_FLAGS", raising=False)
+  monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD_BF16)
+  cfg = TransformerConfig.from_mapping(values)
+  assert (cfg.dtype, cfg.row_major_dots) == ("bfloat16", True)
+  cfg = TransformerConfig.from_mapping({**values, "dtype": "float32"})  # asked for
+  assert (cfg.dtype, cfg.row_major_dots) == ("float32", False)
+  monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD)
+  cfg = TransformerConfig.from_mapping(values)
+  assert (cfg.dtype, cfg.row_major_dots) == ("float32", False)
+
+
 def test_the_users_flags_and_opt_out_win():
   assert xla_cpu.flags_for(INTEL_AMX, {"JAXTL_CPU_FLAGS": "0"}) == ()
   mine = {"XLA_FLAGS": "--xla_cpu_use_onednn=false --xla_force_host_platform_device_count=8"}

@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+import jax
 import jax.numpy as jnp
 
 from jaxtl.models import paths
 from jaxtl.models.family import NAMES, family_of
+from jaxtl.runtime import xla_cpu
 
 FAMILIES = NAMES  # each family's rules: jaxtl.models.family
 
@@ -90,7 +92,9 @@ class TransformerConfig:
   decoder_start: str = _field("pad", "encoder_decoder: the decoder's first token: pad "
                               "(T5) | eos (BART)")
   init_std: float = _field(0.02, "standard deviation of initial weights")
-  dtype: str = _field("float32", "compute dtype: float32 | bfloat16")
+  dtype: str = _field("float32", "compute dtype: float32 | bfloat16; a recipe's auto "
+                      "is bfloat16 with row_major_dots on CPUs whose bf16 matmuls "
+                      "are twice float32's, else float32")
   param_dtype: str = _field("float32", "dtype the parameters are stored in")
   scan_layers: bool = _field(False, "compile one layer and scan it (faster compiles)")
   remat: str = _field("none", "activations recomputed in the backward pass (less "
@@ -178,7 +182,21 @@ class TransformerConfig:
     unknown = sorted(set(values) - known)
     if unknown:
       raise ValueError(f"unknown model config keys {unknown}; known: {sorted(known)}")
-    values = dict(values)
+    values = {**values, **precision(values)}
     if values.get("attention_impl") == "":  # config files cannot hold None.
       values["attention_impl"] = None
     return cls(**values)
+
+
+def precision(values: Mapping[str, Any]) -> dict[str, Any]:
+  """A config dict's dtype and row_major_dots, its dtype ``auto`` (the
+  recipes' default) as :func:`jaxtl.runtime.xla_cpu.auto_precision` picks
+  it on this backend: bfloat16 with row-major dots on a CPU where that
+  pays, float32 elsewhere."""
+  dtype = values.get("dtype", "float32")
+  row_major = values.get("row_major_dots", False)
+  if dtype == "auto":
+    dtype, picked = xla_cpu.auto_precision(
+        jax.default_backend(), "--config.model.dtype=float32") or ("float32", False)
+    row_major = row_major or picked
+  return {"dtype": dtype, "row_major_dots": row_major}

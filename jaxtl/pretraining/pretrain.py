@@ -23,6 +23,7 @@ import ml_collections
 from jaxtl import objectives
 from jaxtl.pretraining import pipeline
 from jaxtl.models import TransformerConfig, electra, layers, paths
+from jaxtl.models import config as model_config
 from jaxtl.train import identity as identity_lib
 from jaxtl.train import loop, optim, perf, sharding
 from jaxtl.pretraining import pretrained
@@ -34,7 +35,9 @@ from jaxtl.train import step as step_lib
 def model_config_from(model: Mapping[str, Any], vocab_size: int,
                       vocab_multiple: int = 128) -> TransformerConfig:
   """A config's ``model`` section -> TransformerConfig; its vocab_size 0
-  means "the tokenizer's", padded up to ``vocab_multiple``."""
+  means "the tokenizer's", padded up to ``vocab_multiple``, and its dtype
+  ``auto`` (the recipes' default) what
+  :func:`jaxtl.models.config.precision` picks here."""
   values = dict(model)
   if not values.get("vocab_size"):
     values["vocab_size"] = -(-vocab_size // vocab_multiple) * vocab_multiple
@@ -62,7 +65,8 @@ def load_source(config: PretrainConfig) -> pretrained.Pretrained | None:
 
 def architecture(config: PretrainConfig, source: pretrained.Pretrained | None,
                  vocab_size: int) -> TransformerConfig:
-  """config.model's, or the source's with config.model's dropout rates."""
+  """config.model's, or the source's with config.model's dropout rates and
+  dtype."""
   if source is None:
     return model_config_from(config.model, vocab_size, config.vocab_multiple)
   cfg = source.config
@@ -71,10 +75,11 @@ def architecture(config: PretrainConfig, source: pretrained.Pretrained | None,
                      f"embeddings, fewer than the tokenizer's {vocab_size} ids")
   logging.info("continued pretraining from %s: its architecture (%s, %d layers, "
                "d_model %d, vocab %d) and tokenizer; config.model sets only the "
-               "dropout rates", config.init_from, cfg.family, cfg.num_layers,
+               "dropout rates and dtype", config.init_from, cfg.family, cfg.num_layers,
                cfg.d_model, cfg.vocab_size)
   return cfg.replace(dropout_rate=config.model["dropout_rate"],
-                     attention_dropout_rate=config.model["attention_dropout_rate"])
+                     attention_dropout_rate=config.model["attention_dropout_rate"],
+                     **model_config.precision(config.model))
 
 
 def source_loader(params_shape: Any, source: pretrained.Pretrained | None,

@@ -216,32 +216,12 @@ def _predictions(outputs: Callable, task: TaskConfig, params: Any, batch: Any) -
   return kinds.get(task.kind).predict(outputs(params, batch), batch, task)
 
 
-def auto_precision(keep_float32: str) -> tuple[str, bool] | None:
-  """(dtype, row-major dots) that ``compute_dtype=auto`` computes in here.
-
-  bfloat16 with row-major dots on a CPU whose bf16 matmuls run about twice
-  as fast as float32 ones (:func:`jaxtl.runtime.xla_cpu.bf16_matmuls`),
-  said in one log line ending with ``keep_float32``, the flag that keeps
-  float32; float32 on any other CPU, where bf16 is slower and float32
-  exact; None on a GPU or TPU: the backbone's dtype (its checkpoint's
-  precision)."""
-  if jax.default_backend() != "cpu":
-    return None
-  cpu = xla_cpu.read_cpu()
-  rule = xla_cpu.bf16_matmuls(cpu)
-  if cpu is None or rule is None:
-    return "float32", False
-  logging.info("computing in bfloat16 (compute_dtype=auto): this CPU (%s, %s) multiplies "
-               "bf16 about twice as fast as float32; %s computes in float32",
-               cpu.name, " ".join(sorted(rule.needs)), keep_float32)
-  return "bfloat16", True
-
-
 def _precision(train: tasks_config.FinetuneTrainConfig) -> tuple[str, bool]:
   """(compute dtype, "" for the backbone's; row-major dots) for this run."""
   if train.compute_dtype != "auto":
     return train.compute_dtype, train.row_major_dots
-  dtype, row_major = auto_precision("--config.train.compute_dtype=float32") or ("", False)
+  dtype, row_major = xla_cpu.auto_precision(
+      jax.default_backend(), "--config.train.compute_dtype=float32") or ("", False)
   return dtype, row_major or train.row_major_dots
 
 
@@ -274,8 +254,11 @@ def _backbone(config: FinetuneConfig
                        "jaxtl workdir or a Hugging Face folder), or for a random "
                        "start --config.tokenizer_path=VOCAB")
     tok = get_tokenizer(sources.expand_path(config.tokenizer_path))
-    cfg, params = pretrain.model_config_from(config.model, tok.vocab_size,
+    model = {**config.model, **({"dtype": dtype} if dtype else {})}  # decided once
+    cfg, params = pretrain.model_config_from(model, tok.vocab_size,
                                              config.vocab_multiple), None
+  if not dtype:  # the backbone's precision, with its row-major dots
+    row_major = row_major or cfg.row_major_dots
   cfg = cfg.replace(dtype=dtype or cfg.dtype, row_major_dots=row_major,
                     dropout_rate=adapt.dropout_rate, attention_dropout_rate=adapt.attention_dropout_rate,
                     adapter_dim=adapt.adapter_dim if adapt.scheme == "adapters" else 0,

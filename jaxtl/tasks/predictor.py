@@ -33,6 +33,7 @@ from jaxtl.tasks.examples import Examples
 from jaxtl.tasks.squad import SquadExample
 from jaxtl.train import checkpoint, sharding
 from jaxtl.pretraining import pretrained
+from jaxtl.runtime import xla_cpu
 
 # One input: a text, a (text, text_pair) or (question, context) pair, a
 # word list (tagging), or a mapping from the task's text field names.
@@ -121,14 +122,14 @@ def precision(cfg: TransformerConfig, compute_dtype: str) -> TransformerConfig:
   """``cfg`` computing in ``compute_dtype`` (see :func:`load`); "" keeps it.
 
   Under auto the machine that predicts decides
-  (:func:`jaxtl.tasks.finetune.auto_precision`): a model tuned in bfloat16
+  (:func:`jaxtl.runtime.xla_cpu.auto_precision`): a model tuned in bfloat16
   where that paid computes in float32 on an AVX2 CPU, where bfloat16 is
   slower."""
   if compute_dtype not in tasks_config.COMPUTE_DTYPES:
     raise ValueError(f"compute_dtype={compute_dtype!r}; expected auto, float32 or "
                      "bfloat16")
   if compute_dtype == "auto":
-    picked = finetune.auto_precision("--compute_dtype=float32")
+    picked = xla_cpu.auto_precision(jax.default_backend(), "--compute_dtype=float32")
     return cfg.replace(dtype=picked[0], row_major_dots=picked[1]) if picked else cfg
   return cfg.replace(dtype=compute_dtype) if compute_dtype else cfg
 
