@@ -54,6 +54,23 @@ def test_tiny_presets_run_and_append_a_results_table(tmp_path):
   assert "| tiny_t5 | 4 x 128+32 | float32 |" in text
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pytorch_computes_in_the_dtype_jaxtl_does(dtype, monkeypatch):
+  """bf16 rows compare bf16 with bf16 on CPUs too (autocast was GPU-only)."""
+  torch = pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  from jaxtl.tools import benchmark_torch
+  asked = []
+  autocast = torch.autocast
+  monkeypatch.setattr(torch, "autocast", lambda device_type, dtype=None, enabled=True:
+                      asked.append((device_type, dtype, enabled)) or autocast(
+                          device_type, dtype, enabled=enabled))
+  preset = presets.PRESETS["tiny_cls"]
+  cfg = presets.model_config(preset, dtype, num_layers=1)
+  assert benchmark_torch.run_torch(preset, cfg, warmup=0, steps=1).step_s > 0
+  assert asked == [("cpu", torch.bfloat16, dtype == "bfloat16")]
+
+
 def test_generation_beside_transformers_writes_the_same_tokens():
   """Both sides decode the same exported weights greedily: the same tokens."""
   torch_side = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))

@@ -6,10 +6,12 @@ train step (``train.train_step``: AdamW, global-norm clipping, dropout,
 non-finite guard), jitted with the state donated, on a mesh over every local
 device; PyTorch runs the same architecture built by ``transformers`` from the
 config jaxtl would export (``jaxtl.convert``), with the same batch, AdamW and
-clipping. On a GPU both compute in bfloat16 with float32 parameters and
-optimizer state (jaxtl: ``dtype=bfloat16``; PyTorch: bf16 autocast and SDPA
-attention); on a CPU both in float32. ``keras_side`` adds KerasHub on the
-same JAX (:mod:`jaxtl.tools.benchmark_keras`), the same way.
+clipping. Both compute in the same precision: in bfloat16 with float32
+parameters and optimizer state (jaxtl: ``dtype=bfloat16``; PyTorch: bf16
+autocast, on GPUs and CPUs alike) or in float32; ``--dtype=auto`` is
+bfloat16 on accelerators and on a CPU what the recipes pick there.
+``keras_side`` adds KerasHub on the same JAX
+(:mod:`jaxtl.tools.benchmark_keras`), the same way.
 
 Reported per preset and side: step time (median over ``--steps`` steps after
 ``--warmup``, each step synchronised with the device), tokens/s, model FLOPs
@@ -214,10 +216,10 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
               profile_dir: str = "") -> list[dict[str, str]]:
   """Runs the named presets on ``num_devices`` devices (0: all); returns
   their table rows. PyTorch and KerasHub (``keras_side``) run on one device."""
-  dtype = compute_dtype(dtype)
+  # On a CPU, auto stays for the model config to pick as the recipes do
+  # (bfloat16 with row-major dots where bf16 pays: TransformerConfig.from_mapping).
+  dtype = "auto" if dtype == "auto" and not on_accelerator() else compute_dtype(dtype)
   devices = jax.devices()[:num_devices or None]
-  peak_flops = perf.peak_flops_per_device(dtype=dtype)
-  peak_flops = peak_flops and peak_flops * len(devices)
   jobs = []
   for preset in lookup(names):
     if batch_size:
@@ -228,6 +230,8 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
     if length:
       preset = dataclasses.replace(preset, length=length)
     jobs.append((preset, model_config(preset, dtype, **(overrides or {}))))
+  peak_flops = jobs and perf.peak_flops_per_device(dtype=jobs[0][1].dtype)
+  peak_flops = peak_flops and peak_flops * len(devices)
   # KerasHub first (a missing keras-hub stops here, before any run), in a
   # child process that hands the device back on exit.
   keras = (benchmark_keras.run_keras(jobs, warmup, steps) if keras_side

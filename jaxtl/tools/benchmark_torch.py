@@ -2,8 +2,9 @@
 optimizer in Hugging Face ``transformers``, timed the same way.
 
 The model is built from the config :func:`jaxtl.convert.hf.hf_config` exports
-for the jaxtl model, so both sides run one architecture. On GPUs it computes
-in bfloat16 autocast with SDPA attention and fused AdamW; on CPUs in float32.
+for the jaxtl model, so both sides run one architecture, in the same
+precision: float32, or bfloat16 autocast (on GPUs and CPUs alike) when
+jaxtl computes in bfloat16; SDPA attention, and fused AdamW on GPUs.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def run_torch(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
        {"params": no_decay, "weight_decay": 0.0}],
       lr=opt_cfg.lr, betas=(opt_cfg.b1, opt_cfg.b2), eps=opt_cfg.eps,
       **({"fused": True} if cuda else {}))
-  autocast = torch.autocast("cuda", torch.bfloat16, enabled=cuda and cfg.dtype == "bfloat16")
+  autocast = torch.autocast(device.type, torch.bfloat16, enabled=cfg.dtype == "bfloat16")
 
   def run_step():
     opt.zero_grad(set_to_none=True)
