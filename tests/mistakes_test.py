@@ -38,6 +38,8 @@ CASES = [
     (["pretokenize", "--config=pretrain_nope", "--out={tmp}/p"],
      "jaxtl pretokenize: --config=pretrain_nope: no such file, and 'pretrain_nope' is not"),
     (["pretrian"], "jaxtl: unknown command 'pretrian'; the commands: pretrain, finetune"),
+    (["pretrain", "--config=pretrain_mlm", "--workdir={tmp}/g", "--config.model.dtype=bf16"],
+     "jaxtl pretrain: config.model.dtype='bf16'; expected one of auto, float32, bfloat16"),
 ]
 
 

@@ -61,6 +61,8 @@ def test_a_recipes_model_computes_in_auto_precision(monkeypatch):
   monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD)
   cfg = TransformerConfig.from_mapping(values)
   assert (cfg.dtype, cfg.row_major_dots) == ("float32", False)
+  with pytest.raises(ValueError, match="config.model.dtype='bf16'; expected one of auto"):
+    TransformerConfig.from_mapping({**values, "dtype": "bf16"})
 
 
 def test_the_users_flags_and_opt_out_win():

@@ -188,11 +188,23 @@ class TransformerConfig:
     return cls(**values)
 
 
+# What a config's model.dtype may say.
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def check_dtype(values: Mapping[str, Any]) -> None:
+  """A config dict's dtype is one of `DTYPES`, else an error naming the key."""
+  if values.get("dtype", "float32") not in DTYPES:
+    raise ValueError(f"config.model.dtype={values['dtype']!r}; expected one of "
+                     f"{', '.join(DTYPES)}")
+
+
 def precision(values: Mapping[str, Any]) -> dict[str, Any]:
   """A config dict's dtype and row_major_dots, its dtype ``auto`` (the
   recipes' default) as :func:`jaxtl.runtime.xla_cpu.auto_precision` picks
   it on this backend: bfloat16 with row-major dots on a CPU where that
   pays, float32 elsewhere."""
+  check_dtype(values)
   dtype = values.get("dtype", "float32")
   row_major = values.get("row_major_dots", False)
   if dtype == "auto":

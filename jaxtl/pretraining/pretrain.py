@@ -50,6 +50,7 @@ def model_config_from(model: Mapping[str, Any], vocab_size: int,
 def load_source(config: PretrainConfig) -> pretrained.Pretrained | None:
   """The model ``config.init_from`` names (None: a random start), after
   checking the objective fits it (or config.model)."""
+  model_config.check_dtype(config.model)  # before a tokenizer is trained
   if not config.init_from:
     objectives.check_objective(config.objective.name, config.model["family"])
     objectives.check_model(config.objective.name, types.SimpleNamespace(**config.model))
