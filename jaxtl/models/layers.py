@@ -431,13 +431,14 @@ class Embedder(nn.Module):
   def __call__(self, tokens_BT: Array, positions_BT: Array,
                token_types_BT: Array | None = None) -> Array:
     cfg, e = self.config, self.config.embed_width
-    x_BTE = self.token_embed(tokens_BT)
+    # Both tables gathered in the parameters' dtype, then cast: a bf16 step
+    # then casts the rows it reads, not the whole [V, E] table, and the
+    # gradient is a float32 scatter-add (native atomics on GPUs).
+    x_BTE = jnp.take(self.token_embed.embedding, tokens_BT, axis=0).astype(cfg.jnp_dtype)
     if cfg.position == "learned":
       table_PE = self.param(paths.POSITION_EMBEDDING,
                             normal_init(cfg.init_std, ("positions", "embed")),
                             (cfg.max_len, e), cfg.jnp_param_dtype)
-      # Gathered in the parameters' dtype, then cast: the gradient is then a
-      # float32 scatter-add (native atomics on GPUs), not a bf16 one.
       x_BTE += jnp.asarray(table_PE)[positions_BT].astype(cfg.jnp_dtype)
     if cfg.type_vocab_size:
       if token_types_BT is None:
