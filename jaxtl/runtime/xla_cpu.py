@@ -77,8 +77,8 @@ RULES = (
 
 # CPUs where a bf16 matmul that accumulates in float32, in the row-major
 # form jaxtl.models.dense_dots gives every dense layer, runs about twice as
-# fast as a float32 one in XLA:CPU (YNNPACK's AVX512-BF16 kernels), so a
-# fine-tuning run's ``compute_dtype=auto`` computes in bfloat16 there. An
+# fast as a float32 one in XLA:CPU (YNNPACK's AVX512-BF16 kernels), so
+# ``auto`` precision computes in bfloat16 there (:func:`auto_precision`). An
 # AMX Xeon is not among them yet: the Intel rule above gives its matmuls to
 # oneDNN, which leaves AMX out (issue 34 measures it).
 BF16_RULES = (

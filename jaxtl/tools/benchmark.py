@@ -230,7 +230,8 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
     if length:
       preset = dataclasses.replace(preset, length=length)
     jobs.append((preset, model_config(preset, dtype, **(overrides or {}))))
-  peak_flops = jobs and perf.peak_flops_per_device(dtype=jobs[0][1].dtype)
+  # Per device in the dtype the configs resolved (every job has the same).
+  peak_flops = perf.peak_flops_per_device(dtype=jobs[0][1].dtype) if jobs else None
   peak_flops = peak_flops and peak_flops * len(devices)
   # KerasHub first (a missing keras-hub stops here, before any run), in a
   # child process that hands the device back on exit.
