@@ -19,14 +19,11 @@ import tempfile
 
 import runs  # no jax: the flags below are still read when jax starts
 
-# The CPU thunk trace flag lets the benchmark's --profile test see XLA's ops
-# (jaxtl.tools.profiling.CPU_TRACE_FLAG; nothing is recorded while no trace runs).
-# XLA:CPU's LLVM backend at -O0 (runs.XLA_FLAGS, which the subprocesses get
+# runs.XLA_FLAGS (XLA:CPU's LLVM backend at -O0, which the subprocesses get
 # too) halves the compile time of a tiny model's train step.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=8"
-                           + " --xla_cpu_enable_xprof_traceme=true"
-                           + " " + runs.XLA_FLAGS)
+os.environ["XLA_FLAGS"] = " ".join((os.environ.get("XLA_FLAGS", ""),
+                                    "--xla_force_host_platform_device_count=8",
+                                    runs.TRACE_FLAGS, runs.XLA_FLAGS))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # XLA's own defaults on every CPU (no jaxtl.runtime.xla_cpu choice by CPU vendor), so
 # that results compared across processes do not depend on the CI machine's

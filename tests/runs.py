@@ -31,8 +31,37 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 # - one LLVM module per program, not split for parallel codegen: the two
 #   test workers already fill the 2 cores (models_test + heads_test on them:
 #   75 -> 62 s wall).
-XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-             " --xla_cpu_parallel_codegen_split_count=1")
+SPEED_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
+               "--xla_cpu_parallel_codegen_split_count=1")
+# Lets the benchmark's --profile test see XLA:CPU's ops
+# (jaxtl.tools.profiling.CPU_TRACE_FLAG; nothing is recorded while no trace runs).
+TRACE_FLAG = "--xla_cpu_enable_xprof_traceme=true"
+
+
+def _known_flags(flags: tuple[str, ...]) -> tuple[str, ...]:
+  """Those of ``flags`` the installed XLA knows.
+
+  XLA aborts a process whose XLA_FLAGS name a flag it lacks, and releases
+  drop flags (jaxlib 0.11 dropped ``--xla_cpu_use_fusion_emitters``: every
+  test worker then died at start). One process of the run asks XLA; the
+  answer travels in the environment to the workers and subprocesses.
+  """
+  known = os.environ.get("JAXTL_TEST_XLA_FLAGS")
+  if known is None:
+    probe = subprocess.run(
+        [sys.executable, "-c", "import jax; jax.devices('cpu')"], check=False,
+        capture_output=True, text=True,
+        env={**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"})
+    # The abort names the unknown flags; any other failure keeps them all.
+    known = " ".join(f for f in flags if probe.returncode == 0
+                     or f.split("=")[0] not in probe.stderr)
+    os.environ["JAXTL_TEST_XLA_FLAGS"] = known
+  return tuple(known.split())
+
+
+_KNOWN = _known_flags((*SPEED_FLAGS, TRACE_FLAG))
+XLA_FLAGS = " ".join(f for f in SPEED_FLAGS if f in _KNOWN)
+TRACE_FLAGS = " ".join(f for f in (TRACE_FLAG,) if f in _KNOWN)
 
 
 def start(config_file: str, workdir: str, *flags: str) -> subprocess.Popen:

@@ -178,14 +178,10 @@ def environment() -> str:
       f"CPU ({os.cpu_count()} cores, {perf.cpu_model()}; {hugepages.describe()}; "
       f"{xla_cpu.describe()})")
   versions = [f"jax {jax.__version__}", f"flax {flax.__version__}"]
-  try:
-    # optional (pip install 'jaxtl[hf]'), heavy: ~2 s; only the versions are read
-    import torch  # pylint: disable=g-import-not-at-top
-    import transformers  # pylint: disable=g-import-not-at-top
-    versions += [f"torch {torch.__version__}", f"transformers {transformers.__version__}"]
-  except ImportError:
-    pass
-  for dist in ("keras", "keras-hub"):  # read, not imported: keras-hub imports TensorFlow
+  # Read from the installed metadata, not imported: importing torch and
+  # transformers took 30 s or more on the GPU machine, and keras-hub would
+  # import TensorFlow.
+  for dist in ("torch", "transformers", "keras", "keras-hub"):
     try:
       versions.append(f"{dist} {importlib.metadata.version(dist)}")
     except importlib.metadata.PackageNotFoundError:
