@@ -226,7 +226,8 @@ def test_auto_precision_is_bfloat16_with_row_major_dots_only_where_bf16_pays(mon
   monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD_BF16)
   assert finetune._precision(train) == ("float32", False)
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert finetune._precision(train) == ("", False)  # the backbone's
+  assert finetune._precision(train) == ("bfloat16", False)
+  assert finetune._precision(explicit) == ("float32", False)
 
 
 def test_a_heads_training_log_counts_what_its_loss_weighs():

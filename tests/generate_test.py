@@ -1,6 +1,8 @@
 """Generation: the KV cache equals recomputing the prefix, greedy decoding
 matches transformers token for token, sampling and beam-search properties."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -106,6 +108,19 @@ def test_process_logits_filters():
   np.testing.assert_allclose(penalized, [[1.0, -4.0, 2.0]])
 
 
+def test_ids_past_the_tokenizers_are_never_chosen():
+  # A jaxtl model's table is padded past its tokenizer's ids (to a multiple of
+  # 128); a barely trained model can rank a padding row first, and no
+  # tokenizer decodes it.
+  params = _params(DECODER)
+  tokens = np.random.RandomState(4).randint(2, 61, (4, 5))
+  free = G.generate(DECODER, params, tokens, gen=G.GenerationConfig(max_new_tokens=12))
+  assert free.max() >= 30  # the unbounded model picks such ids here
+  for gen in (G.GenerationConfig(max_new_tokens=12, vocab_size=30),
+              G.GenerationConfig(max_new_tokens=12, vocab_size=30, temperature=2.0)):
+    assert G.generate(DECODER, params, tokens, gen=gen, rng=jax.random.key(0)).max() < 30
+
+
 def test_repetition_penalty_avoids_repeats():
   params = _params(DECODER)
   tokens = np.array([[3, 4, 5]])
@@ -126,6 +141,8 @@ def test_beam_search():
                            length_penalty=0.0)
   beams = G.generate(T5, params, tokens, gen=gen)
   assert beams.shape == (4, 7)
+  assert beams.max() >= 30  # and within the tokenizer's ids, none past them:
+  assert G.generate(T5, params, tokens, gen=dataclasses.replace(gen, vocab_size=30)).max() < 30
 
   def logprob(rows, enc):
     dec_in = np.concatenate([np.zeros((len(rows), 1), int), rows[:, :-1]], 1)

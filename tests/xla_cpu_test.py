@@ -1,9 +1,11 @@
 """XLA:CPU flags chosen by CPU: which CPUs get them, and that the user's win."""
 
+import json
 import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from jaxtl.runtime import xla_cpu
@@ -41,7 +43,9 @@ def test_auto_precision_is_bf16_where_it_pays_float32_on_other_cpus(monkeypatch,
     assert xla_cpu.auto_precision("cpu", "--keep=f32") == ("bfloat16", True)
   assert "computing in bfloat16 (auto): this CPU (AMD EPYC, avx512_bf16)" in caplog.text
   assert "--keep=f32 computes in float32" in caplog.text
-  assert xla_cpu.auto_precision("gpu", "") is None  # the caller keeps the model's
+  with caplog.at_level("INFO"):  # tensor cores: bf16 without the CPU's row-major form
+    assert xla_cpu.auto_precision("gpu", "--keep=f32") == ("bfloat16", False)
+  assert "computing in bfloat16 (auto) on GPU; --keep=f32 computes in float32" in caplog.text
   for cpu in (AMD, INTEL_AMX, None):
     monkeypatch.setattr(xla_cpu, "read_cpu", lambda: cpu)
     assert xla_cpu.auto_precision("cpu", "") == ("float32", False)
@@ -61,8 +65,40 @@ def test_a_recipes_model_computes_in_auto_precision(monkeypatch):
   monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD)
   cfg = TransformerConfig.from_mapping(values)
   assert (cfg.dtype, cfg.row_major_dots) == ("float32", False)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  cfg = TransformerConfig.from_mapping(values)
+  assert (cfg.dtype, cfg.row_major_dots) == ("bfloat16", False)
   with pytest.raises(ValueError, match="config.model.dtype='bf16'; expected one of auto"):
     TransformerConfig.from_mapping({**values, "dtype": "bf16"})
+
+
+def test_a_workdir_pretrained_under_auto_decides_precision_where_it_is_loaded(
+    tmp_path, monkeypatch):
+  from jaxtl.configs import models
+  from jaxtl.models import TransformerConfig
+  from jaxtl.pretraining import pretrained
+  monkeypatch.delenv("JAXTL_CPU_FLAGS", raising=False)
+  monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD_BF16)  # pretrained where bf16 pays
+  asked = {**models.get_model_config("bert_tiny"), "vocab_size": 64}
+  cfg = TransformerConfig.from_mapping(asked)
+  workdir = str(tmp_path)
+  pretrained.save_model_config(cfg, workdir, generator=cfg.replace(num_layers=1),
+                               asked=asked)
+  with open(tmp_path / "model_config.json") as f:
+    recorded = json.load(f)
+  for record in (recorded, recorded["generator"]):
+    assert (record["dtype"], record["row_major_dots"]) == ("auto", False)
+  assert pretrained.load_model_config(workdir) == cfg  # the same machine: the same
+  monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD)  # `jaxtl generate` on AVX2
+  for loaded in (pretrained.load_model_config(workdir),
+                 pretrained.load_generator_config(workdir)):
+    assert (loaded.dtype, loaded.row_major_dots) == ("float32", False)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert pretrained.load_model_config(workdir).dtype == "bfloat16"
+  # A dtype asked for by name is recorded as it is.
+  pretrained.save_model_config(cfg.replace(dtype="float32", row_major_dots=False), workdir,
+                               asked={**asked, "dtype": "float32"})
+  assert pretrained.load_model_config(workdir).dtype == "float32"
 
 
 def test_the_users_flags_and_opt_out_win():

@@ -49,6 +49,10 @@ class GenerationConfig:
     length_penalty: Beam scores are divided by length ** length_penalty.
     eos_id: A row stops after generating it (None: never).
     pad_id: Written after a row stops.
+    vocab_size: Ids at or past it are never chosen (None: any row of the
+      model's table). Pass the tokenizer's: a jaxtl model's table is padded
+      to a multiple of 128 rows, and a barely trained model can pick a
+      padding id, which no tokenizer decodes.
   """
   max_new_tokens: int = 32
   temperature: float = 0.0
@@ -60,11 +64,21 @@ class GenerationConfig:
   length_penalty: float = 1.0
   eos_id: int | None = None
   pad_id: int = 0
+  vocab_size: int | None = None
+
+
+def _tokenizer_ids_only(logits_BV: Array, gen: GenerationConfig) -> Array:
+  """``logits_BV`` with the ids past ``gen.vocab_size`` made unchoosable."""
+  if gen.vocab_size is None or gen.vocab_size >= logits_BV.shape[-1]:
+    return logits_BV
+  ids_BV = jax.lax.broadcasted_iota(jnp.int32, logits_BV.shape, logits_BV.ndim - 1)
+  return jnp.where(ids_BV < gen.vocab_size, logits_BV, jnp.finfo(logits_BV.dtype).min)
 
 
 def process_logits(logits_BV: Array, seen_BV: Array, gen: GenerationConfig) -> Array:
-  """Repetition penalty, temperature, top-k and top-p, as float32 logits."""
-  logits_BV = logits_BV.astype(jnp.float32)
+  """Repetition penalty, temperature, top-k and top-p, as float32 logits
+  over the tokenizer's ids."""
+  logits_BV = _tokenizer_ids_only(logits_BV.astype(jnp.float32), gen)
   neg = jnp.finfo(jnp.float32).min
   if gen.repetition_penalty != 1.0:
     penalized = jnp.where(logits_BV > 0, logits_BV / gen.repetition_penalty,
@@ -219,7 +233,8 @@ def _beam_search(cfg: TransformerConfig, gen: GenerationConfig, params: Any,
 
   def body(carry):
     i, out_BKN, logits_RV, cache, done_BK, lengths_BK, scores_BK = carry
-    logp_BKV = jax.nn.log_softmax(logits_RV.astype(jnp.float32)).reshape(b, k, v)
+    logp_BKV = jax.nn.log_softmax(_tokenizer_ids_only(logits_RV.astype(jnp.float32), gen)
+                                  ).reshape(b, k, v)
     # A finished beam can only be extended by padding, at no cost.
     pad_only_V = jnp.full((v,), neg).at[gen.pad_id].set(0.0)
     logp_BKV = jnp.where(done_BK[..., None], pad_only_V, logp_BKV)

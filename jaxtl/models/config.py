@@ -93,8 +93,9 @@ class TransformerConfig:
                               "(T5) | eos (BART)")
   init_std: float = _field(0.02, "standard deviation of initial weights")
   dtype: str = _field("float32", "compute dtype: float32 | bfloat16; a recipe's auto "
-                      "is bfloat16 with row_major_dots on CPUs whose bf16 matmuls "
-                      "are twice float32's, else float32")
+                      "is bfloat16 on GPUs and TPUs, bfloat16 with row_major_dots "
+                      "on CPUs whose bf16 matmuls are twice float32's, float32 on "
+                      "other CPUs")
   param_dtype: str = _field("float32", "dtype the parameters are stored in")
   scan_layers: bool = _field(False, "compile one layer and scan it (faster compiles)")
   remat: str = _field("none", "activations recomputed in the backward pass (less "
@@ -176,13 +177,16 @@ class TransformerConfig:
     return dataclasses.replace(self, **changes)
 
   @classmethod
-  def from_mapping(cls, values: Mapping[str, Any]) -> "TransformerConfig":
-    """Builds from a config dict, naming any key the dataclass lacks."""
+  def from_mapping(cls, values: Mapping[str, Any],
+                   keep_float32: str | None = "--config.model.dtype=float32"
+                   ) -> "TransformerConfig":
+    """Builds from a config dict, naming any key the dataclass lacks;
+    ``keep_float32``: see :func:`precision`."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
       raise ValueError(f"unknown model config keys {unknown}; known: {sorted(known)}")
-    values = {**values, **precision(values)}
+    values = {**values, **precision(values, keep_float32)}
     if values.get("attention_impl") == "":  # config files cannot hold None.
       values["attention_impl"] = None
     return cls(**values)
@@ -199,16 +203,18 @@ def check_dtype(values: Mapping[str, Any]) -> None:
                      f"{', '.join(DTYPES)}")
 
 
-def precision(values: Mapping[str, Any]) -> dict[str, Any]:
+def precision(values: Mapping[str, Any],
+              keep_float32: str | None = "--config.model.dtype=float32") -> dict[str, Any]:
   """A config dict's dtype and row_major_dots, its dtype ``auto`` (the
   recipes' default) as :func:`jaxtl.runtime.xla_cpu.auto_precision` picks
-  it on this backend: bfloat16 with row-major dots on a CPU where that
-  pays, float32 elsewhere."""
+  it on this backend: bfloat16 on GPUs and TPUs, bfloat16 with row-major
+  dots on a CPU where that pays, float32 on other CPUs. A bfloat16 pick is
+  logged naming ``keep_float32``, the switch that keeps float32; None
+  decides without a word."""
   check_dtype(values)
   dtype = values.get("dtype", "float32")
   row_major = values.get("row_major_dots", False)
   if dtype == "auto":
-    dtype, picked = xla_cpu.auto_precision(
-        jax.default_backend(), "--config.model.dtype=float32") or ("float32", False)
+    dtype, picked = xla_cpu.auto_precision(jax.default_backend(), keep_float32)
     row_major = row_major or picked
   return {"dtype": dtype, "row_major_dots": row_major}

@@ -221,7 +221,7 @@ def train_and_evaluate(config: PretrainConfig | ml_collections.ConfigDict, workd
   generator = _generator(model)
   if jax.process_index() == 0:  # Fine-tuning rebuilds the model from this, an
     # export ELECTRA's generator too.
-    pretrained.save_model_config(model_cfg, workdir, generator=generator)
+    pretrained.save_model_config(model_cfg, workdir, generator=generator, asked=config.model)
   rules = sharding.make_rules(config.mesh.rules)
   tx, schedule = optim.make_optimizer(config.optim, config.train.steps)
   loss_fn = objective.make_loss_fn(model, data.max_predictions, config.objective)

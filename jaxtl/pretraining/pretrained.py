@@ -15,7 +15,7 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from flax import traverse_util
 
@@ -55,11 +55,18 @@ def _architecture_diff(old: dict[str, Any], new: dict[str, Any], where: str = ""
 
 
 def save_model_config(cfg: TransformerConfig, workdir: str,
-                      generator: TransformerConfig | None = None) -> None:
+                      generator: TransformerConfig | None = None,
+                      asked: Mapping[str, Any] | None = None) -> None:
   """Writes the architecture, so the workdir can be loaded (fine-tuned, continued).
 
   ``generator``: an ELECTRA pretrainer's generator, recorded under
   ``"generator"`` so that it can be exported too (:func:`load_generator`).
+  ``asked``: the config's model section. Where its dtype is ``auto``, the
+  record keeps ``auto`` (and the row-major choice as asked), not what it
+  resolved to on this machine: a program that loads the workdir elsewhere
+  (``jaxtl generate`` on a GPU, say, after pretraining on a bf16 CPU)
+  then picks the precision that pays there
+  (:func:`jaxtl.models.config.precision`).
   A workdir that already holds checkpoints of another architecture is
   refused (:class:`jaxtl.train.workdir.WorkdirConflict`) before anything is
   overwritten: resuming it would fail on every checkpoint, and starting over
@@ -69,6 +76,9 @@ def save_model_config(cfg: TransformerConfig, workdir: str,
   new = _recorded(cfg)
   if generator is not None:
     new[GENERATOR_KEY] = _recorded(generator)
+  if asked and asked.get("dtype") == "auto":
+    for record in (new, new.get(GENERATOR_KEY, {})):
+      record.update(dtype="auto", row_major_dots=bool(asked.get("row_major_dots", False)))
   if os.path.exists(path) and workdir_lib.holds_checkpoints(workdir):
     with open(path) as f:
       old = json.load(f)
@@ -89,7 +99,9 @@ def save_model_config(cfg: TransformerConfig, workdir: str,
 def _config_from(values: dict[str, Any]) -> TransformerConfig:
   values = {k: v for k, v in values.items() if k != GENERATOR_KEY}
   values["lora_targets"] = tuple(values.get("lora_targets", ()))
-  return TransformerConfig.from_mapping(values)
+  # A workdir trained under auto decides again here, unsaid: fine-tuning,
+  # prediction and continued pretraining then decide (and say) their own.
+  return TransformerConfig.from_mapping(values, keep_float32=None)
 
 
 def _read_model_config(workdir: str) -> dict[str, Any]:

@@ -42,7 +42,8 @@ def main(argv: list[str]) -> None:
       max_new_tokens=f.max_new_tokens, temperature=f.temperature, top_k=f.top_k,
       top_p=f.top_p, repetition_penalty=f.repetition_penalty,
       num_return_sequences=f.num_return_sequences, num_beams=f.num_beams,
-      length_penalty=f.length_penalty, eos_id=tok.eos_id, pad_id=tok.pad_id)
+      length_penalty=f.length_penalty, eos_id=tok.eos_id, pad_id=tok.pad_id,
+      vocab_size=tok.vocab_size)
   tokens, mask = prompt_arrays(tok, f.prompt, loaded.config.family)
   out = generate(loaded.config, loaded.params, tokens, mask, gen=gen,
                  rng=jax.random.key(f.seed))

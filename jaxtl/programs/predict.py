@@ -37,8 +37,9 @@ flags.DEFINE_enum("input_format", "", ["", "csv", "tsv", "jsonl", "parquet", "te
 flags.DEFINE_integer("batch_size", 32, "Rows per forward pass.")
 flags.DEFINE_enum("compute_dtype", None, ["auto", "float32", "bfloat16"],
                   "What the model computes in (default: what fine-tuning was asked, "
-                  "and auto decides again on this machine: bfloat16 on CPUs whose "
-                  "bf16 matmuls are twice float32's, float32 on other CPUs).")
+                  "and auto decides again on this machine: bfloat16 on GPUs, TPUs and "
+                  "CPUs whose bf16 matmuls are twice float32's, float32 on other "
+                  "CPUs).")
 FLAGS = flags.FLAGS
 
 

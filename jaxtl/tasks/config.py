@@ -138,15 +138,14 @@ class FinetuneTrainConfig:
                                     "plain shuffling")
   # Parameters and optimizer state stay float32 either way; norms and
   # softmax statistics compute in float32 (jaxtl.models.layers).
-  # auto: bfloat16 (with row_major_dots) only on CPUs measured to gain
-  # from it (jaxtl.runtime.xla_cpu.BF16_RULES), float32 on other CPUs;
-  # GPUs and TPUs keep the backbone's dtype, which a GPU user may set to
-  # bfloat16 here.
+  # auto: bfloat16 on GPUs and TPUs; on CPUs bfloat16 (with row_major_dots)
+  # only where measured to gain from it (jaxtl.runtime.xla_cpu.BF16_RULES),
+  # float32 on the others.
   compute_dtype: str = key("auto", "what matmuls and activations compute in: float32 | "
-                                   "bfloat16 | auto (bfloat16 on CPUs whose bf16 "
-                                   "matmuls are twice float32's, float32 on other CPUs, "
-                                   "the backbone's on GPUs and TPUs); \"\": the "
-                                   "backbone's (init_from's, or config.model's)")
+                                   "bfloat16 | auto (bfloat16 on GPUs and TPUs and on "
+                                   "CPUs whose bf16 matmuls are twice float32's, "
+                                   "float32 on other CPUs); \"\": the backbone's "
+                                   "(init_from's, or config.model's)")
   # An XLA:CPU kernel choice; the same function either way.
   row_major_dots: bool = key(False, "dense layers' matmuls as row-major dots with float32 "
                                     "accumulation, backward included "

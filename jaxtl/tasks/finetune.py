@@ -220,8 +220,8 @@ def _precision(train: tasks_config.FinetuneTrainConfig) -> tuple[str, bool]:
   """(compute dtype, "" for the backbone's; row-major dots) for this run."""
   if train.compute_dtype != "auto":
     return train.compute_dtype, train.row_major_dots
-  dtype, row_major = xla_cpu.auto_precision(
-      jax.default_backend(), "--config.train.compute_dtype=float32") or ("", False)
+  dtype, row_major = xla_cpu.auto_precision(jax.default_backend(),
+                                            "--config.train.compute_dtype=float32")
   return dtype, row_major or train.row_major_dots
 
 

@@ -198,7 +198,8 @@ def generation_config(task: TaskSettings, tok: Tokenizer) -> generate_lib.Genera
   """Greedy (or ``task.num_beams`` beams) up to ``task.max_target_len`` tokens."""
   return generate_lib.GenerationConfig(
       max_new_tokens=task.max_target_len, num_beams=task.num_beams,
-      num_return_sequences=1, eos_id=tok.eos_id, pad_id=tok.pad_id)
+      num_return_sequences=1, eos_id=tok.eos_id, pad_id=tok.pad_id,
+      vocab_size=tok.vocab_size)
 
 
 def forward(model: Any, task: TaskSettings, tok: Tokenizer) -> Callable:

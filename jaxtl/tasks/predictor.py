@@ -100,8 +100,8 @@ def load(workdir: str, compute_dtype: str | None = None) -> FineTuned:
   newest checkpoint), architecture, tokenizer and task.
 
   ``compute_dtype``: what it computes in here: float32, bfloat16, or auto
-  (bfloat16 with row-major dots on a CPU where they pay, float32 on other
-  CPUs, as trained on a GPU or TPU). None: what fine-tuning was asked
+  (bfloat16 on a GPU or TPU, bfloat16 with row-major dots on a CPU where
+  they pay, float32 on other CPUs). None: what fine-tuning was asked
   (``task.json``), so a model tuned under auto on one machine computes as
   auto picks on the machine that loads it."""
   spec = task_spec.load(workdir)
@@ -129,8 +129,9 @@ def precision(cfg: TransformerConfig, compute_dtype: str) -> TransformerConfig:
     raise ValueError(f"compute_dtype={compute_dtype!r}; expected auto, float32 or "
                      "bfloat16")
   if compute_dtype == "auto":
-    picked = xla_cpu.auto_precision(jax.default_backend(), "--compute_dtype=float32")
-    return cfg.replace(dtype=picked[0], row_major_dots=picked[1]) if picked else cfg
+    dtype, row_major = xla_cpu.auto_precision(jax.default_backend(),
+                                              "--compute_dtype=float32")
+    return cfg.replace(dtype=dtype, row_major_dots=row_major)
   return cfg.replace(dtype=compute_dtype) if compute_dtype else cfg
 
 
