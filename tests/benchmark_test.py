@@ -92,6 +92,20 @@ def test_generation_beside_transformers_writes_the_same_tokens():
                                        runs=1, dtype="auto", torch_side=False)
 
 
+def test_the_pytorch_generator_decodes_in_jaxtls_precision(monkeypatch):
+  """bf16 generation rows compare with bf16 weights on CPUs too (they were
+  cast on GPUs only)."""
+  asked = []
+  monkeypatch.setattr(benchmark_generate, "torch_generator", lambda folder, bfloat16: (
+      asked.append(bfloat16) or (lambda prompts, n: np.zeros((len(prompts), n), np.int32))))
+  for dtype in ("float32", "bfloat16"):
+    rows = benchmark_generate.generation_rows(
+        ["tiny_gpt2"], [1], prompt_len=4, new_tokens=2, runs=1, dtype=dtype,
+        torch_side=True, overrides={"num_layers": 1})
+    assert rows[0]["dtype"] == dtype
+  assert asked == [False, True]
+
+
 def test_fusion_summaries_say_what_each_fusion_computes():
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jaxtl.tools import profiling  # pylint: disable=g-import-not-at-top

@@ -31,9 +31,9 @@ flags.DEFINE_boolean("keras", False, "Also time KerasHub on the same JAX side by
                      "(pip install --no-deps keras-hub).")
 flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
 flags.DEFINE_integer("steps", 10, "Timed steps (the median is reported).")
-flags.DEFINE_string("dtype", "auto", "Compute dtype; auto: bfloat16 on accelerators; on "
-                    "CPUs what the recipes compute in (bfloat16 with row-major dots "
-                    "where bf16 matmuls pay, else float32; --generate: float32).")
+flags.DEFINE_string("dtype", "auto", "Compute dtype; auto: what the recipes compute in "
+                    "here (bfloat16 on accelerators and, with row-major dots, on CPUs "
+                    "where bf16 matmuls pay; else float32).")
 flags.DEFINE_integer("batch_size", 0, "Override every preset's batch size (0: the preset's; on "
                      "GPUs and TPUs its accelerator_batch_size per device).")
 flags.DEFINE_integer("length", 0, "Override every preset's (input) sequence length "

@@ -8,8 +8,9 @@ device; PyTorch runs the same architecture built by ``transformers`` from the
 config jaxtl would export (``jaxtl.convert``), with the same batch, AdamW and
 clipping. Both compute in the same precision: in bfloat16 with float32
 parameters and optimizer state (jaxtl: ``dtype=bfloat16``; PyTorch: bf16
-autocast, on GPUs and CPUs alike) or in float32; ``--dtype=auto`` is
-bfloat16 on accelerators and on a CPU what the recipes pick there.
+autocast, on GPUs and CPUs alike) or in float32; ``--dtype=auto`` is what
+the recipes compute in on this device
+(:func:`jaxtl.runtime.xla_cpu.auto_precision`).
 ``keras_side`` adds KerasHub on the same JAX
 (:mod:`jaxtl.tools.benchmark_keras`), the same way.
 
@@ -45,7 +46,7 @@ import jax
 from jaxtl.runtime import hugepages, xla_cpu
 from jaxtl import objectives, train
 from jaxtl.models import TransformerConfig, layers, paths
-from jaxtl.tools.presets import (Measurement, Preset, compute_dtype, init_inputs,
+from jaxtl.tools.presets import (Measurement, Preset, init_inputs,
                                  jaxtl_step, lookup, make_batch, max_predictions,
                                  model_config, on_accelerator, optimizer_config,
                                  peak_memory, time_steps)
@@ -212,9 +213,6 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
               profile_dir: str = "") -> list[dict[str, str]]:
   """Runs the named presets on ``num_devices`` devices (0: all); returns
   their table rows. PyTorch and KerasHub (``keras_side``) run on one device."""
-  # On a CPU, auto stays for the model config to pick as the recipes do
-  # (bfloat16 with row-major dots where bf16 pays: TransformerConfig.from_mapping).
-  dtype = "auto" if dtype == "auto" and not on_accelerator() else compute_dtype(dtype)
   devices = jax.devices()[:num_devices or None]
   jobs = []
   for preset in lookup(names):

@@ -6,8 +6,11 @@ Each decoder preset's model, with random weights (seed 0), writes
 at each batch size. No row stops early (no EOS on either side), so both
 write the same number of tokens. The PyTorch side loads the same weights,
 exported by :func:`jaxtl.convert.hf.export_hf`, and calls ``generate`` with
-its KV cache; on GPUs it computes in bfloat16 (weights cast, as inference
-usually runs there), on CPUs in float32. "same tokens" is the share of
+its KV cache, in jaxtl's precision (bfloat16: weights cast, as bf16
+inference runs). ``--dtype=auto`` is what the recipes compute in on this
+device: bfloat16 on GPUs and TPUs and on CPUs whose bf16 matmuls pay
+(there with row-major dots; a bf16 cache gains at batch 16 and is even at
+batch 1 on a Zen 4), float32 elsewhere. "same tokens" is the share of
 generated tokens on which both sides agree: greedy decoding of the same
 weights, so it is near 100% unless rounding flips a near-tie.
 """
@@ -27,7 +30,7 @@ from jaxtl.convert import hf
 from jaxtl.decoding import generate as generation
 from jaxtl.models import TransformerConfig, build_model
 from jaxtl.tools import presets
-from jaxtl.tools.presets import PRESETS, Preset, model_config, on_accelerator, time_steps
+from jaxtl.tools.presets import PRESETS, Preset, model_config, time_steps
 
 COLUMNS = ("preset", "batch", "prompt + new", "dtype", "jaxtl tokens/s", "jaxtl first call s",
            "PyTorch tokens/s", "PyTorch first call s", "jaxtl / PyTorch", "same tokens")
@@ -88,7 +91,6 @@ def generation_rows(names: list[str], batch_sizes: list[int], *, prompt_len: int
                     overrides: dict[str, Any] | None = None) -> list[dict[str, str]]:
   """One row per preset and batch size (jaxtl, and PyTorch with ``torch_side``);
   ``overrides`` are TransformerConfig fields (``--model``)."""
-  dtype = presets.compute_dtype(dtype)
   rows = []
   for name in names:
     preset = _decoder(name)
@@ -106,13 +108,13 @@ def generation_rows(names: list[str], batch_sizes: list[int], *, prompt_len: int
         last = preset.vocab_size - 1
         hf.export_hf(folder, cfg, jax.device_get(params),
                      config_fields={"bos_token_id": last, "eos_token_id": last})
-        theirs = torch_generator(folder, dtype == "bfloat16" and on_accelerator())
+        theirs = torch_generator(folder, cfg.dtype == "bfloat16")
     for b in batch_sizes:
       prompts = np.random.default_rng(b).integers(1, preset.vocab_size, (b, prompt_len),
                                                   dtype=np.int32)
       first, s, ours = run_jaxtl(cfg, params, prompts, new_tokens, runs)
       row = {"preset": name, "batch": str(b), "prompt + new": f"{prompt_len} + {new_tokens}",
-             "dtype": dtype, "jaxtl tokens/s": f"{b * new_tokens / s:,.0f}",
+             "dtype": cfg.dtype, "jaxtl tokens/s": f"{b * new_tokens / s:,.0f}",
              "jaxtl first call s": f"{first:.1f}"}
       if theirs is not None:
         t_first, t_s, out = _timed(lambda: theirs(prompts, new_tokens), runs)

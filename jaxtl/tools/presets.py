@@ -87,11 +87,6 @@ def on_accelerator() -> bool:
   return jax.devices()[0].platform != "cpu"
 
 
-def compute_dtype(dtype: str) -> str:
-  """``dtype``, with ``auto`` as bfloat16 on accelerators and float32 on CPUs."""
-  return dtype if dtype != "auto" else "bfloat16" if on_accelerator() else "float32"
-
-
 def lookup(names: list[str]) -> list[Preset]:
   """The named presets, or an error naming the unknown ones."""
   unknown = sorted(set(names) - set(PRESETS))
@@ -101,13 +96,14 @@ def lookup(names: list[str]) -> list[Preset]:
 
 
 def model_config(preset: Preset, dtype: str, **overrides: Any) -> TransformerConfig:
-  """The preset's TransformerConfig, computing in ``dtype``."""
+  """The preset's TransformerConfig, computing in ``dtype`` (``auto``: what
+  the recipes compute in on this device)."""
   if preset.model not in models.PRESETS:
     raise ValueError(f"preset model {preset.model!r} is not in configs/models.py; "
                      f"known: {sorted(models.PRESETS)}")
   values = {**models.PRESETS[preset.model], "vocab_size": preset.vocab_size,
             "dtype": dtype, **overrides}
-  return TransformerConfig.from_mapping(values)
+  return TransformerConfig.from_mapping(values, keep_float32="--dtype=float32")
 
 
 def optimizer_config(lr: float = 1e-4) -> optim.OptimConfig:
