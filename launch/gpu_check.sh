@@ -95,7 +95,8 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
     ;;
   sweep)
     # One preset's step under each candidate setting, one process each, no
-    # PyTorch and no profile (about 45 s each on an H100), then one table of
+    # PyTorch and no profile (about 45 s each on an H100; 90 s until the
+    # benchmark stopped importing torch for its heading), then one table of
     # step time and MFU per setting. Attention dropout is off throughout
     # (cuDNN's attention takes none), so every row uses the fused kernel.
     name=$1
@@ -106,10 +107,13 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
     # fine-tune on a GPU mostly waits for), e.g. on minilm_cls:
     #   SWEEP="+XLA_FLAGS=--xla_gpu_autotune_level=0 +XLA_FLAGS=--xla_gpu_autotune_level=1
     #          +XLA_FLAGS=--xla_gpu_enable_triton_gemm=false"
-    variants=(+XLA_FLAGS=--xla_gpu_enable_cudnn_layer_norm=true
-              +XLA_FLAGS=--xla_gpu_enable_cublaslt=true
-              +JAX_DEFAULT_PRNG_IMPL=unsafe_rbg +--loss_chunk_len=0 +--loss_chunk_len=1024
-              +XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true)
+    # Measured on gpt2_small (docs/studies/performance.md, GPU section), not
+    # repeated here: cuDNN layer norm (no gain), whole-row loss (2.6%, more
+    # memory), unsafe_rbg (dropout draws no threefry bits any more).
+    variants=(+XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true
+              +XLA_FLAGS=--xla_gpu_enable_command_buffer=
+              +XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+              +XLA_FLAGS=--xla_gpu_enable_cublaslt=true)
     [[ -n ${SWEEP:-} ]] && read -ra variants <<<"$SWEEP"
     items=("$name:$base")
     for v in "${variants[@]}"; do items+=("$name:$base$v"); done
