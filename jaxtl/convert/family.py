@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from jaxtl.convert.rules import Rule
 from jaxtl.models.config import TransformerConfig
@@ -118,6 +118,27 @@ def decoder_start_from_hf(hf: dict[str, Any]) -> str:
   raise ValueError(f"config.json has decoder_start_token_id={start}, neither its "
                    f"pad_token_id ({hf.get('pad_token_id')}) nor its eos_token_id "
                    f"({hf.get('eos_token_id')}); jaxtl's decoders start from one of them")
+
+
+class TaskHead(Protocol):
+  """What an export reads of a fine-tuned task. :class:`jaxtl.tasks.spec.TaskSpec`
+  is one; convert sits below the tasks in the layers, so it names the fields
+  it needs rather than the class."""
+
+  @property
+  def kind(self) -> str: ...
+
+  @property
+  def label_names(self) -> tuple[str, ...] | None: ...
+
+  @property
+  def pooling(self) -> str: ...
+
+  @property
+  def scalar_mix(self) -> bool: ...
+
+  @property
+  def head_dropout(self) -> float: ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ import numpy as np
 
 from jaxtl.convert import hf
 from jaxtl.convert import rules as R
-from jaxtl.convert.family import Family, SpecialIds
+from jaxtl.convert.family import Family, SpecialIds, TaskHead
 from jaxtl.models import paths as P
 from jaxtl.models.config import TransformerConfig
 
@@ -134,7 +134,7 @@ def _dump(table: list[R.Rule], flat: dict[str, np.ndarray], what: str
   return R.dump(table, flat)
 
 
-def export_head(out: str | os.PathLike, cfg: TransformerConfig, params: Any, spec: Any,
+def export_head(out: str | os.PathLike, cfg: TransformerConfig, params: Any, spec: TaskHead,
                 family: Family, *, pooling: str, special_ids: SpecialIds | None,
                 config_fields: dict[str, Any]) -> str:
   """Writes a TaskModel with a head (classification, regression, tagging, span

@@ -23,7 +23,7 @@ from typing import Any
 import flax.linen as nn
 
 from jaxtl.convert import hf, remote_code
-from jaxtl.convert.family import Family, SpecialIds
+from jaxtl.convert.family import Family, SpecialIds, TaskHead
 from jaxtl.models import layers, paths
 from jaxtl.models.config import TransformerConfig
 from jaxtl.models.heads import default_pooling
@@ -70,7 +70,7 @@ def _check_representable(params: Any) -> None:
 
 
 def export_task_hf(out: str | os.PathLike, cfg: TransformerConfig, params: Any,
-                   spec: Any, *, tokenizer: Any = None,
+                   spec: TaskHead, *, tokenizer: Any = None,
                    model_type: str | None = None) -> str:
   """Writes a fine-tuned TaskModel as a Hugging Face folder computing the same.
 
@@ -83,9 +83,7 @@ def export_task_hf(out: str | os.PathLike, cfg: TransformerConfig, params: Any,
     cfg: The model's config (LoRA, if any, is merged into the kernels).
     params: ``{"backbone": ..., "head": ...}`` (and ``scalar_mix``), the
       TaskModel's parameters.
-    spec: The task: attributes ``kind``, ``label_names`` (list or None),
-      ``pooling``, ``scalar_mix`` and ``head_dropout``, as
-      :class:`jaxtl.tasks.spec.TaskSpec` holds them.
+    spec: The task (a :class:`jaxtl.tasks.spec.TaskSpec`).
     tokenizer: The model's tokenizer: its special ids go into ``config.json``
       (an encoder-decoder's default: jaxtl's, pad 0 and EOS 1), and GPT-2's
       sequence classifier needs a pad id that is not its EOS.
