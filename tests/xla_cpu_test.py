@@ -130,3 +130,13 @@ def test_the_chosen_flags_are_flags_this_xla_knows():
   code = "import jax, jax.numpy as jnp; print(float(jax.jit(lambda a: a @ a)(jnp.ones((4, 4))).sum()))"
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
   assert out.returncode == 0 and out.stdout.split()[-1] == "64.0", out.stderr[-2000:]
+
+
+def test_the_suite_keeps_only_the_speed_flags_this_xla_knows(monkeypatch):
+  # A jaxlib that drops a flag (0.11 dropped --xla_cpu_use_fusion_emitters)
+  # would otherwise abort every test worker at start.
+  import runs  # pylint: disable=g-import-not-at-top
+  monkeypatch.delenv("JAXTL_TEST_XLA_FLAGS")
+  flags = ("--xla_backend_optimization_level=0", "--xla_cpu_no_such_flag=1")
+  assert runs._known_flags(flags) == flags[:1]  # pylint: disable=protected-access
+  assert os.environ["JAXTL_TEST_XLA_FLAGS"] == flags[0]  # what workers inherit

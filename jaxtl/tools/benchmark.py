@@ -180,8 +180,8 @@ def environment() -> str:
       f"{xla_cpu.describe()})")
   versions = [f"jax {jax.__version__}", f"flax {flax.__version__}"]
   # Read from the installed metadata, not imported: importing torch and
-  # transformers took 30 s or more on the GPU machine, and keras-hub would
-  # import TensorFlow.
+  # transformers for this heading kept each benchmark process on the GPU
+  # machine alive for tens of seconds more, and keras-hub imports TensorFlow.
   for dist in ("torch", "transformers", "keras", "keras-hub"):
     try:
       versions.append(f"{dist} {importlib.metadata.version(dist)}")
