@@ -229,11 +229,18 @@ def test_command_line_generates_text(tmp_path):
   out = subprocess.run(
       [sys.executable, "-m", "jaxtl", "generate", f"--checkpoint={tmp_path / 'gpt2'}",
        f"--tokenizer={vocab}", "--prompt=Hello there", "--prompt=Why",
-       "--max_new_tokens=4", "--temperature=1.0", "--num_return_sequences=2"],
+       "--max_new_tokens=4", "--temperature=1.0", "--num_return_sequences=2",
+       "--compute_dtype=bfloat16"],
       capture_output=True, text=True, timeout=300, check=True)
   lines = [l for l in out.stdout.splitlines() if l.startswith("[")]
   assert len(lines) == 4 and lines[0].startswith("[0] Hello there") and lines[3].startswith(
       "[3] Why")
+  from jaxtl.pretraining import pretrained  # pylint: disable=g-import-not-at-top
+  folder = str(tmp_path / "gpt2")
+  assert pretrained.load(folder, str(vocab)).config.dtype == "float32"  # as imported
+  assert pretrained.load(folder, str(vocab), "bfloat16").config.dtype == "bfloat16"
+  with pytest.raises(ValueError, match="compute_dtype='f16'; expected auto"):
+    pretrained.load(folder, str(vocab), "f16")
 
 
 def test_the_prompt_pass_computes_logits_for_its_last_position_only():

@@ -13,6 +13,7 @@ import pytest
 import jaxtl
 from jaxtl.tasks import file_predictions as predict_cli
 from jaxtl.models import TransformerConfig
+from jaxtl.models.config import computing_in
 from jaxtl.tasks import finetune, kinds, predictor, rows
 from jaxtl.tasks import readers as tasks
 from jaxtl.tasks import spec as task_spec
@@ -119,16 +120,16 @@ def test_auto_decides_precision_again_where_the_model_is_loaded(monkeypatch):
   # Tuned under auto on a CPU where bf16 pays: model_config.json says so.
   tuned_there = TransformerConfig(dtype="bfloat16", row_major_dots=True)
   monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD)  # an AVX2-class CPU
-  here = predictor.precision(tuned_there, "auto")
+  here = computing_in(tuned_there, "auto")
   assert (here.dtype, here.row_major_dots) == ("float32", False)
-  assert predictor.precision(tuned_there, "") == tuned_there  # older workdirs
-  assert predictor.precision(tuned_there, "bfloat16").dtype == "bfloat16"
+  assert computing_in(tuned_there, "") == tuned_there  # older workdirs
+  assert computing_in(tuned_there, "bfloat16").dtype == "bfloat16"
   monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD_BF16)
-  here = predictor.precision(TransformerConfig(dtype="float32"), "auto")
+  here = computing_in(TransformerConfig(dtype="float32"), "auto")
   assert (here.dtype, here.row_major_dots) == ("bfloat16", True)
-  assert predictor.precision(tuned_there, "float32").dtype == "float32"
+  assert computing_in(tuned_there, "float32").dtype == "float32"
   with pytest.raises(ValueError, match="compute_dtype='float16'; expected auto"):
-    predictor.precision(tuned_there, "float16")
+    computing_in(tuned_there, "float16")
 
 
 @pytest.mark.slow  # `tuned` fine-tunes TREC

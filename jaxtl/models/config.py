@@ -218,3 +218,19 @@ def precision(values: Mapping[str, Any],
     dtype, picked = xla_cpu.auto_precision(jax.default_backend(), keep_float32)
     row_major = row_major or picked
   return {"dtype": dtype, "row_major_dots": row_major}
+
+
+def computing_in(cfg: TransformerConfig, compute_dtype: str,
+                 keep_float32: str | None = "--compute_dtype=float32") -> TransformerConfig:
+  """``cfg`` computing in ``compute_dtype`` (float32, bfloat16, or auto:
+  what :func:`jaxtl.runtime.xla_cpu.auto_precision` picks on this backend);
+  "" keeps it. For a loaded model, so that the machine that runs it decides:
+  a model tuned in bfloat16 where that paid computes in float32 on an AVX2
+  CPU, where bfloat16 is slower."""
+  if compute_dtype not in (*DTYPES, ""):
+    raise ValueError(f"compute_dtype={compute_dtype!r}; expected auto, float32 or "
+                     "bfloat16")
+  if compute_dtype == "auto":
+    dtype, row_major = xla_cpu.auto_precision(jax.default_backend(), keep_float32)
+    return cfg.replace(dtype=dtype, row_major_dots=row_major)
+  return cfg.replace(dtype=compute_dtype) if compute_dtype else cfg

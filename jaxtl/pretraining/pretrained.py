@@ -25,6 +25,7 @@ from jaxtl.data import sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, electra, layers, paths
+from jaxtl.models.config import computing_in
 from jaxtl.train import checkpoint
 from jaxtl.train import workdir as workdir_lib
 
@@ -170,8 +171,16 @@ class Pretrained:
   dropped: tuple[str, ...] = ()
 
 
-def load(init_from: str, tokenizer_path: str = "") -> Pretrained:
-  """Loads ``init_from``; ``tokenizer_path`` overrides the model's own tokenizer."""
+def load(init_from: str, tokenizer_path: str = "",
+         compute_dtype: str = "") -> Pretrained:
+  """Loads ``init_from``; ``tokenizer_path`` overrides the model's own
+  tokenizer, ``compute_dtype`` (auto, float32, bfloat16; "": as recorded) its
+  precision (:func:`jaxtl.models.config.computing_in`)."""
+  loaded = _load(init_from, tokenizer_path)
+  return dataclasses.replace(loaded, config=computing_in(loaded.config, compute_dtype))
+
+
+def _load(init_from: str, tokenizer_path: str) -> Pretrained:
   path = sources.expand_path(init_from)
   tok = get_tokenizer(sources.expand_path(tokenizer_path)) if tokenizer_path else None
   if convert.is_hf_folder(path):

@@ -15,6 +15,7 @@ from absl import flags
 from jaxtl.decoding.generate import GenerationConfig, generate, prompt_arrays
 from jaxtl.models import family_of
 from jaxtl.pretraining import pretrained
+from jaxtl.programs import precision
 
 flags.DEFINE_string("checkpoint", None, "A jaxtl workdir or a Hugging Face folder.",
                     required=True)
@@ -30,13 +31,15 @@ flags.DEFINE_integer("num_return_sequences", 1, "Outputs per prompt.")
 flags.DEFINE_integer("num_beams", 1, "Beam search width (T5, BART).")
 flags.DEFINE_float("length_penalty", 1.0, "Beam score / length**this.")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
+precision.define_compute_dtype(__name__, "as the workdir records, and auto decides "
+                               "again on this machine; a Hugging Face folder: float32")
 FLAGS = flags.FLAGS
 
 
 def main(argv: list[str]) -> None:
   del argv
   f = FLAGS
-  loaded = pretrained.load(f.checkpoint, f.tokenizer)
+  loaded = pretrained.load(f.checkpoint, f.tokenizer, f.compute_dtype)
   tok = loaded.tokenizer
   gen = GenerationConfig(
       max_new_tokens=f.max_new_tokens, temperature=f.temperature, top_k=f.top_k,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from absl import app, flags, logging
 
+from jaxtl.programs import precision
 from jaxtl.tasks import file_predictions
 
 flags.DEFINE_string("workdir", None, "A fine-tuning workdir.", required=True)
@@ -35,11 +36,8 @@ flags.DEFINE_list("text_fields", [], "The input columns holding the task's "
 flags.DEFINE_enum("input_format", "", ["", "csv", "tsv", "jsonl", "parquet", "text"],
                   "Default: by --input's extension (plain text otherwise).")
 flags.DEFINE_integer("batch_size", 32, "Rows per forward pass.")
-flags.DEFINE_enum("compute_dtype", None, ["auto", "float32", "bfloat16"],
-                  "What the model computes in (default: what fine-tuning was asked, "
-                  "and auto decides again on this machine: bfloat16 on GPUs, TPUs and "
-                  "CPUs whose bf16 matmuls are twice float32's, float32 on other "
-                  "CPUs).")
+precision.define_compute_dtype(__name__, "what fine-tuning was asked, and auto "
+                               "decides again on this machine")
 FLAGS = flags.FLAGS
 
 
@@ -48,5 +46,5 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   n = file_predictions.predict_file(FLAGS.workdir, FLAGS.input, FLAGS.output,
                                     FLAGS.text_fields, FLAGS.input_format,
-                                    FLAGS.batch_size, FLAGS.compute_dtype)
+                                    FLAGS.batch_size, FLAGS.compute_dtype or None)
   logging.info("predicted %d rows -> %s", n, FLAGS.output)

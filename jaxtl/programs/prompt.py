@@ -17,6 +17,7 @@ from absl import app, flags
 from jaxtl.eval import few_shot, prompting
 from jaxtl.models.family import family_of
 from jaxtl.pretraining import pretrained
+from jaxtl.programs import precision
 
 flags.DEFINE_string("checkpoint", None, "A jaxtl workdir or a Hugging Face folder.",
                     required=True)
@@ -34,6 +35,8 @@ flags.DEFINE_integer("batch_size", 32, "Rows per forward pass.")
 flags.DEFINE_integer("max_eval_examples", 0, "Score a fixed sample (0: all).")
 flags.DEFINE_string("out", "", "Folder for prompting.{md,png,json} (default: "
                     "print the table only).")
+precision.define_compute_dtype(__name__, "as the workdir records, and auto decides "
+                               "again on this machine; a Hugging Face folder: float32")
 FLAGS = flags.FLAGS
 
 
@@ -46,7 +49,7 @@ def main(argv: list[str]) -> None:
     if len(f.task) != 1:
       raise app.UsageError("--template/--label_words describe one task: pass one --task")
     prompts = {f.task[0]: prompting.Prompt(f.template, tuple(f.label_words))}
-  loaded = pretrained.load(f.checkpoint, f.tokenizer)
+  loaded = pretrained.load(f.checkpoint, f.tokenizer, f.compute_dtype)
   no_prompting = family_of(loaded.config).generation_error(
       f"--checkpoint={f.checkpoint} (few-shot prompting)")
   if no_prompting:

@@ -24,16 +24,14 @@ import jax
 from jaxtl.data import tokenizer_files
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, layers, paths
-from jaxtl.models.config import input_side
+from jaxtl.models.config import computing_in, input_side
 from jaxtl.models.heads import TaskModel
 from jaxtl.tasks import finetune, generation, inference, kinds
-from jaxtl.tasks import config as tasks_config
 from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.examples import Examples
 from jaxtl.tasks.squad import SquadExample
 from jaxtl.train import checkpoint, sharding
 from jaxtl.pretraining import pretrained
-from jaxtl.runtime import xla_cpu
 
 # One input: a text, a (text, text_pair) or (question, context) pair, a
 # word list (tagging), or a mapping from the task's text field names.
@@ -113,26 +111,9 @@ def load(workdir: str, compute_dtype: str | None = None) -> FineTuned:
     raise ValueError(f"{workdir}: its checkpoint holds no task model (no "
                      f"{paths.BACKBONE!r} parameters)")
   cfg, backbone = layers.without_lora(cfg, params[paths.BACKBONE])
-  cfg = precision(cfg, spec.compute_dtype if compute_dtype is None else compute_dtype)
+  cfg = computing_in(cfg, spec.compute_dtype if compute_dtype is None else compute_dtype)
   params = {**params, paths.BACKBONE: backbone}
   return FineTuned(cfg, spec, tok, params, task_spec.task_model(cfg, spec, tok))
-
-
-def precision(cfg: TransformerConfig, compute_dtype: str) -> TransformerConfig:
-  """``cfg`` computing in ``compute_dtype`` (see :func:`load`); "" keeps it.
-
-  Under auto the machine that predicts decides
-  (:func:`jaxtl.runtime.xla_cpu.auto_precision`): a model tuned in bfloat16
-  where that paid computes in float32 on an AVX2 CPU, where bfloat16 is
-  slower."""
-  if compute_dtype not in tasks_config.COMPUTE_DTYPES:
-    raise ValueError(f"compute_dtype={compute_dtype!r}; expected auto, float32 or "
-                     "bfloat16")
-  if compute_dtype == "auto":
-    dtype, row_major = xla_cpu.auto_precision(jax.default_backend(),
-                                              "--compute_dtype=float32")
-    return cfg.replace(dtype=dtype, row_major_dots=row_major)
-  return cfg.replace(dtype=compute_dtype) if compute_dtype else cfg
 
 
 def _fields(spec: task_spec.TaskSpec, item: Input, index: int) -> tuple[Any, ...]:
