@@ -153,3 +153,12 @@ def test_an_encoder_decoder_answers_all_three_requests(model):
   assert np.isfinite(lm.loglikelihood_rolling([req("a fine film " * 10)])[0])
   out = lm.generate_until([req("Q: what is two and two\nA:", {"max_gen_toks": 4})])
   assert isinstance(out[0], str)
+
+
+def test_the_harness_dtype_argument_sets_the_precision(model, monkeypatch):
+  asked = []
+  monkeypatch.setattr(lm_eval_adapter.pretrained, "load",
+                      lambda checkpoint, tokenizer, dtype: asked.append(dtype) or model)
+  lm_eval_adapter.JaxtlLM(checkpoint="runs/clm", dtype="bfloat16")  # --model_args ...,dtype=
+  lm_eval_adapter.JaxtlLM(checkpoint="runs/clm")
+  assert asked == ["bfloat16", ""]

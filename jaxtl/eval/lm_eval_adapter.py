@@ -49,19 +49,22 @@ class JaxtlLM(TemplateLM):
     max_length: Tokens the model reads (default: the model's ``max_len``);
       give the length it was trained on when shorter.
     max_gen_toks: New tokens per generation unless a task says otherwise.
+    dtype: What the model computes in (the harness's name for it): auto,
+      float32 or bfloat16; "" as the workdir records
+      (:func:`jaxtl.models.config.computing_in`).
     loaded: An already loaded :class:`jaxtl.pretraining.pretrained.Pretrained`
       (instead of ``checkpoint``).
   """
 
   def __init__(self, checkpoint: str = "", tokenizer: str = "", batch_size: Any = 16,
-               max_length: Any = 0, max_gen_toks: Any = 256, loaded: Any = None,
-               **unused: Any):
+               max_length: Any = 0, max_gen_toks: Any = 256, dtype: str = "",
+               loaded: Any = None, **unused: Any):
     super().__init__()
     del unused  # the harness's device / max_batch_size: jax places arrays itself
     if loaded is None:
       if not checkpoint:
         raise ValueError("lm_eval --model jaxtl needs --model_args checkpoint=PATH")
-      loaded = pretrained.load(checkpoint, tokenizer)
+      loaded = pretrained.load(checkpoint, tokenizer, dtype)
     family = family_of(loaded.config)
     family.check_generates("lm_eval --model jaxtl")
     self.loaded, self.tok = loaded, loaded.tokenizer
