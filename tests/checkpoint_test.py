@@ -1,5 +1,6 @@
 """Checkpoints: exact resume after a kill, SIGTERM saves, corrupted-latest fallback."""
 
+import errno
 import json
 import os
 import shutil
@@ -329,3 +330,16 @@ def test_a_killed_electra_run_resumes_exactly_and_transfers_its_discriminator(tm
   assert paths.join(paths.BACKBONE, paths.STACK, paths.EMBEDDER, paths.EMBED_PROJECT,
                     paths.KERNEL) in report["loaded"]
   assert all(not n.startswith(paths.BACKBONE + "/") for n in report["new"])
+
+
+def test_a_failed_save_names_the_os_error_under_a_library_error(tmp_path, monkeypatch):
+  # A disk made read-only under a save reaches Orbax as TensorStore's
+  # "PERMISSION_DENIED" ValueError, or as the OS's EROFS, by timing; the
+  # message says what the OS says either way.
+  ckpt = checkpoint.Checkpointer(tmp_path, save_every=1, keep=3, async_save=False)
+  tensorstore = ValueError("PERMISSION_DENIED: Error writing local file \"...\"")
+  assert "ValueError: PERMISSION_DENIED" in str(ckpt._failure(tensorstore))  # pylint: disable=protected-access
+  monkeypatch.setattr(storage, "write_error",
+                      lambda directory: OSError(errno.EROFS, "Read-only file system"))
+  message = str(ckpt._failure(tensorstore, step=4))  # pylint: disable=protected-access
+  assert f"of step 4 into {tmp_path} failed (EROFS: Read-only file system)" in message

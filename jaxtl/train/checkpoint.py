@@ -214,6 +214,8 @@ class Checkpointer:
     """The error that stops the run: where, why, and what is still there."""
     self._failed = True
     steps = [os.path.basename(d) for d in _step_dirs(self.directory)]
+    if not isinstance(e, OSError):  # e.g. TensorStore's: ask the OS instead
+      e = storage.write_error(self.directory) or e
     cause = (storage.describe(e) if isinstance(e, OSError)
              else f"{type(e).__name__}: {_first_line(e)}")
     return storage.SaveFailed(

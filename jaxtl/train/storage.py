@@ -33,6 +33,18 @@ def probe_writable(directory: str, why: str = "checkpoints cannot be saved there
   A real write, not ``os.access``: that says yes to root on a read-only
   filesystem and knows nothing of a full disk.
   """
+  error = write_error(directory)
+  if error is not None:
+    raise SaveFailed(f"{directory} is not writable ({describe(error)}): {why}; free "
+                     "space or fix its permissions, or pass another --workdir") from error
+
+
+def write_error(directory: str) -> OSError | None:
+  """The OS error a small write into ``directory`` meets (None: it works).
+
+  Also what a failed save is explained by: TensorStore reports a disk made
+  read-only under it as ``PERMISSION_DENIED`` in a ValueError, the OS says
+  ``EROFS``."""
   probe = os.path.join(directory, f".jaxtl-write-probe.{socket.gethostname()}.{os.getpid()}")
   try:
     os.makedirs(directory, exist_ok=True)
@@ -41,13 +53,13 @@ def probe_writable(directory: str, why: str = "checkpoints cannot be saved there
       f.flush()
       os.fsync(f.fileno())
   except OSError as e:
-    raise SaveFailed(f"{directory} is not writable ({describe(e)}): {why}; free "
-                     "space or fix its permissions, or pass another --workdir") from e
+    return e
   finally:
     try:
       os.remove(probe)
     except OSError:
       pass
+  return None
 
 
 def describe(e: OSError) -> str:
