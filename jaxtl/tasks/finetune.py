@@ -33,7 +33,7 @@ from jaxtl.data import sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, layers, paths
-from jaxtl.models.config import input_side
+from jaxtl.models.config import input_side, precision
 from jaxtl.models.heads import TaskModel
 from jaxtl.tasks import config as tasks_config
 from jaxtl.tasks import examples as examples_lib
@@ -47,7 +47,6 @@ from jaxtl.train import checkpoint
 from jaxtl.train import identity as identity_lib
 from jaxtl.train import optim, sharding
 from jaxtl.pretraining import pretrain, pretrained
-from jaxtl.runtime import xla_cpu
 from jaxtl.train import workdir as workdir_lib
 
 Array = jax.Array
@@ -217,12 +216,14 @@ def _predictions(outputs: Callable, task: TaskConfig, params: Any, batch: Any) -
 
 
 def _precision(train: tasks_config.FinetuneTrainConfig) -> tuple[str, bool]:
-  """(compute dtype, "" for the backbone's; row-major dots) for this run."""
-  if train.compute_dtype != "auto":
-    return train.compute_dtype, train.row_major_dots
-  dtype, row_major = xla_cpu.auto_precision(jax.default_backend(),
-                                            "--config.train.compute_dtype=float32")
-  return dtype, row_major or train.row_major_dots
+  """(compute dtype, "" for the backbone's; row-major dots) for this run:
+  ``auto`` decided as a recipe's model.dtype is
+  (:func:`jaxtl.models.config.precision`)."""
+  if not train.compute_dtype:
+    return "", train.row_major_dots
+  picked = precision({"dtype": train.compute_dtype, "row_major_dots": train.row_major_dots},
+                     "--config.train.compute_dtype=float32")
+  return picked["dtype"], picked["row_major_dots"]
 
 
 def _backbone(config: FinetuneConfig
