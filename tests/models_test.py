@@ -260,6 +260,27 @@ def test_hashed_words_look_random():
     jax.eval_shape(lambda k: layers.hashed_words(k, (2, 2**20, 2**13)), key)
 
 
+@pytest.mark.parametrize("name, reference", [
+    ("gelu", lambda x: jax.nn.gelu(x, approximate=False)),
+    ("gelu_new", lambda x: jax.nn.gelu(x, approximate=True)),
+    ("silu", jax.nn.silu)])
+def test_activations_match_jax_and_keep_their_dtype(name, reference):
+  """The erf form of the exact GELU and the float32 evaluation of 16-bit
+  inputs compute the functions jax.nn defines, gradients included."""
+  act = layers.activation_fn(name)
+  x = jnp.linspace(-8.0, 8.0, 4001)
+  np.testing.assert_allclose(act(x), reference(x), atol=2e-6)
+  np.testing.assert_allclose(jax.vmap(jax.grad(act))(x),
+                             jax.vmap(jax.grad(reference))(x), atol=2e-6)
+  x16 = x.astype(jnp.bfloat16)
+  assert act(x16).dtype == jnp.bfloat16
+  # Rounded once from float32: within half a bf16 ulp of the exact value
+  # (or 1e-6 of it, where the erf form's tail at x << 0 rounds to 0).
+  exact = reference(x16.astype(jnp.float32))
+  assert np.all(np.abs(act(x16).astype(jnp.float32) - exact)
+                <= np.abs(exact) * 2.0**-8 + 1e-6)
+
+
 @pytest.mark.slow
 def test_relative_position_buckets():
   rel = jnp.arange(-200, 201)
