@@ -44,6 +44,30 @@ def test_a_bf16_dense_dot_returns_its_float32_weights_gradient_unrounded():
   assert np.any(dw != dw.astype(jnp.bfloat16).astype(jnp.float32))  # never bf16
 
 
+def test_attention_dots_match_einsums_with_their_gradients():
+  k = jax.random.split(jax.random.key(3), 3)
+  q, kk, v = (jax.random.normal(key, (2, 3, 5, 4)) for key in k)
+  p = jax.nn.softmax(jnp.einsum("bhtk,bhsk->bhts", q, kk))
+
+  def loss(scores, mix):
+    return lambda q, kk, p, v: jnp.sin(scores(q, kk)).sum() + jnp.cos(mix(p, v)).sum()
+
+  want = jax.grad(loss(lambda a, b: jnp.einsum("bhtk,bhsk->bhts", a, b),
+                       lambda a, b: jnp.einsum("bhts,bhsk->bhtk", a, b)),
+                  (0, 1, 2, 3))(q, kk, p, v)
+  got = jax.grad(loss(dense_dots.attention_scores, dense_dots.attention_mix),
+                 (0, 1, 2, 3))(q, kk, p, v)
+  for a, b in zip(want, got):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  # bf16 operands: float32 scores, values' dtype out, each gradient its operand's.
+  half = [a.astype(jnp.bfloat16) for a in (q, kk, p, v)]
+  assert dense_dots.attention_scores(*half[:2]).dtype == jnp.float32
+  assert dense_dots.attention_mix(*half[2:]).dtype == jnp.bfloat16
+  grads = jax.grad(loss(dense_dots.attention_scores, dense_dots.attention_mix),
+                   (0, 1, 2, 3))(*half)
+  assert all(g.dtype == jnp.bfloat16 for g in grads)
+
+
 def test_add_bias_sums_its_gradient_in_float32_without_a_reduce_window():
   k = jax.random.split(jax.random.key(1), 2)
   y = jax.random.normal(k[0], (32, 64, 12, 32)).astype(jnp.bfloat16)
@@ -84,19 +108,27 @@ def test_row_major_dots_compute_the_same_model_and_gradients(name):
       b, a, atol=0.05 * float(np.abs(a).max()) + 1e-6), grads, half_grads)
 
 
+ROW_MAJOR = "lhs_contracting_dims={1}, rhs_contracting_dims={0}"
+# Per-head attention, batched over (batch, head): [T, K] x [S, K] or [T, S] x [S, K].
+ATTENTION = re.compile(r"lhs_batch_dims=\{0,1\}, lhs_contracting_dims=\{3\}, "
+                       r"rhs_batch_dims=\{0,1\}, rhs_contracting_dims=\{[23]\}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_row_major_dots_leave_no_transposed_dense_dot(dtype):
-  """After XLA's passes, every dot that is not per-head attention is
-  ``[M, K] @ [K, N]`` (the embedder's one-hot token-type product aside)."""
+  """After XLA's passes, every dense dot is ``[M, K] @ [K, N]`` and every
+  per-head attention dot one of the two batched forms XLA:CPU's fast kernel
+  takes (the embedder's one-hot token-type product aside)."""
   _, (model, params, x) = _loss_and_grads("bert", dtype, True)
   grad = jax.jit(jax.grad(lambda p: run(model, p, x)["logits"].astype(jnp.float32).std()))
   hlo = grad.lower(params).compile().as_text()
   dots = [line for line in hlo.splitlines()
-          if re.search(r"= \S+ dot\(", line) and "lhs_batch_dims" not in line
-          and "embedder" not in line]
-  assert len(dots) >= 3 * 6 * 2  # q, k, v, out, wi, wo: forward and two backward
+          if re.search(r"= \S+ dot\(", line) and "embedder" not in line]
+  dense = [line for line in dots if "lhs_batch_dims" not in line]
+  assert len(dense) >= 3 * 6 * 2  # q, k, v, out, wi, wo: forward and two backward
+  assert len(dots) - len(dense) >= 2 * 3 * 2  # scores, mix: forward and two backward
   odd = [line.strip()[:160] for line in dots
-         if "lhs_contracting_dims={1}, rhs_contracting_dims={0}" not in line]
+         if ROW_MAJOR not in line and not ATTENTION.search(line)]
   assert not odd, odd
   if dtype == "bfloat16" and xla_cpu.bf16_matmuls(xla_cpu.read_cpu(), {}):
     # Where bf16 matmuls pay, XLA keeps each dense dot's operands bf16: it

@@ -335,7 +335,13 @@ class MultiHeadAttention(nn.Module):
     weights_BHTS = None
     impl = attention_impl(cfg, q_BTHK.dtype)
     if self.decode or self.return_weights or use_dropout or impl == "einsum":
-      logits_BHTS = jnp.einsum(f"bthk,{kv}->bhts", q_BTHK, keys) * scale
+      if cfg.row_major_dots:  # batched dots in the form XLA:CPU's fast kernel takes
+        heads_first = lambda a_BXHK: dense_dots.written_out(jnp.swapaxes(a_BXHK, 1, 2))
+        if kv == "bshk":
+          keys, values, kv = heads_first(keys), heads_first(values), "bhsk"
+        logits_BHTS = dense_dots.attention_scores(heads_first(q_BTHK), keys) * scale
+      else:
+        logits_BHTS = jnp.einsum(f"bthk,{kv}->bhts", q_BTHK, keys) * scale
       if bias_BHTS is not None:
         logits_BHTS += bias_BHTS
       if mask_B1TS is not None:
@@ -344,7 +350,11 @@ class MultiHeadAttention(nn.Module):
       weights_BHTS = jax.nn.softmax(logits_BHTS.astype(jnp.float32), axis=-1)
       probs_BHTS = Dropout(cfg.attention_dropout_rate)(
           weights_BHTS, deterministic=self.deterministic)
-      out_BTHK = jnp.einsum(f"bhts,{kv}->bthk", probs_BHTS.astype(cfg.jnp_dtype), values)
+      if cfg.row_major_dots:
+        out_BTHK = jnp.swapaxes(dense_dots.attention_mix(
+            probs_BHTS.astype(cfg.jnp_dtype), values.astype(cfg.jnp_dtype)), 1, 2)
+      else:
+        out_BTHK = jnp.einsum(f"bhts,{kv}->bthk", probs_BHTS.astype(cfg.jnp_dtype), values)
     else:
       out_BTHK = jax.nn.dot_product_attention(
           q_BTHK, keys, values, bias=bias_BHTS, mask=mask_B1TS, scale=scale,
