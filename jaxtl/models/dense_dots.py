@@ -1,4 +1,4 @@
-"""Dense-layer matmuls in the one form XLA:CPU hands to its fast kernels.
+"""Dense-layer and attention matmuls in the forms XLA:CPU hands to its fast kernels.
 
 XLA:CPU gives a dot to YNNPACK (which on an Intel Xeon with AMX runs bf16
 on AMX tiles) by its form. Autodiff's backward dots are transposed forms

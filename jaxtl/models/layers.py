@@ -238,7 +238,8 @@ class MultiHeadAttention(nn.Module):
   weights are needed (for attention dropout in training, or when the caller
   asks to see them) and in cached decoding, whose cache keeps heads first.
   ``causal`` (decoder self-attention) lets cuDNN skip the blocks above the
-  diagonal; the mask still carries padding and packed segments.
+  diagonal; the mask still carries padding and packed segments. With
+  ``row_major_dots`` the einsums are :mod:`dense_dots`' batched dots.
   """
   config: TransformerConfig
   deterministic: bool = True
