@@ -65,9 +65,11 @@ def test_without_a_held_out_dev_all_of_train_is_used_and_the_last_epoch_reported
   assert [set(h) for h in results["history"]] == [{"epoch", "train_loss",
                                                     "train_seconds"}] * 2
   saved = checkpoint.Checkpointer(tmp_path / "best", save_every=1, keep=1)
-  # The last epoch's step, the model that was tested.
+  # The last epoch's step, the model that was tested: its parameters alone.
   assert saved.all_steps() == [2 * (48 // config.train.batch_size)]
   saved.close()
+  step = str(tmp_path / "best" / str(2 * (48 // config.train.batch_size)))
+  assert set(checkpoint._state_metadata(step)) == {"params"}
 
 
 @pytest.mark.slow  # `pretrained` trains a tiny MLM: 9-14 s
