@@ -91,7 +91,8 @@ def test_shape_mismatch_names_the_parameter(pretrained, tmp_path):
 def test_layer_probe_and_attention_maps(pretrained, tmp_path):
   pytest.importorskip("matplotlib")
   from jaxtl.tools import analysis
-  accs = analysis.probe_layers(pretrained, "trec", max_len=24, max_examples=200)
+  accs = analysis.probe_layers(pretrained, "trec", max_len=24, max_examples=200,
+                               compute_dtype="bfloat16")  # bf16 states, probed in float32
   assert len(accs) == 3 and all(0.0 <= a <= 1.0 for a in accs)  # embeddings + 2 layers
   analysis.write_probe_report(accs, "trec", str(tmp_path))
   assert "layer 2" in (tmp_path / "probe.md").read_text()

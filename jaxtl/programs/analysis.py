@@ -13,6 +13,7 @@ from typing import Sequence
 
 from absl import app, flags
 
+from jaxtl.programs import precision
 from jaxtl.tools import analysis
 
 flags.DEFINE_string("init_from", None, "A jaxtl pretraining workdir or a Hugging Face folder.")
@@ -21,6 +22,8 @@ flags.DEFINE_string("text", "What is the capital of France?", "attention: the te
 flags.DEFINE_string("out", "analysis", "Output folder for tables and PNGs.")
 flags.DEFINE_integer("max_len", 64, "Tokens per example.")
 flags.DEFINE_integer("max_examples", 2000, "Examples per split for probing.")
+precision.define_compute_dtype(__name__, "as the workdir records, and auto decides "
+                               "again on this machine; a Hugging Face folder: float32")
 flags.mark_flag_as_required("init_from")
 FLAGS = flags.FLAGS
 
@@ -29,11 +32,12 @@ def main(argv: Sequence[str]) -> None:
   command = argv[1] if len(argv) > 1 else ""
   f = FLAGS
   if command == "probe":
-    accs = analysis.probe_layers(f.init_from, f.task, f.max_len, f.max_examples)
+    accs = analysis.probe_layers(f.init_from, f.task, f.max_len, f.max_examples,
+                                 f.compute_dtype)
     analysis.write_probe_report(accs, f.task, f.out)
     print(open(os.path.join(f.out, "probe.md")).read())
   elif command == "attention":
-    for path in analysis.attention_maps(f.init_from, f.text, f.out):
+    for path in analysis.attention_maps(f.init_from, f.text, f.out, f.compute_dtype):
       print(path)
   else:
     raise app.UsageError(f"unknown analysis {command!r}: jaxtl analysis "

@@ -1,5 +1,5 @@
 """``--compute_dtype``, one flag with one meaning for the commands that run a
-saved model (``predict``, ``generate``, ``prompt``)."""
+saved model (``predict``, ``generate``, ``prompt``, ``analysis``)."""
 
 from __future__ import annotations
 

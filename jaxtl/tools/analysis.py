@@ -25,9 +25,10 @@ from jaxtl.models.family import family_of
 from jaxtl.models.heads import pool
 
 
-def load_pretrained(init_from: str) -> tuple[Any, Any, Tokenizer]:
-  """(model, params, tokenizer) of a jaxtl workdir or a Hugging Face folder."""
-  loaded = pretrained.load(init_from)
+def load_pretrained(init_from: str, compute_dtype: str = "") -> tuple[Any, Any, Tokenizer]:
+  """(model, params, tokenizer) of a jaxtl workdir or a Hugging Face folder,
+  computing in ``compute_dtype`` ("": as the workdir records)."""
+  loaded = pretrained.load(init_from, compute_dtype=compute_dtype)
   return (build_model(loaded.config.replace(dropout_rate=0.0)), loaded.params,
           loaded.tokenizer)
 
@@ -48,7 +49,7 @@ def hidden_states(model: Any, params: Any, tokens: np.ndarray, segment_ids: np.n
 
   chunks = [run(tokens[i:i + batch_size], segment_ids[i:i + batch_size])
             for i in range(0, len(tokens), batch_size)]
-  return [np.concatenate([np.asarray(c[layer]) for c in chunks])
+  return [np.concatenate([np.asarray(c[layer], np.float32) for c in chunks])
           for layer in range(len(chunks[0]))]
 
 
@@ -89,9 +90,9 @@ def _probe_inputs(states: np.ndarray, feats: task_features.Features, tagging: bo
 
 
 def probe_layers(workdir: str, task: str, max_len: int = 64,
-                 max_examples: int = 2000) -> list[float]:
+                 max_examples: int = 2000, compute_dtype: str = "") -> list[float]:
   """Probe accuracy per layer (index 0: the embeddings) on a task's test split."""
-  model, params, tok = load_pretrained(workdir)
+  model, params, tok = load_pretrained(workdir, compute_dtype)
   tagging = task == "pos"
   test_split = "dev" if tagging else tasks.EVAL_SPLITS[task]
   family = model.config.family
@@ -136,13 +137,14 @@ def write_probe_report(accs: Sequence[float], task: str, out_dir: str) -> None:
   plt.close(fig)
 
 
-def attention_maps(workdir: str, text: str, out_dir: str) -> list[str]:
+def attention_maps(workdir: str, text: str, out_dir: str,
+                   compute_dtype: str = "") -> list[str]:
   """One PNG per layer: a heatmap per head of who attends to whom in ``text``."""
   # optional (jaxtl[analysis]) and slow to import: only the figure needs it
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  model, params, tok = load_pretrained(workdir)
+  model, params, tok = load_pretrained(workdir, compute_dtype)
   ids = tok.encode(text)[:model.config.max_len]
   toks = jnp.asarray([ids], jnp.int32)
   if family_of(model.config).seq2seq:

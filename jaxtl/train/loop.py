@@ -241,7 +241,7 @@ def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
     return _run(work, loop, tx, schedule, mesh, rules, workdir)
 
 
-def best_state(state: Any) -> dict[str, Any]:
+def _best_state(state: Any) -> dict[str, Any]:
   """What ``best/`` keeps of the state: its parameters. Every reader of a
   selected model takes only those, and the optimizer's moments (two more
   copies of the model under AdamW) would triple a save that training waits
@@ -367,8 +367,8 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
               improved = best is None or score > best
               best = score if improved else best
           history.append(entry)
-          if keep_best and improved:  # the parameters alone: see best_state
-            best_ckpt.save(at, best_state(state), {"step": at, work.eval_name: eval_metrics},
+          if keep_best and improved:  # the parameters alone: see _best_state
+            best_ckpt.save(at, _best_state(state), {"step": at, work.eval_name: eval_metrics},
                            force=True)
           window_since, window = [], []
           t_since = t_last = time.perf_counter()
