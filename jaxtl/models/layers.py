@@ -151,8 +151,13 @@ def dropout_keep_mask(rng: Array, rate: float, shape: tuple[int, ...]) -> Array:
   """
   *lead, last = tuple(shape) or (1,)  # a scalar is drawn as one element
   words = hashed_words(rng, (*lead, -(-last // 2)))
-  draws = jnp.concatenate([words & 0xFFFF, words >> 16], axis=-1)[..., :last]
-  return (draws >= dropout_threshold(rate)).reshape(shape)
+  threshold = dropout_threshold(rate)
+  # The halves are compared before they are joined, so the join moves 1-byte
+  # decisions rather than 4-byte draws: the bf16 MiniLM step on a Zen 4 EPYC
+  # ran 4-10% faster (float32 2.5%; docs: studies/performance).
+  keep = jnp.concatenate([(words & 0xFFFF) >= threshold, (words >> 16) >= threshold],
+                         axis=-1)[..., :last]
+  return keep.reshape(shape)
 
 
 class Dropout(nn.Module):
