@@ -41,14 +41,20 @@ def _dot(a: Array, b: Array, out_dtype: Any) -> Array:
                          preferred_element_type=jnp.float32).astype(out_dtype)
 
 
-def materialised_t(a: Array) -> Array:
-  """``a.T`` as an array of its own (not a dot's dimension numbers).
+def written_out(a: Array) -> Array:
+  """``a`` (typically a transpose) as an array of its own, not a dot's
+  dimension numbers.
 
-  The barrier holds the transpose flattened: a 1-D array has one layout,
-  so XLA must write the transposed numbers out in row-major order and
-  cannot turn the transpose into a column-major layout of the same
-  buffer (which on a Zen 4 EPYC sends a bf16 dot back to float32)."""
-  return lax.optimization_barrier(a.T.reshape(-1)).reshape(a.shape[::-1])
+  The barrier holds it flattened: a 1-D array has one layout, so XLA must
+  write the numbers out in row-major order and cannot turn a transpose
+  into a column-major layout of the same buffer (which on a Zen 4 EPYC
+  sends a bf16 dot back to float32)."""
+  return lax.optimization_barrier(a.reshape(-1)).reshape(a.shape)
+
+
+def materialised_t(a: Array) -> Array:
+  """``a.T``, written out (:func:`written_out`)."""
+  return written_out(a.T)
 
 
 @jax.custom_vjp
@@ -93,12 +99,6 @@ def _batched(a: Array, b: Array, b_transposed: bool, out_dtype: Any) -> Array:
   batch = tuple(range(a.ndim - 2))
   dims = (((a.ndim - 1,), (b.ndim - 1 if b_transposed else b.ndim - 2,)), (batch, batch))
   return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32).astype(out_dtype)
-
-
-def written_out(a: Array) -> Array:
-  """``a`` (typically a transpose) as an array of its own, row-major (see
-  :func:`materialised_t`)."""
-  return lax.optimization_barrier(a.reshape(-1)).reshape(a.shape)
 
 
 def _materialised_swap(a: Array) -> Array:
