@@ -10,7 +10,7 @@ import pytest
 from flax import traverse_util
 
 from jaxtl.models import TransformerConfig, build_model
-from jaxtl.models import layers, masks
+from jaxtl.models import dropout, layers, masks
 
 TINY = dict(vocab_size=97, d_model=32, num_heads=4, head_dim=8, mlp_dim=64,
             num_layers=2, max_len=32, dropout_rate=0.0)
@@ -209,7 +209,7 @@ def test_dropout_is_random_in_training_and_off_in_eval():
 @pytest.mark.parametrize("rate", [0.1, 0.5])
 def test_dropout_drops_at_its_rate_and_keeps_the_mean(rate):
   x = jnp.ones((64, 1001))  # an odd last axis: half of a last 32-bit word unused
-  y = np.asarray(layers.Dropout(rate).apply(
+  y = np.asarray(dropout.Dropout(rate).apply(
       {}, x, deterministic=False, rngs={"dropout": jax.random.key(0)}))
   dropped = np.mean(y == 0)
   assert abs(dropped - rate) < 4 * np.sqrt(rate * (1 - rate) / y.size)
@@ -219,12 +219,12 @@ def test_dropout_drops_at_its_rate_and_keeps_the_mean(rate):
 
 def test_dropout_edge_rates_and_eval_mode():
   x = jnp.arange(1.0, 7.0).reshape(2, 3)
-  apply = lambda rate, det: layers.Dropout(rate).apply(
+  apply = lambda rate, det: dropout.Dropout(rate).apply(
       {}, x, deterministic=det, rngs={"dropout": jax.random.key(0)})
   np.testing.assert_array_equal(apply(0.0, False), x)
   np.testing.assert_array_equal(apply(0.7, True), x)
   np.testing.assert_array_equal(apply(1.0, False), jnp.zeros_like(x))
-  assert layers.Dropout(0.5).apply({}, jnp.float32(3.0), deterministic=False,
+  assert dropout.Dropout(0.5).apply({}, jnp.float32(3.0), deterministic=False,
                                    rngs={"dropout": jax.random.key(1)}).shape == ()
 
 
@@ -232,7 +232,7 @@ def test_dropout_mask_is_the_same_however_it_is_sharded():
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
   shape = (8, 8, 10)
   draw = lambda spec: jax.jit(
-      lambda k: layers.dropout_keep_mask(k, 0.3, shape),
+      lambda k: dropout.dropout_keep_mask(k, 0.3, shape),
       out_shardings=jax.sharding.NamedSharding(mesh, spec))(jax.random.key(3))
   whole = np.asarray(draw(jax.sharding.PartitionSpec()))
   np.testing.assert_array_equal(np.asarray(draw(jax.sharding.PartitionSpec("a", "b"))), whole)
@@ -243,21 +243,21 @@ def test_hashed_words_look_random():
   """Dropout's counter hash: every bit fair, no correlation between
   neighbours along either axis or between keys, bytes uniform."""
   key, other = jax.random.key(5), jax.random.key(6)
-  words = np.asarray(layers.hashed_words(key, (64, 4096)))
+  words = np.asarray(dropout.hashed_words(key, (64, 4096)))
   bits = lambda w: ((w[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.float32)
   b = bits(words)
   tol = 5 * 0.5 / np.sqrt(words.size)  # five standard errors of a fair bit's mean
   assert np.all(np.abs(b.mean(axis=(0, 1)) - 0.5) < tol)
   # A pair of independent fair bits agrees with probability 1/2.
   for x, y in [(b[:, 1:], b[:, :-1]), (b[1:], b[:-1]),
-               (b, bits(np.asarray(layers.hashed_words(other, (64, 4096)))))]:
+               (b, bits(np.asarray(dropout.hashed_words(other, (64, 4096)))))]:
     assert np.all(np.abs((x == y).mean(axis=(0, 1)) - 0.5) < 2 * tol)
   counts = np.bincount((words & 0xFF).ravel(), minlength=256)
   expected = words.size / 256
   chi2 = ((counts - expected) ** 2 / expected).sum()
   assert chi2 < 255 + 5 * np.sqrt(2 * 255)  # 255 degrees of freedom, five sigma
   with pytest.raises(ValueError, match="overflow the 32-bit counter"):
-    jax.eval_shape(lambda k: layers.hashed_words(k, (2, 2**20, 2**13)), key)
+    jax.eval_shape(lambda k: dropout.hashed_words(k, (2, 2**20, 2**13)), key)
 
 
 @pytest.mark.parametrize("name, reference", [

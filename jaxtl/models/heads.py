@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from jaxtl.models import layers, paths
 from jaxtl.models.config import TransformerConfig
+from jaxtl.models.dropout import Dropout
 from jaxtl.models.family import family_of
 from jaxtl.models.transformer import build_model
 
@@ -248,7 +249,7 @@ class ClassifierHead(nn.Module):
       if self.pooling == "pooler":
         x = jnp.tanh(layers.dense(cfg, cfg.d_model, ("embed", "mlp"), paths.POOLER,
                                   cfg.jnp_dtype)(x))
-    x = layers.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    x = Dropout(self.dropout_rate)(x, deterministic=deterministic)
     logits = layers.dense(cfg, outputs, ("embed", "labels"), paths.HEAD_OUT,
                           jnp.float32)(x)
     if self.kind == "regression":

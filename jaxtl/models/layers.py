@@ -1,5 +1,6 @@
 """Transformer building blocks: embeddings, attention, MLP, norms (masks and
-relative positions: :mod:`jaxtl.models.masks`).
+relative positions: :mod:`jaxtl.models.masks`; dropout:
+:mod:`jaxtl.models.dropout`).
 
 Shape letters used in names (nanodo style):
   B batch, T query length, S key/value length, D model width, H heads,
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 from jaxtl.models import dense_dots, paths
+from jaxtl.models.dropout import Dropout
 from jaxtl.models.config import TransformerConfig
 
 Array = jax.Array
@@ -94,91 +96,6 @@ def activation_fn(name: str) -> Callable[[Array], Array]:
   if name not in table:
     raise ValueError(f"unknown activation {name!r}; known: {sorted(table)}")
   return table[name]
-
-
-# Random bits behind each dropout decision. Sixteen put the drop rate within
-# 2**-17 of the one asked for, and one 32-bit word then serves two elements.
-DROPOUT_BITS = 16
-
-
-def dropout_threshold(rate: float) -> int:
-  """How many of the ``2**DROPOUT_BITS`` draw values drop an element."""
-  return round(rate * 2**DROPOUT_BITS)
-
-
-def mix32(x: Array) -> Array:
-  """An invertible 32-bit integer hash (Wellons' "lowbias32": every input bit
-  flips each output bit with probability 0.5 +- 0.002); ``x`` is uint32."""
-  x ^= x >> 16
-  x *= jnp.uint32(0x7FEB352D)
-  x ^= x >> 15
-  x *= jnp.uint32(0x846CA68B)
-  return x ^ (x >> 16)
-
-
-def hashed_words(rng: Array, shape: tuple[int, ...]) -> Array:
-  """Random-looking uint32 words of ``shape``: a counter-based hash keyed by
-  ``rng``, ``mix32(mix32(i ^ a) ^ b)`` for the index ``i`` within a slice
-  of the first axis and a key pair ``(a, b)`` drawn per slice.
-
-  Why not ``jax.random.bits``: its threefry spends twenty rounds on every
-  word and dropout draws millions of words a step (4.7% of the MiniLM
-  fine-tuning step on a CPU); this costs a tenth. Dropout needs decisions
-  without visible pattern, not cryptographic strength: two rounds of an
-  invertible hash keep two keys' streams from being shifted copies of each
-  other, as one round of ``i ^ a`` would make them. Being elementwise on the
-  global index, a sharded array draws the same words as an unsharded one.
-  """
-  shape = tuple(shape)
-  outer, *inner = shape if len(shape) > 1 else (1, *shape)  # 1-D: one slice
-  count = math.prod(inner)
-  if count > 2**32:
-    raise ValueError(f"hashed_words: {count} words per slice of the first "
-                     f"axis of {shape} overflow the 32-bit counter")
-  index = jax.lax.iota(jnp.uint32, count).reshape(inner)
-  keys = jax.random.bits(rng, (outer, *[1] * len(inner), 2), jnp.uint32)
-  return mix32(mix32(index ^ keys[..., 0]) ^ keys[..., 1]).reshape(shape)
-
-
-def dropout_keep_mask(rng: Array, rate: float, shape: tuple[int, ...]) -> Array:
-  """Boolean mask of ``shape``: True (kept) with probability ``1 - rate``,
-  rounded to a multiple of ``2**-DROPOUT_BITS``.
-
-  Each 32-bit word of :func:`hashed_words` serves two elements of the last
-  axis: its low half one in the first half of the axis, its high half one in
-  the second. Words are laid along the last axis, so leading (batch, head)
-  axes keep their sharding.
-  """
-  *lead, last = tuple(shape) or (1,)  # a scalar is drawn as one element
-  words = hashed_words(rng, (*lead, -(-last // 2)))
-  threshold = dropout_threshold(rate)
-  # The halves are compared before they are joined, so the join moves 1-byte
-  # decisions rather than 4-byte draws: the bf16 MiniLM step on a Zen 4 EPYC
-  # ran 4-10% faster (float32 2.5%; docs: studies/performance).
-  keep = jnp.concatenate([(words & 0xFFFF) >= threshold, (words >> 16) >= threshold],
-                         axis=-1)[..., :last]
-  return keep.reshape(shape)
-
-
-class Dropout(nn.Module):
-  """Inverted dropout (``nn.Dropout``'s contract) on 16-bit hashed draws.
-
-  Kept values are divided by the keep probability the 16-bit threshold really
-  gives, so the layer is unbiased exactly; see :func:`dropout_keep_mask`.
-  """
-  rate: float
-
-  @nn.compact
-  def __call__(self, x: Array, deterministic: bool) -> Array:
-    drop_draws = dropout_threshold(self.rate)
-    if deterministic or drop_draws == 0:
-      return x
-    if drop_draws >= 2**DROPOUT_BITS:
-      return jnp.zeros_like(x)
-    keep_prob = 1.0 - drop_draws / 2**DROPOUT_BITS
-    keep = dropout_keep_mask(self.make_rng("dropout"), self.rate, x.shape)
-    return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype),
-                     jnp.zeros((), x.dtype))
 
 
 # ----------------------------------------------------------------------------

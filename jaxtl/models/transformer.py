@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from jaxtl.models import layers, masks, paths
 from jaxtl.models.config import TransformerConfig
+from jaxtl.models.dropout import Dropout
 from jaxtl.models.family import family_of
 
 Array = jax.Array
@@ -44,7 +45,7 @@ class TransformerBlock(nn.Module):
 
   def _sublayer(self, x_BTD: Array, name: str, fn) -> tuple[Array, Any]:
     cfg = self.config
-    drop = layers.Dropout(cfg.dropout_rate, name=f"{name}_dropout")
+    drop = Dropout(cfg.dropout_rate, name=f"{name}_dropout")
     adapt = (layers.Adapter(cfg, name=paths.adapter(name)) if cfg.adapter_dim
              and name != paths.CROSS_ATTENTION else (lambda y: y))
     if cfg.pre_norm:
@@ -197,7 +198,7 @@ class Stack(nn.Module):
 
     if cfg.pre_norm:
       x_BTD = layers.make_norm(cfg, paths.FINAL_NORM)(x_BTD)
-      x_BTD = layers.Dropout(cfg.dropout_rate)(x_BTD, deterministic=deterministic)
+      x_BTD = Dropout(cfg.dropout_rate)(x_BTD, deterministic=deterministic)
     extras = {}
     if return_hidden:
       hidden = [p["hidden"] for p in per_layer]
