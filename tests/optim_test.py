@@ -1,4 +1,5 @@
-"""Fine-tuning optimizers: freezing, discriminative learning rates, unfreezing."""
+"""Optimizers: clipping, and fine-tuning's freezing, discriminative learning
+rates and unfreezing."""
 
 import dataclasses
 
@@ -31,6 +32,29 @@ def run(steps, **kw):
     params = optax.apply_updates(params, updates)
     history.append(params)
   return state, history
+
+
+@pytest.mark.parametrize("scale", [0.1, 10.0])  # under the limit, and over it
+@pytest.mark.parametrize("given_norm", [False, True])
+def test_clipping_matches_optax_with_the_same_state(scale, given_norm):
+  grads = jax.tree.map(lambda x: x * scale, {"a": jnp.arange(6.0).reshape(2, 3),
+                                             "b": -jnp.ones(4)})
+  ours, theirs = optim.clip_by_global_norm(2.0), optax.clip_by_global_norm(2.0)
+  state = ours.init(grads)
+  assert jax.tree.structure(state) == jax.tree.structure(theirs.init(grads))
+  extra = {"grad_norm": optax.tree.norm(grads)} if given_norm else {}
+  got, _ = jax.jit(lambda g: ours.update(g, state, **extra))(grads)
+  want, _ = theirs.update(grads, theirs.init(grads))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), got, want)
+  assert float(optax.tree.norm(got)) <= 2.0 * (1 + 1e-6)
+
+
+def test_the_train_steps_norm_reaches_the_clipping_inside_a_chain():
+  # train_step passes its gradient norm as an extra argument: a chain hands
+  # it to the clipping and past every transform that takes no such argument.
+  tx = optax.chain(optim.clip_by_global_norm(1.0), optax.sgd(1.0))
+  updates, _ = tx.update(GRADS, tx.init(PARAMS), PARAMS, grad_norm=jnp.asarray(4.0))
+  np.testing.assert_allclose(updates["head"]["out"]["kernel"], -0.25)
 
 
 def moved(before, after):

@@ -77,13 +77,37 @@ def decay_mask(params: Any) -> Any:
   return traverse_util.unflatten_dict(mask, sep="/")
 
 
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
+  """Scales the gradients to at most ``max_norm`` in global norm, as
+  :func:`optax.clip_by_global_norm` does, in one multiply by a scalar.
+
+  optax's version selects, per parameter, between the gradient and a
+  clipped copy of it, and XLA writes that copy out and reads both back: on
+  the MiniLM fine-tuning step (22.7M parameters, 2-core Zen 4 EPYC) the
+  optimizer update took 48.6 ms against 25.0 this way. ``update`` takes
+  the norm as ``grad_norm`` (an extra argument :func:`optax.chain` passes
+  on) where the caller has it already, as the train step does for its
+  finite check (22.5 ms): each norm is one more pass over every gradient.
+  The state is optax's (empty), so checkpoints load either way.
+  """
+
+  def update(updates: Any, state: Any, params: Any = None, *,
+             grad_norm: jax.Array | None = None, **extra: Any) -> tuple[Any, Any]:
+    del params, extra
+    norm = optax.tree.norm(updates) if grad_norm is None else grad_norm
+    scale = max_norm / jnp.maximum(norm, max_norm)
+    return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates), state
+
+  return optax.GradientTransformationExtraArgs(optax.init_empty_state, update)
+
+
 def make_optimizer(optim: OptimConfig, total_steps: int
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """AdamW (decoupled weight decay on matrices only) with global-norm clipping."""
   schedule = make_schedule(optim, total_steps)
   parts = []
   if optim.clip_norm and optim.clip_norm > 0:
-    parts.append(optax.clip_by_global_norm(optim.clip_norm))
+    parts.append(clip_by_global_norm(optim.clip_norm))
   parts.append(optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps,
                            weight_decay=optim.weight_decay, mask=decay_mask))
   return optax.chain(*parts), schedule
@@ -171,7 +195,7 @@ def make_finetune_optimizer(optim: OptimConfig, total_steps: int,
     transforms[f"depth_{d}"] = adamw
   parts = []
   if optim.clip_norm and optim.clip_norm > 0:
-    parts.append(optax.clip_by_global_norm(optim.clip_norm))
+    parts.append(clip_by_global_norm(optim.clip_norm))
   if unfreeze_every:
     parts.append(_gradual_unfreeze(depths, top, unfreeze_every))
   parts.append(optax.multi_transform(transforms, labels))

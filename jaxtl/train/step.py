@@ -183,7 +183,10 @@ def train_step(state: TrainState, batch: Mapping[str, Array], rng: Array, *,
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
   def update(grads, params, opt_state):
-    updates, opt_state = tx.update(grads, opt_state, params)
+    # The norm goes to the optimizer's clipping (optim.clip_by_global_norm),
+    # which would otherwise take it again.
+    updates, opt_state = optax.with_extra_args_support(tx).update(
+        grads, opt_state, params, grad_norm=grad_norm)
     return optax.apply_updates(params, updates), opt_state
 
   params, opt_state = keep_if_finite(finite, update, grads, state.params, state.opt_state,
