@@ -3,6 +3,7 @@ FLOPs by hand."""
 
 import importlib.util
 import json
+import time
 
 import flax.linen as nn
 import jax
@@ -52,6 +53,28 @@ def test_tiny_presets_run_and_append_a_results_table(tmp_path):
   text = path.read_text()
   assert text.count("### ") == 2 and "`python -m jaxtl.tools.benchmark`" in text
   assert "| tiny_t5 | 4 x 128+32 | float32 |" in text
+
+
+def test_alternated_rounds_reverse_the_order_and_count_the_faster():
+  calls = []
+
+  def run(name, seconds):
+    return lambda: (calls.append(name), time.sleep(seconds))
+
+  medians, wins = presets.time_alternated([run("a", 0.006), run("b", 0.001)],
+                                          warmup=1, steps=2, rounds=3)
+  assert calls == ["a", "b"] + ["a"] * 2 + ["b"] * 4 + ["a"] * 4 + ["b"] * 2
+  assert wins == [0, 3] and medians[0] > medians[1] >= 0.001
+
+
+def test_a_change_is_timed_against_the_step_as_configured():
+  rows = benchmark.versus(["tiny_cls"], {"attention_dropout_rate": 0.0}, warmup=1,
+                          steps=1, rounds=2, dtype="float32",
+                          overrides={"num_layers": 1})
+  assert [r["model"] for r in rows] == ["as configured", "attention_dropout_rate=0.0"]
+  assert [r["attention"] for r in rows][0] == "explicit (dropout)" != rows[1]["attention"]
+  assert sum(int(r["faster in"].split()[0]) for r in rows) == 2
+  assert all(float(r["step ms"]) > 0 for r in rows)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

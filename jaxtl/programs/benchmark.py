@@ -4,6 +4,7 @@ r"""``jaxtl benchmark``: time the train step, with PyTorch side by side.
   jaxtl benchmark --presets=gpt2_small,bert_base,t5_small,minilm_cls --torch
   jaxtl benchmark --presets=minilm_cls --torch --keras
   jaxtl benchmark --generate=1,32 --presets=gpt2_small --torch --steps=3
+  jaxtl benchmark --presets=minilm_cls --versus=row_major_dots=false --rounds=8
 
 What is measured and how: :mod:`jaxtl.tools.benchmark`; generation:
 :mod:`jaxtl.tools.benchmark_generate`.
@@ -15,7 +16,7 @@ import os
 import shlex
 import sys
 
-from absl import flags
+from absl import app, flags
 
 from jaxtl import objectives
 from jaxtl.tools import benchmark as bench
@@ -41,6 +42,10 @@ flags.DEFINE_integer("length", 0, "Override every preset's (input) sequence leng
 flags.DEFINE_integer("devices", 0, "Devices jaxtl runs on, data parallel (0: all). "
                      "PyTorch always runs on one: compare at --devices=1.")
 flags.DEFINE_list("model", [], "TransformerConfig overrides, e.g. remat=full,scan_layers=true.")
+flags.DEFINE_list("versus", [], "TransformerConfig overrides (like --model) for a second "
+                  "step, compiled in the same process and timed against the first in "
+                  "alternating rounds: a change's effect, on a host whose runs vary.")
+flags.DEFINE_integer("rounds", 6, "--versus: rounds of --steps steps per side.")
 flags.DEFINE_integer("loss_chunk_len", objectives.LOSS_CHUNK_LEN, "Positions whose "
                      "logits exist at once in the loss (0: all), as "
                      "config.objective.loss_chunk_len.")
@@ -97,6 +102,15 @@ def main(argv: list[str]) -> None:
         f.presets, [int(b) for b in f.generate], prompt_len=f.prompt_len,
         new_tokens=f.new_tokens, runs=f.steps, dtype=f.dtype, torch_side=f.torch,
         overrides=bench.parse_overrides(f.model))
+  elif f.versus:
+    if f.torch or f.keras or f.profile:
+      raise app.UsageError("--versus times two jaxtl steps against each other: drop "
+                           "--torch, --keras and --profile")
+    rows = bench.versus(f.presets, bench.parse_overrides(f.versus), warmup=f.warmup,
+                        steps=f.steps, rounds=f.rounds, dtype=f.dtype,
+                        batch_size=f.batch_size, length=f.length, num_devices=f.devices,
+                        overrides=bench.parse_overrides(f.model),
+                        loss_chunk_len=f.loss_chunk_len)
   else:
     rows = bench.benchmark(f.presets, torch_side=f.torch, keras_side=f.keras,
                      warmup=f.warmup, steps=f.steps,

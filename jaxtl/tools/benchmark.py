@@ -49,17 +49,27 @@ from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.tools.presets import (Measurement, Preset, init_inputs,
                                  jaxtl_step, lookup, make_batch, max_predictions,
                                  model_config, on_accelerator, optimizer_config,
-                                 peak_memory, time_steps)
+                                 peak_memory, time_alternated, time_steps)
 from jaxtl.tools import benchmark_keras, benchmark_torch, profiling
 from jaxtl.train import optim, perf, sharding
 
-def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
-              devices: list[jax.Device], seed: int = 0,
-              loss_chunk_len: int = objectives.LOSS_CHUNK_LEN,
-              profile_dir: str = "") -> tuple[Measurement, float]:
-  """Times jaxtl's train step, data-parallel over ``devices``; returns
-  (measurement, model FLOPs per row). With ``profile_dir``, ``steps`` more
-  steps are traced there and their op breakdown is printed."""
+@dataclasses.dataclass
+class Program:
+  """jaxtl's compiled train step for one preset, ready to time."""
+  run_step: Callable[[], Any]  # one step, blocking until it is done
+  compiled: Any
+  compile_s: float
+  flops_per_row: float
+
+  def measurement(self, step_s: float) -> Measurement:
+    return Measurement(step_s, self.compile_s, *peak_memory(self.compiled))
+
+
+def jaxtl_program(preset: Preset, cfg: TransformerConfig, devices: list[jax.Device],
+                  seed: int = 0, loss_chunk_len: int = objectives.LOSS_CHUNK_LEN
+                  ) -> Program:
+  """jaxtl's train step on ``preset``, data-parallel over ``devices``,
+  compiled with its state and batch in place."""
   if preset.batch_size % len(devices):
     raise ValueError(f"batch {preset.batch_size} does not split over "
                      f"{len(devices)} devices: pass --batch_size or --devices")
@@ -67,7 +77,7 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
   rules = sharding.make_rules()
   model, loss_fn, weight_fn = jaxtl_step(preset, cfg, loss_chunk_len)
   batch = make_batch(preset, seed)
-  tx, schedule = optim.make_optimizer(optimizer_config(), total_steps=warmup + steps)
+  tx, schedule = optim.make_optimizer(optimizer_config(), total_steps=1000)
   state, shardings = train.create_sharded_state(
       model, tx, init_inputs(model, preset, batch), jax.random.key(seed), mesh, rules)
   step = train.jit_train_step(loss_fn, weight_fn, tx, schedule, shardings, mesh)
@@ -77,24 +87,32 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
     start = time.perf_counter()
     compiled = step.lower(state, device_batch, rng).compile()
     compile_s = time.perf_counter() - start
-    holder = [state]
+  holder = [state]
 
-    def run_step():
-      holder[0], metrics = compiled(holder[0], device_batch, rng)
-      jax.block_until_ready((holder[0], metrics))
+  def run_step():
+    holder[0], metrics = compiled(holder[0], device_batch, rng)
+    jax.block_until_ready((holder[0], metrics))
 
-    step_s = time_steps(run_step, warmup, steps)
-    if profile_dir:
-      _profile(run_step, steps, profile_dir, compiled.as_text())
-  params = holder[0].params
-  if preset.objective == "classify":
-    params = params[paths.BACKBONE]
+  params = state.params[paths.BACKBONE] if preset.objective == "classify" else state.params
   flops = perf.flops_per_example(
       cfg, params, preset.length, preset.target_length,
       head_positions=(max_predictions(preset) if preset.objective == "mlm"
                       else 0 if preset.objective == "classify" else None))
-  peak, source = peak_memory(compiled)
-  return Measurement(step_s, compile_s, peak, source), flops
+  return Program(run_step, compiled, compile_s, flops)
+
+
+def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
+              devices: list[jax.Device], seed: int = 0,
+              loss_chunk_len: int = objectives.LOSS_CHUNK_LEN,
+              profile_dir: str = "") -> tuple[Measurement, float]:
+  """Times jaxtl's train step, data-parallel over ``devices``; returns
+  (measurement, model FLOPs per row). With ``profile_dir``, ``steps`` more
+  steps are traced there and their op breakdown is printed."""
+  program = jaxtl_program(preset, cfg, devices, seed, loss_chunk_len)
+  step_s = time_steps(program.run_step, warmup, steps)
+  if profile_dir:
+    _profile(program.run_step, steps, profile_dir, program.compiled.as_text())
+  return program.measurement(step_s), program.flops_per_row
 
 
 def _profile(run_step: Callable[[], Any], steps: int, logdir: str,
@@ -244,6 +262,40 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
                             profile_dir=profile_dir and os.path.join(profile_dir, name))
     rows.append(row(name, preset, cfg, ours, flops, theirs, peak_flops, theirs_keras))
     print(json.dumps(rows[-1]), flush=True)
+  return rows
+
+
+def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int,
+           rounds: int, dtype: str = "auto", batch_size: int = 0, length: int = 0,
+           num_devices: int = 0, overrides: dict[str, Any] | None = None,
+           loss_chunk_len: int = objectives.LOSS_CHUNK_LEN) -> list[dict[str, str]]:
+  """Each named preset's step as configured and with the ``changed``
+  TransformerConfig fields, both compiled in this process and timed in
+  alternating rounds (:func:`~jaxtl.tools.presets.time_alternated`); two
+  rows per preset, each saying in how many rounds it was the faster."""
+  devices = jax.devices()[:num_devices or None]
+  rows = []
+  for name in names:
+    preset = lookup([name])[0]
+    preset = dataclasses.replace(preset, batch_size=batch_size or preset.batch_size,
+                                 length=length or preset.length)
+    sides = {"as configured": {**(overrides or {})},
+             ", ".join(f"{k}={v}" for k, v in changed.items()): {**(overrides or {}),
+                                                                 **changed}}
+    programs = {label: (cfg, jaxtl_program(preset, cfg, devices,
+                                           loss_chunk_len=loss_chunk_len))
+                for label, fields in sides.items()
+                for cfg in [model_config(preset, dtype, **fields)]}
+    medians, wins = time_alternated([p.run_step for _, p in programs.values()],
+                                    warmup, steps, rounds)
+    for (label, (cfg, program)), step_s, won in zip(programs.items(), medians, wins):
+      full = row(name, preset, cfg, program.measurement(step_s), program.flops_per_row,
+                 None, None)
+      rows.append({"preset": name, "model": label, **{
+          k: full[k] for k in ("batch x tokens", "dtype", "attention", "step ms",
+                               "tokens/s", "compile s", "peak GiB")},
+                   "faster in": f"{won} of {rounds} rounds"})
+      print(json.dumps(rows[-1]), flush=True)
   return rows
 
 

@@ -175,6 +175,36 @@ def time_steps(run_step: Callable[[], Any], warmup: int, steps: int) -> float:
   return statistics.median(times)
 
 
+def time_alternated(runs: list[Callable[[], Any]], warmup: int, steps: int,
+                    rounds: int) -> tuple[list[float], list[int]]:
+  """Median wall time of each of ``runs`` (which must block until done), and
+  in how many rounds each was the fastest.
+
+  The runs take turns, ``steps`` steps each per round, in the opposite
+  order every other round. A change measured so, both programs in one
+  process, sees the host's noise as its baseline does: on a shared 2-core
+  host the same command ran 20-35% apart between processes, more than most
+  changes are worth (docs: studies/performance).
+  """
+  for run in runs:
+    for _ in range(warmup):
+      run()
+  times: list[list[float]] = [[] for _ in runs]
+  wins = [0] * len(runs)
+  for r in range(rounds):
+    medians = {}
+    for i in (range(len(runs)) if r % 2 == 0 else reversed(range(len(runs)))):
+      ours = []
+      for _ in range(steps):
+        start = time.perf_counter()
+        runs[i]()
+        ours.append(time.perf_counter() - start)
+      times[i] += ours
+      medians[i] = statistics.median(ours)
+    wins[min(medians, key=medians.__getitem__)] += 1
+  return [statistics.median(t) for t in times], wins
+
+
 def peak_memory(compiled: Any = None) -> tuple[int | None, str]:
   """(peak bytes, where they came from) of the first local device: its
   ``memory_stats()`` where it keeps them (GPUs, TPUs), else the compiled
