@@ -222,6 +222,23 @@ def append_results(path: str, rows: list[dict[str, str]], command: str) -> None:
     f.write(f"\n### {environment()}\n\n`{command}`\n\n{markdown(rows)}\n")
 
 
+def sized(presets: list[Preset], batch_size: int, length: int,
+          num_devices: int) -> list[Preset]:
+  """The presets at ``batch_size`` and ``length`` where given (0: their own;
+  on an accelerator, the preset's accelerator batch per device)."""
+  out = []
+  for preset in presets:
+    if batch_size:
+      preset = dataclasses.replace(preset, batch_size=batch_size)
+    elif on_accelerator() and preset.accelerator_batch_size:
+      preset = dataclasses.replace(
+          preset, batch_size=preset.accelerator_batch_size * num_devices)
+    if length:
+      preset = dataclasses.replace(preset, length=length)
+    out.append(preset)
+  return out
+
+
 def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
               keras_side: bool = False,
               dtype: str = "auto", batch_size: int = 0, length: int = 0,
@@ -232,16 +249,8 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
   """Runs the named presets on ``num_devices`` devices (0: all); returns
   their table rows. PyTorch and KerasHub (``keras_side``) run on one device."""
   devices = jax.devices()[:num_devices or None]
-  jobs = []
-  for preset in lookup(names):
-    if batch_size:
-      preset = dataclasses.replace(preset, batch_size=batch_size)
-    elif on_accelerator() and preset.accelerator_batch_size:
-      preset = dataclasses.replace(
-          preset, batch_size=preset.accelerator_batch_size * len(devices))
-    if length:
-      preset = dataclasses.replace(preset, length=length)
-    jobs.append((preset, model_config(preset, dtype, **(overrides or {}))))
+  jobs = [(preset, model_config(preset, dtype, **(overrides or {})))
+          for preset in sized(lookup(names), batch_size, length, len(devices))]
   # Per device in the dtype the configs resolved (every job has the same).
   peak_flops = perf.peak_flops_per_device(dtype=jobs[0][1].dtype) if jobs else None
   peak_flops = peak_flops and peak_flops * len(devices)
@@ -275,23 +284,20 @@ def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int
   rows per preset, each saying in how many rounds it was the faster."""
   devices = jax.devices()[:num_devices or None]
   rows = []
-  for name in names:
-    preset = lookup([name])[0]
-    preset = dataclasses.replace(preset, batch_size=batch_size or preset.batch_size,
-                                 length=length or preset.length)
-    sides = {"as configured": {**(overrides or {})},
-             ", ".join(f"{k}={v}" for k, v in changed.items()): {**(overrides or {}),
-                                                                 **changed}}
-    programs = {label: (cfg, jaxtl_program(preset, cfg, devices,
-                                           loss_chunk_len=loss_chunk_len))
-                for label, fields in sides.items()
-                for cfg in [model_config(preset, dtype, **fields)]}
+  for name, preset in zip(names, sized(lookup(names), batch_size, length, len(devices))):
+    base = dict(overrides or {})
+    label = ", ".join(f"{k}={v}" for k, v in changed.items())
+    programs = {}
+    for side, fields in (("as configured", base), (label, {**base, **changed})):
+      cfg = model_config(preset, dtype, **fields)
+      programs[side] = cfg, jaxtl_program(preset, cfg, devices,
+                                          loss_chunk_len=loss_chunk_len)
     medians, wins = time_alternated([p.run_step for _, p in programs.values()],
                                     warmup, steps, rounds)
-    for (label, (cfg, program)), step_s, won in zip(programs.items(), medians, wins):
+    for (side, (cfg, program)), step_s, won in zip(programs.items(), medians, wins):
       full = row(name, preset, cfg, program.measurement(step_s), program.flops_per_row,
                  None, None)
-      rows.append({"preset": name, "model": label, **{
+      rows.append({"preset": name, "model": side, **{
           k: full[k] for k in ("batch x tokens", "dtype", "attention", "step ms",
                                "tokens/s", "compile s", "peak GiB")},
                    "faster in": f"{won} of {rounds} rounds"})
