@@ -1,6 +1,7 @@
 """The benchmark harness: tiny presets run on both sides and are profiled;
 FLOPs by hand."""
 
+import gzip
 import importlib.util
 import json
 import time
@@ -127,6 +128,27 @@ def test_the_pytorch_generator_decodes_in_jaxtls_precision(monkeypatch):
         torch_side=True, overrides={"num_layers": 1})
     assert rows[0]["dtype"] == dtype
   assert asked == [False, True]
+
+
+def test_a_stalled_call_is_not_charged_to_its_host_op(tmp_path):
+  from jaxtl.tools import profiling  # pylint: disable=g-import-not-at-top
+  x = lambda name, dur, pid=1: {"ph": "X", "name": name, "dur": dur, "pid": pid, "ts": 0}
+  events = ([x("transpose.3", us) for us in (300, 310, 290, 20_000)]  # one stall
+            + [x("transpose.4", 100)] * 4 + [x("ynn_fusion.1", 1000)] * 4
+            + [x("$python frame", 9_999_999)] + [x("cond.7", 5_000)] * 4)
+  trace = tmp_path / "plugins" / "profile" / "run" / "perfetto_trace.json.gz"
+  trace.parent.mkdir(parents=True)
+  with gzip.open(trace, "wt") as f:
+    json.dump({"traceEvents": events}, f)
+  ops = {o["op"]: o for o in profiling.op_breakdown(str(tmp_path), steps=4)["ops"]}
+  assert ops["transpose"]["ms_per_step"] == pytest.approx(0.305 + 0.1, abs=0.01)
+  assert ops["transpose"]["per_step"] == 2 and ops["ynn_fusion"]["kind"] == "matmul"
+  # A device's kernel names cover launches of many shapes: summed as they are.
+  events = [x("nvjet_gemm", us, pid=2) for us in (100, 100, 100, 5_000)] + [
+      {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/device:GPU:0"}}]
+  with gzip.open(trace, "wt") as f:
+    json.dump({"traceEvents": events}, f)
+  assert profiling.op_breakdown(str(tmp_path), steps=4)["ms_per_step"] == 1.32
 
 
 def test_fusion_summaries_say_what_each_fusion_computes():
