@@ -106,7 +106,7 @@ def main(argv: list[str]) -> None:
     if f.torch or f.keras or f.profile:
       raise app.UsageError("--versus times two jaxtl steps against each other: drop "
                            "--torch, --keras and --profile")
-    rows = bench.versus(f.presets, bench.parse_overrides(f.versus), warmup=f.warmup,
+    rows = bench.versus(f.presets, bench.parse_overrides(f.versus, "--versus"), warmup=f.warmup,
                         steps=f.steps, rounds=f.rounds, dtype=f.dtype,
                         batch_size=f.batch_size, length=f.length, num_devices=f.devices,
                         overrides=bench.parse_overrides(f.model),

@@ -305,14 +305,15 @@ def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int
   return rows
 
 
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-  """``["remat=full", "scan_layers=true"]`` -> TransformerConfig field values."""
+def parse_overrides(items: list[str], flag: str = "--model") -> dict[str, Any]:
+  """``["remat=full", "scan_layers=true"]`` -> TransformerConfig field values;
+  a bad item's error names ``flag``, where it came from."""
   fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
   out = {}
   for item in items:
     key, sep, value = item.partition("=")
     if not sep or key not in fields:
-      raise ValueError(f"--model {item!r}: expected FIELD=VALUE with FIELD one of "
+      raise ValueError(f"{flag} {item!r}: expected FIELD=VALUE with FIELD one of "
                        f"{sorted(fields)}")
     default = fields[key].default
     if isinstance(default, bool):
