@@ -69,10 +69,16 @@ def test_alternated_rounds_reverse_the_order_and_count_the_faster():
 
 
 def test_a_change_is_timed_against_the_step_as_configured():
-  rows = benchmark.versus(["tiny_cls"], {"attention_dropout_rate": 0.0}, warmup=1,
-                          steps=1, rounds=2, dtype="float32",
-                          overrides={"num_layers": 1})
-  assert [r["model"] for r in rows] == ["as configured", "attention_dropout_rate=0.0"]
+  changed = benchmark.parse_overrides(
+      ["attention_dropout_rate=0", "xla_cpu_enable_fast_math=true"], "--versus",
+      xla_options=True)
+  assert changed == {"attention_dropout_rate": 0.0, "xla_cpu_enable_fast_math": True}
+  with pytest.raises(ValueError, match="--versus 'nope=1'.*xla_NAME=VALUE"):
+    benchmark.parse_overrides(["nope=1"], "--versus", xla_options=True)
+  rows = benchmark.versus(["tiny_cls"], changed, warmup=1, steps=1, rounds=2,
+                          dtype="float32", overrides={"num_layers": 1})
+  assert [r["change"] for r in rows] == [
+      "as configured", "attention_dropout_rate=0.0, xla_cpu_enable_fast_math=True"]
   assert [r["attention"] for r in rows][0] == "explicit (dropout)" != rows[1]["attention"]
   assert sum(int(r["faster in"].split()[0]) for r in rows) == 2
   assert all(float(r["step ms"]) > 0 for r in rows)

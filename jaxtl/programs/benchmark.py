@@ -42,9 +42,11 @@ flags.DEFINE_integer("length", 0, "Override every preset's (input) sequence leng
 flags.DEFINE_integer("devices", 0, "Devices jaxtl runs on, data parallel (0: all). "
                      "PyTorch always runs on one: compare at --devices=1.")
 flags.DEFINE_list("model", [], "TransformerConfig overrides, e.g. remat=full,scan_layers=true.")
-flags.DEFINE_list("versus", [], "TransformerConfig overrides (like --model) for a second "
-                  "step, compiled in the same process and timed against the first in "
-                  "alternating rounds: a change's effect, on a host whose runs vary.")
+flags.DEFINE_list("versus", [], "TransformerConfig overrides (like --model) and XLA "
+                  "options (xla_NAME=VALUE, enums by their full names, e.g. "
+                  "xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT) for a "
+                  "second step, compiled in the same process and timed against the first "
+                  "in alternating rounds: a change's effect, on a host whose runs vary.")
 flags.DEFINE_integer("rounds", 6, "--versus: rounds of --steps steps per side.")
 flags.DEFINE_integer("loss_chunk_len", objectives.LOSS_CHUNK_LEN, "Positions whose "
                      "logits exist at once in the loss (0: all), as "
@@ -106,9 +108,10 @@ def main(argv: list[str]) -> None:
     if f.torch or f.keras or f.profile:
       raise app.UsageError("--versus times two jaxtl steps against each other: drop "
                            "--torch, --keras and --profile")
-    rows = bench.versus(f.presets, bench.parse_overrides(f.versus, "--versus"), warmup=f.warmup,
-                        steps=f.steps, rounds=f.rounds, dtype=f.dtype,
-                        batch_size=f.batch_size, length=f.length, num_devices=f.devices,
+    changed = bench.parse_overrides(f.versus, "--versus", xla_options=True)
+    rows = bench.versus(f.presets, changed, warmup=f.warmup, steps=f.steps,
+                        rounds=f.rounds, dtype=f.dtype, batch_size=f.batch_size,
+                        length=f.length, num_devices=f.devices,
                         overrides=bench.parse_overrides(f.model),
                         loss_chunk_len=f.loss_chunk_len)
   else:

@@ -66,10 +66,11 @@ class Program:
 
 
 def jaxtl_program(preset: Preset, cfg: TransformerConfig, devices: list[jax.Device],
-                  seed: int = 0, loss_chunk_len: int = objectives.LOSS_CHUNK_LEN
-                  ) -> Program:
+                  seed: int = 0, loss_chunk_len: int = objectives.LOSS_CHUNK_LEN,
+                  compiler_options: dict[str, Any] | None = None) -> Program:
   """jaxtl's train step on ``preset``, data-parallel over ``devices``,
-  compiled with its state and batch in place."""
+  compiled with its state and batch in place (and XLA's DebugOptions
+  ``compiler_options`` for this program alone, over ``XLA_FLAGS``)."""
   if preset.batch_size % len(devices):
     raise ValueError(f"batch {preset.batch_size} does not split over "
                      f"{len(devices)} devices: pass --batch_size or --devices")
@@ -85,7 +86,8 @@ def jaxtl_program(preset: Preset, cfg: TransformerConfig, devices: list[jax.Devi
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     device_batch = sharding.shard_batch(batch, mesh)
     start = time.perf_counter()
-    compiled = step.lower(state, device_batch, rng).compile()
+    compiled = step.lower(state, device_batch, rng).compile(
+        compiler_options=compiler_options or None)
     compile_s = time.perf_counter() - start
   holder = [state]
 
@@ -279,25 +281,29 @@ def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int
            num_devices: int = 0, overrides: dict[str, Any] | None = None,
            loss_chunk_len: int = objectives.LOSS_CHUNK_LEN) -> list[dict[str, str]]:
   """Each named preset's step as configured and with the ``changed``
-  TransformerConfig fields, both compiled in this process and timed in
-  alternating rounds (:func:`~jaxtl.tools.presets.time_alternated`); two
-  rows per preset, each saying in how many rounds it was the faster."""
+  TransformerConfig fields and XLA options (names starting ``xla_``, given
+  to this one compile: :func:`jaxtl_program`), both compiled in this
+  process and timed in alternating rounds
+  (:func:`~jaxtl.tools.presets.time_alternated`); two rows per preset, each
+  saying in how many rounds it was the faster."""
   devices = jax.devices()[:num_devices or None]
+  xla = {k: v for k, v in changed.items() if k.startswith(XLA_OPTION)}
+  fields = {**(overrides or {}), **{k: v for k, v in changed.items() if k not in xla}}
+  label = ", ".join(f"{k}={v}" for k, v in changed.items())
   rows = []
   for name, preset in zip(names, sized(lookup(names), batch_size, length, len(devices))):
-    base = dict(overrides or {})
-    label = ", ".join(f"{k}={v}" for k, v in changed.items())
     programs = {}
-    for side, fields in (("as configured", base), (label, {**base, **changed})):
-      cfg = model_config(preset, dtype, **fields)
-      programs[side] = cfg, jaxtl_program(preset, cfg, devices,
-                                          loss_chunk_len=loss_chunk_len)
+    for side, model, options in (("as configured", overrides or {}, None),
+                                 (label, fields, xla)):
+      cfg = model_config(preset, dtype, **model)
+      programs[side] = cfg, jaxtl_program(preset, cfg, devices, loss_chunk_len=loss_chunk_len,
+                                          compiler_options=options)
     medians, wins = time_alternated([p.run_step for _, p in programs.values()],
                                     warmup, steps, rounds)
     for (side, (cfg, program)), step_s, won in zip(programs.items(), medians, wins):
       full = row(name, preset, cfg, program.measurement(step_s), program.flops_per_row,
                  None, None)
-      rows.append({"preset": name, "model": side, **{
+      rows.append({"preset": name, "change": side, **{
           k: full[k] for k in ("batch x tokens", "dtype", "attention", "step ms",
                                "tokens/s", "compile s", "peak GiB")},
                    "faster in": f"{won} of {rounds} rounds"})
@@ -305,16 +311,27 @@ def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int
   return rows
 
 
-def parse_overrides(items: list[str], flag: str = "--model") -> dict[str, Any]:
-  """``["remat=full", "scan_layers=true"]`` -> TransformerConfig field values;
-  a bad item's error names ``flag``, where it came from."""
+XLA_OPTION = "xla_"  # a --versus item naming one of XLA's DebugOptions
+
+
+def parse_overrides(items: list[str], flag: str = "--model",
+                    xla_options: bool = False) -> dict[str, Any]:
+  """``["remat=full", "scan_layers=true"]`` -> TransformerConfig field values
+  (and, with ``xla_options``, ``xla_NAME=VALUE`` items as XLA options); a
+  bad item's error names ``flag``, where it came from."""
   fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
   out = {}
   for item in items:
     key, sep, value = item.partition("=")
+    if sep and xla_options and key.startswith(XLA_OPTION):
+      # Spelled as DebugOptions are (enums by their full names); bools from
+      # text, the rest as text (XLA parses numbers from it).
+      out[key] = {"true": True, "false": False}.get(value.lower(), value)
+      continue
     if not sep or key not in fields:
+      also = " or an XLA option, xla_NAME=VALUE" if xla_options else ""
       raise ValueError(f"{flag} {item!r}: expected FIELD=VALUE with FIELD one of "
-                       f"{sorted(fields)}")
+                       f"{sorted(fields)}{also}")
     default = fields[key].default
     if isinstance(default, bool):
       out[key] = value.lower() in ("1", "true", "yes")
