@@ -6,6 +6,9 @@
 #                                # with jaxtl's flag rule and with XLA's defaults
 #   launch/cpu_check.sh flags    # MiniLM's step per XLA:CPU flag: float32, bfloat16, and
 #                                # bfloat16 with row-major dots (model.row_major_dots)
+#   launch/cpu_check.sh versus   # each flag of the flag stage against XLA's defaults in ONE
+#                                # process (jaxtl benchmark --versus): the noise-proof table;
+#                                # confirm the winner with the flag stage (XLA_FLAGS)
 #   launch/cpu_check.sh step     # the same three beside PyTorch, alternated ($ROUNDS rounds)
 #   launch/cpu_check.sh accuracy # TREC and SST-2, 3 seeds, float32 against bfloat16
 #
@@ -55,6 +58,24 @@ JAXTL_CPU_FLAGS=0 XLA_FLAGS=--xla_cpu_enable_fast_math=true}"
       for s in "${settings[@]}"; do
         read -ra envs <<<"$s"
         bench "${envs[@]}" -- $mode | tee -a "$out/flags.md"
+      done
+    done
+    ;;
+  versus)
+    # XLA options by their DebugOptions names (enums by full name; empty:
+    # none), given to the second program's compile alone.
+    IFS=';' read -ra settings <<<"${VERSUS_SETTINGS:-xla_cpu_use_onednn=true,\
+xla_cpu_experimental_ynn_fusion_type=;xla_cpu_use_onednn=true;\
+xla_cpu_experimental_ynn_fusion_type=;\
+xla_cpu_experimental_onednn_fusion_type=LIBRARY_FUSION_TYPE_DOT;\
+xla_cpu_experimental_xnn_fusion_type=LIBRARY_FUSION_TYPE_DOT;\
+xla_cpu_prefer_vector_width=512;xla_cpu_enable_fast_math=true}"
+    for mode in "${modes[@]}"; do
+      for s in "${settings[@]}"; do
+        JAXTL_CPU_FLAGS=0 python -m jaxtl benchmark --presets="${PRESET:-minilm_cls}" \
+            --steps="${STEPS:-5}" --rounds="${ROUNDS:-6}" --warmup=2 --versus="$s" \
+            --results="$out/benchmark_results.md" $mode 2>&1 \
+          | tee -a "$out/versus.log" | grep "^| ${PRESET:-minilm_cls}" | tee -a "$out/versus.md"
       done
     done
     ;;
