@@ -53,8 +53,9 @@ def written_out(a: Array) -> Array:
 
 
 def materialised_t(a: Array) -> Array:
-  """``a.T``, written out (:func:`written_out`)."""
-  return written_out(a.T)
+  """``a`` with its last two axes swapped (``a.T`` of a matrix), written
+  out (:func:`written_out`)."""
+  return written_out(jnp.swapaxes(a, -1, -2))
 
 
 @jax.custom_vjp
@@ -101,11 +102,6 @@ def _batched(a: Array, b: Array, b_transposed: bool, out_dtype: Any) -> Array:
   return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32).astype(out_dtype)
 
 
-def _materialised_swap(a: Array) -> Array:
-  """``a`` with its last two axes swapped, written out."""
-  return written_out(jnp.swapaxes(a, -1, -2))
-
-
 @jax.custom_vjp
 def attention_scores(q: Array, k: Array) -> Array:
   """``q @ k.T`` for ``q [..., T, K]`` and ``k [..., S, K]``: float32
@@ -121,7 +117,7 @@ def _scores_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
   q, k = res
   g = g.astype(q.dtype)
   return (_batched(g, k, False, q.dtype),
-          _batched(_materialised_swap(g), q, False, k.dtype))
+          _batched(materialised_t(g), q, False, k.dtype))
 
 
 attention_scores.defvjp(_scores_fwd, _scores_bwd)
@@ -142,7 +138,7 @@ def _mix_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
   p, v = res
   g = written_out(g.astype(v.dtype))  # arrives transposed from [B, T, H, K]
   return (_batched(g, v, True, p.dtype),
-          _batched(_materialised_swap(p), g, False, v.dtype))
+          _batched(materialised_t(p), g, False, v.dtype))
 
 
 attention_mix.defvjp(_mix_fwd, _mix_bwd)

@@ -165,14 +165,7 @@ class Measurement:
 
 def time_steps(run_step: Callable[[], Any], warmup: int, steps: int) -> float:
   """Median wall time of ``run_step`` (which must block until done)."""
-  for _ in range(warmup):
-    run_step()
-  times = []
-  for _ in range(steps):
-    start = time.perf_counter()
-    run_step()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return time_alternated([run_step], warmup, steps, rounds=1)[0][0]
 
 
 def time_alternated(runs: list[Callable[[], Any]], warmup: int, steps: int,
