@@ -75,6 +75,9 @@ def test_a_change_is_timed_against_the_step_as_configured():
   assert changed == {"attention_dropout_rate": 0.0, "xla_cpu_enable_fast_math": True}
   with pytest.raises(ValueError, match="--versus 'nope=1'.*xla_NAME=VALUE"):
     benchmark.parse_overrides(["nope=1"], "--versus", xla_options=True)
+  with pytest.raises(ValueError, match="--versus num_layers=1: the same model"):
+    benchmark.versus(["tiny_cls"], {"num_layers": 1}, warmup=1, steps=1, rounds=1,
+                     overrides={"num_layers": 1})
   rows = benchmark.versus(["tiny_cls"], changed, warmup=1, steps=1, rounds=2,
                           dtype="float32", overrides={"num_layers": 1})
   assert [r["change"] for r in rows] == [

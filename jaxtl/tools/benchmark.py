@@ -292,10 +292,14 @@ def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int
   label = ", ".join(f"{k}={v}" for k, v in changed.items())
   rows = []
   for name, preset in zip(names, sized(lookup(names), batch_size, length, len(devices))):
+    base, changed_cfg = (model_config(preset, dtype, **model)
+                         for model in (overrides or {}, fields))
+    if base == changed_cfg and not xla:
+      raise ValueError(f"--versus {label}: the same model as configured (with "
+                       f"--dtype={dtype}, {changed_cfg.dtype} computes with "
+                       f"row_major_dots={changed_cfg.row_major_dots}); nothing to compare")
     programs = {}
-    for side, model, options in (("as configured", overrides or {}, None),
-                                 (label, fields, xla)):
-      cfg = model_config(preset, dtype, **model)
+    for side, cfg, options in (("as configured", base, None), (label, changed_cfg, xla)):
       programs[side] = cfg, jaxtl_program(preset, cfg, devices, loss_chunk_len=loss_chunk_len,
                                           compiler_options=options)
     medians, wins = time_alternated([p.run_step for _, p in programs.values()],
