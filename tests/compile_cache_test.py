@@ -31,6 +31,21 @@ def test_a_folder_that_cannot_be_made_leaves_the_cache_off(tmp_path):
   assert compile_cache.enable({"JAXTL_COMPILATION_CACHE": str(blocker / "sub")}) is None
 
 
+@pytest.mark.parametrize("environ, expected", [
+    ({}, compile_cache.MIN_COMPILE_SECONDS),
+    ({"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2"}, None),  # the user's
+])
+def test_programs_quicker_than_jaxs_second_are_kept(environ, expected, tmp_path,
+                                                    monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  updates = {}
+  monkeypatch.setattr(jax.config, "update", updates.__setitem__)
+  folder = str(tmp_path / "xla")
+  assert compile_cache.enable({"JAXTL_COMPILATION_CACHE": folder, **environ}) == folder
+  assert updates["jax_compilation_cache_dir"] == folder
+  assert updates.get("jax_persistent_cache_min_compile_time_secs") == expected
+
+
 _PROGRAM = """
 import jax, jax.numpy as jnp
 from jaxtl.runtime import startup

@@ -15,7 +15,9 @@ The command-line entry points turn it on (through
 least-recently-used eviction under a file lock, so processes can share it;
 importing jaxtl as a library never does. ``JAXTL_COMPILATION_CACHE=DIR``
 puts it elsewhere and ``=0`` turns it off; a ``JAX_COMPILATION_CACHE_DIR``
-already set is JAX's own setting and is left alone.
+already set is JAX's own setting and is left alone. Programs that compile
+in :data:`MIN_COMPILE_SECONDS` or more are kept, not only JAX's 1 s ones
+(``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` overrides it).
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ from typing import Mapping
 log = logging.getLogger(__name__)
 
 MAX_BYTES = 2 << 30  # executables of a 12-layer step are tens of MB
+# Programs that took at least this long to compile are kept (JAX's default
+# is 1 s). A fine-tune's train steps take longer anyway; its evaluation
+# program, its state's init and the checkpoint fingerprints' dozen small
+# programs take 0.05-0.4 s each and load in 0.02-0.08 s: MiniLM on TREC-6,
+# 2-core Zen 4 EPYC, 1.4 s less compiling in each later run.
+MIN_COMPILE_SECONDS = 0.05
 
 
 def cache_dir(environ: Mapping[str, str]) -> str | None:
@@ -69,4 +77,6 @@ def enable(environ: Mapping[str, str] = os.environ) -> str | None:
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_compilation_cache_dir", folder)
   jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+  if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in environ:  # else the user's
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
   return folder

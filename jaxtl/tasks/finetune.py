@@ -438,7 +438,9 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
                     desc=split, interruptible=split == "test")
     return score(task, preds, feats[split], splits[split])
 
-  def test_scores(state):  # of the selected state in best/
+  def test_scores(state):  # of the selected state
+    if "dev" not in feats:  # the last epoch's: the state in hand (best/ holds the same)
+      return scores(state.params, "test")
     best = checkpoint.load_params(layout.best(workdir))
     return scores(jax.device_put(best, jax.tree.map(lambda x: x.sharding, state.params)),
                   "test")
