@@ -78,6 +78,11 @@ def test_a_change_is_timed_against_the_step_as_configured():
   with pytest.raises(ValueError, match="--versus num_layers=1: the same model"):
     benchmark.versus(["tiny_cls"], {"num_layers": 1}, warmup=1, steps=1, rounds=1,
                      overrides={"num_layers": 1})
+  for option, says in (("xla_cpu_nope", "No such compile option: 'xla_cpu_nope'"),
+                       ("xla_cpu_enable_fast_math", "'maybe' is not a valid bool")):
+    with pytest.raises(ValueError, match=f"^--versus: .*{says}"):
+      benchmark.versus(["tiny_cls"], {option: "maybe"}, warmup=1, steps=1, rounds=1,
+                       overrides={"num_layers": 1})
   rows = benchmark.versus(["tiny_cls"], changed, warmup=1, steps=1, rounds=2,
                           dtype="float32", overrides={"num_layers": 1})
   assert [r["change"] for r in rows] == [

@@ -299,9 +299,16 @@ def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int
                        f"--dtype={dtype}, {changed_cfg.dtype} computes with "
                        f"row_major_dots={changed_cfg.row_major_dots}); nothing to compare")
     programs = {}
-    for side, cfg, options in (("as configured", base, None), (label, changed_cfg, xla)):
-      programs[side] = cfg, jaxtl_program(preset, cfg, devices, loss_chunk_len=loss_chunk_len,
-                                          compiler_options=options)
+    # The change first: an option this XLA lacks, or a bad value, fails at once.
+    for side, cfg, options in ((label, changed_cfg, xla), ("as configured", base, None)):
+      try:
+        programs[side] = cfg, jaxtl_program(preset, cfg, devices, compiler_options=options,
+                                            loss_chunk_len=loss_chunk_len)
+      except jax.errors.JaxRuntimeError as e:
+        if not options or not any(k in str(e) for k in options):
+          raise
+        raise ValueError(f"--versus: {str(e).removeprefix('INVALID_ARGUMENT: ')}") from None
+    programs = dict(reversed(programs.items()))  # rows: as configured, then the change
     medians, wins = time_alternated([p.run_step for _, p in programs.values()],
                                     warmup, steps, rounds)
     for (side, (cfg, program)), step_s, won in zip(programs.items(), medians, wins):
