@@ -52,6 +52,11 @@ flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"],
                   "What matmuls and activations compute in (jaxtl: "
                   "config.train.compute_dtype; PyTorch: bf16 autocast); parameters "
                   "and optimizer state stay float32.")
+flags.DEFINE_integer("train_examples", 0, "Train on a fixed random subset this big "
+                     "(config.task.num_train_examples); 0: all 5452.")
+flags.DEFINE_integer("eval_examples", 0, "Score a fixed random subset of test (and "
+                     "dev) this big (config.task.max_eval_examples): a quick look, "
+                     "not comparable to full scores; 0: all.")
 flags.DEFINE_bool("row_major_dots", False, "jaxtl's dense layers as row-major dots "
                   "with float32 accumulation (config.train.row_major_dots).")
 FLAGS = flags.FLAGS
@@ -62,6 +67,8 @@ def _config(seed: int, epochs: int) -> Any:
   c = finetune_minilm.get_config("task=trec")
   c.seed, c.train.epochs, c.train.checkpoint_every = seed, epochs, 0
   c.task.dev_fraction = FLAGS.dev_fraction
+  c.task.num_train_examples = FLAGS.train_examples
+  c.task.max_eval_examples = FLAGS.eval_examples
   c.train.group_by_length = FLAGS.group_by_length
   c.train.compute_dtype = FLAGS.compute_dtype
   c.train.row_major_dots = FLAGS.row_major_dots

