@@ -40,6 +40,10 @@ CASES = [
     (["pretrian"], "jaxtl: unknown command 'pretrian'; the commands: pretrain, finetune"),
     (["pretrain", "--config=pretrain_mlm", "--workdir={tmp}/g", "--config.model.dtype=bf16"],
      "jaxtl pretrain: config.model.dtype='bf16'; expected one of auto, float32, bfloat16"),
+    (["benchmark", "--presets=tiny_cls", "--steps=0"],
+     "jaxtl benchmark: bad flag or config override: flag --steps=0: 0 is not a positive"),
+    (["benchmark", "--presets=tiny_cls", "--devices=999"],
+     "jaxtl benchmark: --devices=999: this machine has"),
 ]
 
 

@@ -30,27 +30,27 @@ flags.DEFINE_list("presets", ["tiny_gpt2", "tiny_bert", "tiny_t5", "tiny_cls"],
 flags.DEFINE_boolean("torch", False, "Also time transformers (PyTorch) side by side.")
 flags.DEFINE_boolean("keras", False, "Also time KerasHub on the same JAX side by side "
                      "(pip install --no-deps keras-hub).")
-flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
-flags.DEFINE_integer("steps", 10, "Timed steps (the median is reported).")
+flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.", lower_bound=0)
+flags.DEFINE_integer("steps", 10, "Timed steps (the median is reported).", lower_bound=1)
 flags.DEFINE_string("dtype", "auto", "Compute dtype; auto: what the recipes compute in "
                     "here (bfloat16 on accelerators and, with row-major dots, on CPUs "
                     "where bf16 matmuls pay; else float32).")
 flags.DEFINE_integer("batch_size", 0, "Override every preset's batch size (0: the preset's; on "
-                     "GPUs and TPUs its accelerator_batch_size per device).")
+                     "GPUs and TPUs its accelerator_batch_size per device).", lower_bound=0)
 flags.DEFINE_integer("length", 0, "Override every preset's (input) sequence length "
-                     "(0: keep).")
+                     "(0: keep).", lower_bound=0)
 flags.DEFINE_integer("devices", 0, "Devices jaxtl runs on, data parallel (0: all). "
-                     "PyTorch always runs on one: compare at --devices=1.")
+                     "PyTorch always runs on one: compare at --devices=1.", lower_bound=0)
 flags.DEFINE_list("model", [], "TransformerConfig overrides, e.g. remat=full,scan_layers=true.")
 flags.DEFINE_list("versus", [], "TransformerConfig overrides (like --model) and XLA "
                   "options (xla_NAME=VALUE, enums by their full names, e.g. "
                   "xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT) for a "
                   "second step, compiled in the same process and timed against the first "
                   "in alternating rounds: a change's effect, on a host whose runs vary.")
-flags.DEFINE_integer("rounds", 6, "--versus: rounds of --steps steps per side.")
+flags.DEFINE_integer("rounds", 6, "--versus: rounds of --steps steps per side.", lower_bound=1)
 flags.DEFINE_integer("loss_chunk_len", objectives.LOSS_CHUNK_LEN, "Positions whose "
                      "logits exist at once in the loss (0: all), as "
-                     "config.objective.loss_chunk_len.")
+                     "config.objective.loss_chunk_len.", lower_bound=0)
 flags.DEFINE_boolean("memory", False, "Instead of timing: parameter + optimizer "
                      f"bytes per device under the meshes {MEMORY_MESHES} "
                      "(on a CPU, 8 host devices are made for it).")
@@ -58,7 +58,8 @@ flags.DEFINE_list("pipeline", [], "Instead of timing steps: the host input pipel
                   "of these pretraining recipes (pretrain_mlm, pretrain_span:arg, ...).")
 flags.DEFINE_list("pipeline_set", [], "--pipeline: config keys to set, e.g. a "
                   "GPU preset's shape: data.seq_len=512,data.batch_size=128.")
-flags.DEFINE_integer("pipeline_docs", 5000, "Documents per split read by --pipeline.")
+flags.DEFINE_integer("pipeline_docs", 5000, "Documents per split read by --pipeline.",
+                     lower_bound=1)
 flags.DEFINE_list("workers", ["0", "1", "2"], "--pipeline: Grain worker counts to "
                   "time the objective's batches with.")
 flags.DEFINE_list("rss", [], "Instead of timing steps: peak host memory of these "
@@ -69,8 +70,8 @@ flags.DEFINE_string("workdir", "/tmp/jaxtl_benchmark", "--pipeline keeps its "
                     "trained tokenizers here.")
 flags.DEFINE_list("generate", [], "Instead of train steps: greedy generation with a KV "
                   "cache at these batch sizes (decoder presets; --steps timed calls).")
-flags.DEFINE_integer("prompt_len", 128, "--generate: prompt tokens per row.")
-flags.DEFINE_integer("new_tokens", 128, "--generate: tokens generated per row.")
+flags.DEFINE_integer("prompt_len", 128, "--generate: prompt tokens per row.", lower_bound=1)
+flags.DEFINE_integer("new_tokens", 128, "--generate: tokens generated per row.", lower_bound=1)
 flags.DEFINE_string("profile", "", "Also trace --steps more jaxtl steps into "
                     "DIR/PRESET and print where their device time goes.")
 flags.DEFINE_string("results", "", "Markdown file to append the table to (empty: none).")

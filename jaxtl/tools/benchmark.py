@@ -224,6 +224,16 @@ def append_results(path: str, rows: list[dict[str, str]], command: str) -> None:
     f.write(f"\n### {environment()}\n\n`{command}`\n\n{markdown(rows)}\n")
 
 
+def chosen_devices(num_devices: int) -> list[jax.Device]:
+  """The first ``num_devices`` devices (0: all); more than there are is a
+  mistake, not a quieter run on fewer."""
+  devices = jax.devices()
+  if num_devices > len(devices):
+    raise ValueError(f"--devices={num_devices}: this machine has {len(devices)} "
+                     f"{devices[0].platform} device(s)")
+  return devices[:num_devices or None]
+
+
 def sized(presets: list[Preset], batch_size: int, length: int,
           num_devices: int) -> list[Preset]:
   """The presets at ``batch_size`` and ``length`` where given (0: their own;
@@ -250,7 +260,7 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
               profile_dir: str = "") -> list[dict[str, str]]:
   """Runs the named presets on ``num_devices`` devices (0: all); returns
   their table rows. PyTorch and KerasHub (``keras_side``) run on one device."""
-  devices = jax.devices()[:num_devices or None]
+  devices = chosen_devices(num_devices)
   jobs = [(preset, model_config(preset, dtype, **(overrides or {})))
           for preset in sized(lookup(names), batch_size, length, len(devices))]
   # Per device in the dtype the configs resolved (every job has the same).
@@ -286,7 +296,7 @@ def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int
   process and timed in alternating rounds
   (:func:`~jaxtl.tools.presets.time_alternated`); two rows per preset, each
   saying in how many rounds it was the faster."""
-  devices = jax.devices()[:num_devices or None]
+  devices = chosen_devices(num_devices)
   xla = {k: v for k, v in changed.items() if k.startswith(XLA_OPTION)}
   fields = {**(overrides or {}), **{k: v for k, v in changed.items() if k not in xla}}
   label = ", ".join(f"{k}={v}" for k, v in changed.items())
