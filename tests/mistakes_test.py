@@ -42,6 +42,8 @@ CASES = [
      "jaxtl pretrain: config.model.dtype='bf16'; expected one of auto, float32, bfloat16"),
     (["benchmark", "--presets=tiny_cls", "--steps=0"],
      "jaxtl benchmark: bad flag or config override: flag --steps=0: 0 is not a positive"),
+    (["predict", f"--workdir={MISSING}", "--input=-", "--batch_size=0"],
+     "jaxtl predict: bad flag or config override: flag --batch_size=0: 0 is not a positive"),
     (["benchmark", "--presets=tiny_cls", "--devices=999"],
      "jaxtl benchmark: --devices=999: this machine has"),
 ]

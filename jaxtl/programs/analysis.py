@@ -20,8 +20,8 @@ flags.DEFINE_string("init_from", None, "A jaxtl pretraining workdir or a Hugging
 flags.DEFINE_string("task", "trec", "probe: trec, sst2, cola, mrpc, rte, imdb or pos.")
 flags.DEFINE_string("text", "What is the capital of France?", "attention: the text.")
 flags.DEFINE_string("out", "analysis", "Output folder for tables and PNGs.")
-flags.DEFINE_integer("max_len", 64, "Tokens per example.")
-flags.DEFINE_integer("max_examples", 2000, "Examples per split for probing.")
+flags.DEFINE_integer("max_len", 64, "Tokens per example.", lower_bound=1)
+flags.DEFINE_integer("max_examples", 2000, "Examples per split for probing.", lower_bound=1)
 precision.define_compute_dtype(__name__, "as the workdir records, and auto decides "
                                "again on this machine; a Hugging Face folder: float32")
 flags.mark_flag_as_required("init_from")

@@ -35,7 +35,7 @@ flags.DEFINE_list("text_fields", [], "The input columns holding the task's "
                   "texts, in the task's order (default: the task's field names).")
 flags.DEFINE_enum("input_format", "", ["", "csv", "tsv", "jsonl", "parquet", "text"],
                   "Default: by --input's extension (plain text otherwise).")
-flags.DEFINE_integer("batch_size", 32, "Rows per forward pass.")
+flags.DEFINE_integer("batch_size", 32, "Rows per forward pass.", lower_bound=1)
 precision.define_compute_dtype(__name__, "what fine-tuning was asked, and auto "
                                "decides again on this machine")
 FLAGS = flags.FLAGS

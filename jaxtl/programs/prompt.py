@@ -30,9 +30,9 @@ flags.DEFINE_string("template", "", "Prompt template ({text}, {text_pair}, endin
 flags.DEFINE_list("label_words", [], "Words per class, in class-id order (with "
                   "--template).")
 flags.DEFINE_bool("calibrate", True, "Also score with contextual calibration.")
-flags.DEFINE_integer("max_len", 0, "Tokens the model reads (0: its max_len).")
-flags.DEFINE_integer("batch_size", 32, "Rows per forward pass.")
-flags.DEFINE_integer("max_eval_examples", 0, "Score a fixed sample (0: all).")
+flags.DEFINE_integer("max_len", 0, "Tokens the model reads (0: its max_len).", lower_bound=0)
+flags.DEFINE_integer("batch_size", 32, "Rows per forward pass.", lower_bound=1)
+flags.DEFINE_integer("max_eval_examples", 0, "Score a fixed sample (0: all).", lower_bound=0)
 flags.DEFINE_string("out", "", "Folder for prompting.{md,png,json} (default: "
                     "print the table only).")
 precision.define_compute_dtype(__name__, "as the workdir records, and auto decides "
