@@ -2,6 +2,8 @@ r"""MiniLM on TREC-6: jaxtl against the `transformers` (PyTorch) anchor, in one 
 
   JAXTL_DATA_DIR=../shared/data python launch/minilm_trec.py --seeds=0,1,2 \
     --workdir=/tmp/minilm_trec
+  # the same on 9,000 SST-2 sentences, one epoch:
+  python launch/minilm_trec.py --task=sst2 --train_examples=9000 --epochs=1
 
 Both fine-tune all-MiniLM-L6-v2 on the same examples with the same recipe:
 batch 32, AdamW lr 5e-5 and weight decay 0.01, 10% warmup then linear decay,
@@ -52,8 +54,10 @@ flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"],
                   "What matmuls and activations compute in (jaxtl: "
                   "config.train.compute_dtype; PyTorch: bf16 autocast); parameters "
                   "and optimizer state stay float32.")
+flags.DEFINE_string("task", "trec", "The built-in task (configs/finetune_minilm.py's "
+                    "task=...: trec, sst2, cola, ...).")
 flags.DEFINE_integer("train_examples", 0, "Train on a fixed random subset this big "
-                     "(config.task.num_train_examples); 0: all 5452.")
+                     "(config.task.num_train_examples); 0: all (TREC: 5452).")
 flags.DEFINE_integer("eval_examples", 0, "Score a fixed random subset of test (and "
                      "dev) this big (config.task.max_eval_examples): a quick look, "
                      "not comparable to full scores; 0: all.")
@@ -64,7 +68,7 @@ FLAGS = flags.FLAGS
 
 def _config(seed: int, epochs: int) -> Any:
   from jaxtl.configs import finetune_minilm  # pylint: disable=g-import-not-at-top
-  c = finetune_minilm.get_config("task=trec")
+  c = finetune_minilm.get_config(f"task={FLAGS.task}")
   c.seed, c.train.epochs, c.train.checkpoint_every = seed, epochs, 0
   c.task.dev_fraction = FLAGS.dev_fraction
   c.task.num_train_examples = FLAGS.train_examples
@@ -200,5 +204,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  startup.tune_process()
+  startup.tune_process(huge_pages=False)  # as `jaxtl finetune`
   app.run(main)

@@ -39,19 +39,23 @@ flags.DEFINE_bool("verbose", False, "Also print the libraries' INFO logs "
 class Command:
   """A subcommand: the program it runs (a module of :mod:`jaxtl.programs`;
   None: answered here), the flags put before the user's, what it does in one
-  line for ``jaxtl --help``, and whether compiled programs are kept between
-  runs (not for the benchmark, whose compile times are a cold start's)."""
+  line for ``jaxtl --help``, whether compiled programs are kept between
+  runs (not for the benchmark, whose compile times are a cold start's), and
+  whether the process restarts onto huge pages (not for fine-tuning, whose
+  batches come in several lengths: :mod:`jaxtl.runtime.hugepages`)."""
   module: str | None
   preset: tuple[str, ...]
   summary: str
   compilation_cache: bool = True
+  huge_pages: bool = True
 
 
 COMMANDS: dict[str, Command] = {
     "pretrain": Command("train", ("--mode=pretrain",),
                         "pretrain a model on text (MLM, causal LM, span, ELECTRA, BART, ...)"),
     "finetune": Command("train", ("--mode=finetune",),
-                        "adapt a model to a labeled task: a shipped one or your own files"),
+                        "adapt a model to a labeled task: a shipped one or your own files",
+                        huge_pages=False),
     "study": Command("train", ("--mode=study",),
                      "the transfer study: pretrain two models, adapt them every way"),
     "predict": Command("predict", (), "a fine-tuned model's predictions for a file"),
@@ -185,7 +189,8 @@ def start(command: Command, argv: list[str]) -> None:
   """
   sys.argv = argv
   console.quiet_libraries(argv)
-  startup.tune_process(compilation_cache=command.compilation_cache)
+  startup.tune_process(compilation_cache=command.compilation_cache,
+                       huge_pages=command.huge_pages)
   try:
     program = importlib.import_module(f"jaxtl.programs.{command.module}")
   except ImportError as e:  # an optional package the program needs
