@@ -55,15 +55,15 @@ def test_an_entry_point_reexecutes_itself_once_with_the_tunable():
     assert out == ["start", "start", expected]
 
 
-def test_fine_tuning_starts_without_the_restart_and_the_rest_with_it(monkeypatch):
-  """Fine-tuning's batches come in several lengths, whose longer steps ran
-  2-2.5x slower on huge pages (runtime/hugepages.py)."""
+def test_fine_tuning_and_prediction_start_without_the_restart(monkeypatch):
+  """Their batches come in several lengths, whose longer steps ran 2-2.5x
+  slower on huge pages (runtime/hugepages.py); one-shape steps keep them."""
   from jaxtl.programs import cli
   from jaxtl.runtime import compile_cache, startup, xla_cpu
   restarts = []
   monkeypatch.setattr(xla_cpu, "apply", lambda: None)
   monkeypatch.setattr(compile_cache, "enable", lambda: None)
   monkeypatch.setattr(hugepages, "restart_with_huge_pages", lambda: restarts.append(1))
-  for name in ("finetune", "pretrain", "benchmark"):
+  for name in ("finetune", "predict", "pretrain", "benchmark"):
     startup.tune_process(huge_pages=cli.COMMANDS[name].huge_pages)
   assert restarts == [1, 1]

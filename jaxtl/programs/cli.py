@@ -41,8 +41,9 @@ class Command:
   None: answered here), the flags put before the user's, what it does in one
   line for ``jaxtl --help``, whether compiled programs are kept between
   runs (not for the benchmark, whose compile times are a cold start's), and
-  whether the process restarts onto huge pages (not for fine-tuning, whose
-  batches come in several lengths: :mod:`jaxtl.runtime.hugepages`)."""
+  whether the process restarts onto huge pages (not for fine-tuning and
+  prediction, whose batches come in several lengths:
+  :mod:`jaxtl.runtime.hugepages`)."""
   module: str | None
   preset: tuple[str, ...]
   summary: str
@@ -58,7 +59,8 @@ COMMANDS: dict[str, Command] = {
                         huge_pages=False),
     "study": Command("train", ("--mode=study",),
                      "the transfer study: pretrain two models, adapt them every way"),
-    "predict": Command("predict", (), "a fine-tuned model's predictions for a file"),
+    "predict": Command("predict", (), "a fine-tuned model's predictions for a file",
+                       huge_pages=False),
     "generate": Command("generate", (), "write text with a causal LM, a T5 or a BART"),
     "convert": Command("export", (), "export a model as a Hugging Face folder"),
     "prompt": Command("prompt", (), "zero- and few-shot prompting on tasks"),
