@@ -14,8 +14,8 @@ from jaxtl.runtime import compile_cache, hugepages, xla_cpu
 def tune_process(compilation_cache: bool = True, huge_pages: bool = True) -> None:
   """XLA:CPU flags for this CPU (:mod:`jaxtl.runtime.xla_cpu`), the restart onto
   huge pages where it helps (:mod:`jaxtl.runtime.hugepages`) unless
-  ``huge_pages`` is False (fine-tuning: see there), then the persistent
-  compilation cache (:mod:`jaxtl.runtime.compile_cache`) unless
+  ``huge_pages`` is False (fine-tuning and prediction: see there), then the
+  persistent compilation cache (:mod:`jaxtl.runtime.compile_cache`) unless
   ``compilation_cache`` is False (the benchmark, whose compile times are
   those of a cold start)."""
   xla_cpu.apply()

@@ -308,17 +308,16 @@ def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int
       raise ValueError(f"--versus {label}: the same model as configured (with "
                        f"--dtype={dtype}, {changed_cfg.dtype} computes with "
                        f"row_major_dots={changed_cfg.row_major_dots}); nothing to compare")
-    programs = {}
-    # The change first: an option this XLA lacks, or a bad value, fails at once.
-    for side, cfg, options in ((label, changed_cfg, xla), ("as configured", base, None)):
-      try:
-        programs[side] = cfg, jaxtl_program(preset, cfg, devices, compiler_options=options,
-                                            loss_chunk_len=loss_chunk_len)
-      except jax.errors.JaxRuntimeError as e:
-        if not options or not any(k in str(e) for k in options):
-          raise
-        raise ValueError(f"--versus: {str(e).removeprefix('INVALID_ARGUMENT: ')}") from None
-    programs = dict(reversed(programs.items()))  # rows: as configured, then the change
+    try:  # the change first: an option this XLA lacks, or a bad value, fails at once
+      changed_program = jaxtl_program(preset, changed_cfg, devices, compiler_options=xla,
+                                      loss_chunk_len=loss_chunk_len)
+    except jax.errors.JaxRuntimeError as e:
+      if not any(k in str(e) for k in xla):
+        raise
+      raise ValueError(f"--versus: {str(e).removeprefix('INVALID_ARGUMENT: ')}") from None
+    programs = {"as configured": (base, jaxtl_program(preset, base, devices,
+                                                      loss_chunk_len=loss_chunk_len)),
+                label: (changed_cfg, changed_program)}
     medians, wins = time_alternated([p.run_step for _, p in programs.values()],
                                     warmup, steps, rounds)
     for (side, (cfg, program)), step_s, won in zip(programs.items(), medians, wins):
