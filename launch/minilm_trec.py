@@ -204,5 +204,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  startup.tune_process(huge_pages=False)  # as `jaxtl finetune`
+  startup.tune_process()
   app.run(main)

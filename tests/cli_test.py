@@ -51,7 +51,7 @@ def test_unknown_recipes_and_commands_are_named(capsys):
 def test_the_command_runs_a_module_with_its_flags():
   out = subprocess.run([sys.executable, "-m", "jaxtl", "convert", "--help"],
                        capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "JAXTL_HUGE_PAGES": "0"})
+                       env={**os.environ, "JAXTL_KEEP_MEMORY": "0"})
   assert "--checkpoint: A jaxtl workdir" in out.stdout + out.stderr  # absl's --help
 
 
@@ -89,7 +89,7 @@ def test_the_wheel_ships_the_jaxtl_package_with_the_top_level_recipes(tmp_path):
   subprocess.run([sys.executable, "-m", "pip", "--python", str(fresh), "install", "-q",
                   "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True,
                  timeout=300)
-  env = {**os.environ, "JAXTL_HUGE_PAGES": "0", "XLA_FLAGS": runs.XLA_FLAGS,
+  env = {**os.environ, "JAXTL_KEEP_MEMORY": "0", "XLA_FLAGS": runs.XLA_FLAGS,
          "JAX_PLATFORMS": "cpu"}
   where = subprocess.run([str(fresh), "-c", "import jaxtl; print(jaxtl.__file__)"],
                          cwd=tmp_path, capture_output=True, text=True, env=env, check=True)

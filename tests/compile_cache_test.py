@@ -61,7 +61,7 @@ print("hits", len(hits))
 @pytest.mark.subprocess
 def test_a_second_run_loads_what_the_first_compiled(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-  env.update(JAXTL_COMPILATION_CACHE=str(tmp_path / "xla"), JAXTL_HUGE_PAGES="0",
+  env.update(JAXTL_COMPILATION_CACHE=str(tmp_path / "xla"), JAXTL_KEEP_MEMORY="0",
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   runs = [subprocess.run([sys.executable, "-c", _PROGRAM], cwd=REPO, env=env,
                          capture_output=True, text=True, check=True, timeout=120).stdout

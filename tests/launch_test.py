@@ -20,7 +20,7 @@ def test_minilm_trec_runs_both_sides_on_a_few_questions(tmp_path):
   data = os.environ.get("JAXTL_DATA_DIR", "")
   if not os.path.isdir(os.path.join(data, "trec")):
     pytest.skip("TREC-6 is not in $JAXTL_DATA_DIR")
-  env = {**os.environ, "JAXTL_HUGE_PAGES": "0"}
+  env = {**os.environ, "JAXTL_KEEP_MEMORY": "0"}
   out = subprocess.run(
       [sys.executable, "launch/minilm_trec.py", "--seeds=0", "--epochs=1",
        "--train_examples=64", "--eval_examples=32", f"--workdir={tmp_path / 'run'}"],

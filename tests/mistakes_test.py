@@ -51,7 +51,7 @@ CASES = [
 
 def _start(args):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": runs.XLA_FLAGS,
-         "JAXTL_HUGE_PAGES": "0"}
+         "JAXTL_KEEP_MEMORY": "0"}
   return subprocess.Popen([sys.executable, "-m", "jaxtl", *args], cwd=runs.REPO,
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -293,7 +293,7 @@ def test_the_predict_speed_script_times_both_sides(tuned, tmp_path):
       [sys.executable, "launch/predict_speed.py", f"--workdir={workdir}",
        f"--input={rows_csv}", "--runs=1", "--batch_size=4"],
       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-      env={**os.environ, "JAXTL_HUGE_PAGES": "0"}, capture_output=True, text=True,
+      env={**os.environ, "JAXTL_KEEP_MEMORY": "0"}, capture_output=True, text=True,
       timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "run 1: jaxtl predict" in out.stdout and "median:" in out.stdout

@@ -40,27 +40,21 @@ class Command:
   """A subcommand: the program it runs (a module of :mod:`jaxtl.programs`;
   None: answered here), the flags put before the user's, what it does in one
   line for ``jaxtl --help``, whether compiled programs are kept between
-  runs (not for the benchmark, whose compile times are a cold start's), and
-  whether the process restarts onto huge pages (not for fine-tuning and
-  prediction, whose batches come in several lengths:
-  :mod:`jaxtl.runtime.hugepages`)."""
+  runs (not for the benchmark, whose compile times are a cold start's)."""
   module: str | None
   preset: tuple[str, ...]
   summary: str
   compilation_cache: bool = True
-  huge_pages: bool = True
 
 
 COMMANDS: dict[str, Command] = {
     "pretrain": Command("train", ("--mode=pretrain",),
                         "pretrain a model on text (MLM, causal LM, span, ELECTRA, BART, ...)"),
     "finetune": Command("train", ("--mode=finetune",),
-                        "adapt a model to a labeled task: a shipped one or your own files",
-                        huge_pages=False),
+                        "adapt a model to a labeled task: a shipped one or your own files"),
     "study": Command("train", ("--mode=study",),
                      "the transfer study: pretrain two models, adapt them every way"),
-    "predict": Command("predict", (), "a fine-tuned model's predictions for a file",
-                       huge_pages=False),
+    "predict": Command("predict", (), "a fine-tuned model's predictions for a file"),
     "generate": Command("generate", (), "write text with a causal LM, a T5 or a BART"),
     "convert": Command("export", (), "export a model as a Hugging Face folder"),
     "prompt": Command("prompt", (), "zero- and few-shot prompting on tasks"),
@@ -186,13 +180,12 @@ def start(command: Command, argv: list[str]) -> None:
   """Runs ``command``'s program on ``argv`` the way every program starts.
 
   The program's module is imported only after the process is tuned: XLA
-  reads its CPU flags when JAX starts its backend, and the huge-page
+  reads its CPU flags when JAX starts its backend, and the malloc
   restart must come before anything is loaded.
   """
   sys.argv = argv
   console.quiet_libraries(argv)
-  startup.tune_process(compilation_cache=command.compilation_cache,
-                       huge_pages=command.huge_pages)
+  startup.tune_process(compilation_cache=command.compilation_cache)
   try:
     program = importlib.import_module(f"jaxtl.programs.{command.module}")
   except ImportError as e:  # an optional package the program needs

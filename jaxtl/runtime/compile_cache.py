@@ -73,7 +73,7 @@ def enable(environ: Mapping[str, str] = os.environ) -> str | None:
                 "JAXTL_COMPILATION_CACHE=DIR, or =0 to silence this)", folder)
     return None
   # heavy: the CLI imports this module before it tunes the process (XLA flags,
-  # huge-page restart), which must come before JAX is loaded (startup.py)
+  # malloc restart), which must come before JAX is loaded (startup.py)
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_compilation_cache_dir", folder)
   jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)

@@ -3,23 +3,21 @@ CPU, and keep compiled programs between runs.
 
 The CPU half must happen before JAX starts: XLA reads ``XLA_FLAGS`` when it
 creates its CPU client, and glibc reads its tunables only when a process
-starts (so the huge-page half re-executes the process, which inherits the
+starts (so the malloc half re-executes the process, which inherits the
 flags). Importing jaxtl as a library does none of this; a program that
 wants it calls :func:`tune_process` first thing.
 """
 
-from jaxtl.runtime import compile_cache, hugepages, xla_cpu
+from jaxtl.runtime import compile_cache, malloc, xla_cpu
 
 
-def tune_process(compilation_cache: bool = True, huge_pages: bool = True) -> None:
-  """XLA:CPU flags for this CPU (:mod:`jaxtl.runtime.xla_cpu`), the restart onto
-  huge pages where it helps (:mod:`jaxtl.runtime.hugepages`) unless
-  ``huge_pages`` is False (fine-tuning and prediction: see there), then the
-  persistent compilation cache (:mod:`jaxtl.runtime.compile_cache`) unless
-  ``compilation_cache`` is False (the benchmark, whose compile times are
-  those of a cold start)."""
+def tune_process(compilation_cache: bool = True) -> None:
+  """XLA:CPU flags for this CPU (:mod:`jaxtl.runtime.xla_cpu`), the restart
+  with a malloc that keeps the memory it frees (:mod:`jaxtl.runtime.malloc`),
+  then the persistent compilation cache (:mod:`jaxtl.runtime.compile_cache`)
+  unless ``compilation_cache`` is False (the benchmark, whose compile times
+  are those of a cold start)."""
   xla_cpu.apply()
-  if huge_pages:
-    hugepages.restart_with_huge_pages()
+  malloc.restart_keeping_memory()
   if compilation_cache:
     compile_cache.enable()

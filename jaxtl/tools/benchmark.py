@@ -43,7 +43,7 @@ import flax
 import flax.linen as nn
 import jax
 
-from jaxtl.runtime import hugepages, xla_cpu
+from jaxtl.runtime import malloc, xla_cpu
 from jaxtl import objectives, train
 from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.tools.presets import (Measurement, Preset, init_inputs,
@@ -196,7 +196,7 @@ def environment() -> str:
   """Date, device and versions: the heading of a results block."""
   device = jax.devices()[0]
   kind = device.device_kind if device.platform != "cpu" else (
-      f"CPU ({os.cpu_count()} cores, {perf.cpu_model()}; {hugepages.describe()}; "
+      f"CPU ({os.cpu_count()} cores, {perf.cpu_model()}; {malloc.describe()}; "
       f"{xla_cpu.describe()})")
   versions = [f"jax {jax.__version__}", f"flax {flax.__version__}"]
   # Read from the installed metadata, not imported: importing torch and
