@@ -1,5 +1,5 @@
-"""The entry points' restart with a malloc that keeps the memory it frees:
-when it happens, and that it does."""
+"""The entry points' restart with a malloc that keeps the memory it frees,
+and their CPU programs run on the calling thread: when, and that it happens."""
 
 import os
 import platform
@@ -11,7 +11,7 @@ import pytest
 from jaxtl.runtime import malloc
 
 GLIBC = ("glibc", "2.36")
-OURS = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
+OURS = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
 
 
 def test_restarts_only_where_the_tunables_apply():
@@ -20,7 +20,7 @@ def test_restarts_only_where_the_tunables_apply():
   assert kept == "glibc.rtld.nns=8:" + OURS
   no_restart = [
       ({"JAXTL_KEEP_MEMORY": "0"}, GLIBC),  # opted out
-      ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, GLIBC),  # the user's choice
+      ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, GLIBC),  # the user's choice
       ({"GLIBC_TUNABLES": OURS}, GLIBC),  # already restarted
       ({}, ("glibc", "2.17")),  # too old to read tunables
       ({}, ("", "")),  # musl
@@ -45,16 +45,26 @@ def test_an_entry_point_reexecutes_itself_once_with_the_tunables():
     assert out == ["start", "start", OURS, "malloc_keeps_freed_memory_(glibc_tunables)"]
 
 
-def test_every_command_starts_with_the_restart(monkeypatch):
+def test_cpu_programs_run_on_the_calling_thread_unless_opted_out(monkeypatch):
+  import jax
+  updates = []
+  monkeypatch.setattr(jax.config, "update", lambda *a: updates.append(a))
+  malloc.dispatch_inline({})
+  malloc.dispatch_inline({"JAXTL_KEEP_MEMORY": "0"})
+  assert updates == [("jax_cpu_enable_async_dispatch", False)]
+
+
+def test_every_command_starts_with_both_halves(monkeypatch):
   """Fine-tuning and prediction too: their steps of several lengths gain
   from kept memory as one-shape steps do (the huge pages before did not)."""
   from jaxtl.programs import cli
   from jaxtl.runtime import compile_cache, startup, xla_cpu
-  restarts = []
+  calls = []
   monkeypatch.setattr(xla_cpu, "apply", lambda: None)
   monkeypatch.setattr(compile_cache, "enable", lambda: None)
-  monkeypatch.setattr(malloc, "restart_keeping_memory", lambda: restarts.append(1))
+  monkeypatch.setattr(malloc, "restart_keeping_memory", lambda: calls.append("restart"))
+  monkeypatch.setattr(malloc, "dispatch_inline", lambda: calls.append("inline"))
   names = ("finetune", "predict", "pretrain", "benchmark")
   for name in names:
     startup.tune_process(compilation_cache=cli.COMMANDS[name].compilation_cache)
-  assert restarts == [1] * len(names)
+  assert calls == ["restart", "inline"] * len(names)

@@ -1,31 +1,32 @@
-"""Restart an entry point with glibc's malloc keeping the memory it frees.
+"""Restart an entry point with glibc's malloc keeping the memory it frees,
+and run CPU programs on the thread that calls them.
 
 XLA:CPU allocates a step's temporaries as one block at every execution (162
-MiB for a MiniLM fine-tuning step at 32 x 16, 786 MiB for BERT-base at 4 x
-128) and frees it when the step ends. glibc maps a block that large straight
-from the kernel and unmaps it on free; from XLA's worker threads it does so
-whatever its mmap settings, since their arenas cannot hold such a block. So
-each step faulted its temporaries in afresh, 4 KiB at a time: 40,000 page
-faults a MiniLM step, a fifth of the process's CPU time in the kernel.
-Three tunables keep the memory instead: one arena for every thread
-(``arena_max=1``, so XLA's blocks come from the main heap), no mmap for large
-blocks (``mmap_max=0``), and a heap top that is never given back
-(``trim_threshold``). A MiniLM fine-tune on 9,000 SST-2 sentences then
-spent 4.6 s in the kernel instead of 30, and its epoch took 54 s instead
-of 67 (docs/studies/performance.md).
+MiB for a MiniLM fine-tuning step at 32 x 16) and frees it when the step
+ends. glibc maps a block that large straight from the kernel and unmaps it
+on free, so each step faulted its temporaries in afresh, 4 KiB at a time:
+40,000 page faults a MiniLM step, a fifth of the process's CPU time in the
+kernel. Two tunables keep the memory instead: no mmap for large blocks
+(``mmap_max=0``) and a heap top that is never given back
+(``trim_threshold``). They reach only the main thread's heap: a block this
+large from any other thread is mapped whatever the tunables say, and JAX
+runs a CPU program on a worker thread unless its asynchronous dispatch is
+off. :func:`dispatch_inline` turns it off (a program over several devices
+keeps its threads). A MiniLM fine-tune on 9,000 SST-2 sentences then spent
+FIXME s in the kernel instead of 30, and its epoch took FIXME s instead of
+67, at the same peak memory (docs/studies/performance.md).
 
-The price is memory: the process keeps its peak heap until it exits, and
-blocks of different sizes fragment it. That fine-tune peaked at 2.6 GiB
-resident instead of 1.9. Until 2026-11-28 the entry points restarted onto
-huge pages (``glibc.malloc.hugetlb=1``) instead: they cut the faults but
-not the zeroing of fresh pages, and in runs of several step lengths they
-made the longer steps 2-2.5x slower.
+Until 2026-11-28 the entry points restarted onto huge pages
+(``glibc.malloc.hugetlb=1``) instead: they cut the faults but not the
+zeroing of fresh pages, and in runs of several step lengths they made the
+longer steps 2-2.5x slower. Putting every thread on the main heap
+(``arena_max=1``) kept the memory too, but doubled the time multithreaded
+SentencePiece training took and fragmented the heap.
 
 Tunables are read only when a process starts, so the command-line entry
 points re-execute themselves once with them set; importing jaxtl as a
-library never does. ``JAXTL_KEEP_MEMORY=0`` turns the restart off, as does
-any of the three tunables already in ``GLIBC_TUNABLES`` (the user's own
-choice).
+library never does. ``JAXTL_KEEP_MEMORY=0`` turns both halves off, as does
+either tunable already in ``GLIBC_TUNABLES`` (the user's own choice).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import sys
 from typing import Mapping
 
 TUNABLES = {
-    "glibc.malloc.arena_max": 1,
     "glibc.malloc.mmap_max": 0,
     "glibc.malloc.trim_threshold": 1 << 40,
 }
@@ -79,6 +79,18 @@ def restart_keeping_memory() -> None:
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(sys.executable, sys.orig_argv, {**os.environ, "GLIBC_TUNABLES": value})
+
+
+def dispatch_inline(environ: Mapping[str, str] = os.environ) -> None:
+  """Runs single-device CPU programs on the calling thread (JAX's
+  ``jax_cpu_enable_async_dispatch`` off), so that their temporaries come
+  from the heap the tunables keep; unless opted out. Call it before JAX
+  starts its backend. On a CPU the loop gains nothing from queueing a step
+  behind the running one (docs/studies/performance.md)."""
+  if environ.get(OPT_OUT) == "0":
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_cpu_enable_async_dispatch", False)
 
 
 def describe() -> str:
