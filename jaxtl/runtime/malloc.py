@@ -1,7 +1,7 @@
 """Restart an entry point with glibc's malloc keeping the memory it frees,
 and run CPU programs on the thread that calls them.
 
-XLA:CPU allocates a step's temporaries as one block at every execution (162
+XLA:CPU allocates a step's temporaries as one block at every execution (155
 MiB for a MiniLM fine-tuning step at 32 x 16) and frees it when the step
 ends. glibc maps a block that large straight from the kernel and unmaps it
 on free, so each step faulted its temporaries in afresh, 4 KiB at a time:
@@ -13,8 +13,9 @@ large from any other thread is mapped whatever the tunables say, and JAX
 runs a CPU program on a worker thread unless its asynchronous dispatch is
 off. :func:`dispatch_inline` turns it off (a program over several devices
 keeps its threads). A MiniLM fine-tune on 9,000 SST-2 sentences then spent
-FIXME s in the kernel instead of 30, and its epoch took FIXME s instead of
-67, at the same peak memory (docs/studies/performance.md).
+5-7 s in the kernel instead of 30-32, and its epoch took 59-60 s instead of
+69-72; its peak resident memory rose from 2.0 to 2.3 GiB, since the heap
+keeps its largest size (docs/studies/performance.md).
 
 Until 2026-11-28 the entry points restarted onto huge pages
 (``glibc.malloc.hugetlb=1``) instead: they cut the faults but not the
