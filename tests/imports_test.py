@@ -138,7 +138,9 @@ LAZY_HERE = {
     ("jaxtl/recipes.py", "jaxtl.configs"):
         "the recipes' sections import JAX; the CLI imports recipes before it tunes the process",
     ("jaxtl/runtime/compile_cache.py", "jax"):
-        "the CLI imports it before the process is tuned (XLA flags, huge-page restart)",
+        "the CLI imports it before the process is tuned (XLA flags, malloc restart)",
+    ("jaxtl/runtime/malloc.py", "jax"):
+        "its restart re-executes the process: JAX is loaded only after it",
 }
 MAX_LOCAL_IMPORTS = 40
 

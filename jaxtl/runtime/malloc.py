@@ -26,8 +26,9 @@ SentencePiece training took and fragmented the heap.
 
 Tunables are read only when a process starts, so the command-line entry
 points re-execute themselves once with them set; importing jaxtl as a
-library never does. ``JAXTL_KEEP_MEMORY=0`` turns both halves off, as does
-either tunable already in ``GLIBC_TUNABLES`` (the user's own choice).
+library never does. ``JAXTL_KEEP_MEMORY=0`` turns both halves off; either
+tunable already in ``GLIBC_TUNABLES`` (the user's own choice) leaves the
+restart out.
 """
 
 from __future__ import annotations
@@ -54,12 +55,12 @@ def tunables_keeping_memory(environ: Mapping[str, str],
   current = environ.get("GLIBC_TUNABLES", "")
   if environ.get(OPT_OUT) == "0" or any(name in current for name in TUNABLES):
     return None
-  name, version = libc
+  kind, version = libc
   try:
     numbers = tuple(int(part) for part in version.split(".")[:2])
   except ValueError:
     return None
-  if name != "glibc" or numbers < MIN_GLIBC:
+  if kind != "glibc" or numbers < MIN_GLIBC:
     return None
   ours = [f"{name}={value}" for name, value in TUNABLES.items()]
   return ":".join(filter(None, [current, *ours]))

@@ -12,12 +12,12 @@ from jaxtl.runtime import compile_cache, malloc, xla_cpu
 
 
 def tune_process(compilation_cache: bool = True) -> None:
-  """XLA:CPU flags for this CPU (:mod:`jaxtl.runtime.xla_cpu`), the restart
-  with a malloc that keeps the memory it frees and CPU programs run on the
-  calling thread (:mod:`jaxtl.runtime.malloc`),
-  then the persistent compilation cache (:mod:`jaxtl.runtime.compile_cache`)
-  unless ``compilation_cache`` is False (the benchmark, whose compile times
-  are those of a cold start)."""
+  """XLA:CPU flags for this CPU (:mod:`jaxtl.runtime.xla_cpu`); the restart
+  with a malloc that keeps the memory it frees, and CPU programs run on the
+  calling thread (:mod:`jaxtl.runtime.malloc`); then the persistent
+  compilation cache (:mod:`jaxtl.runtime.compile_cache`) unless
+  ``compilation_cache`` is False (the benchmark, whose compile times are
+  those of a cold start)."""
   xla_cpu.apply()
   malloc.restart_keeping_memory()
   malloc.dispatch_inline()
