@@ -47,13 +47,22 @@ MIN_GLIBC = (2, 26)
 OPT_OUT = "JAXTL_KEEP_MEMORY"
 
 
+def _settings() -> list[str]:
+  """:data:`TUNABLES` as ``GLIBC_TUNABLES`` writes them."""
+  return [f"{name}={value}" for name, value in TUNABLES.items()]
+
+
+def _opted_out(environ: Mapping[str, str]) -> bool:
+  return environ.get(OPT_OUT) == "0"
+
+
 def tunables_keeping_memory(environ: Mapping[str, str],
                             libc: tuple[str, str]) -> str | None:
   """The ``GLIBC_TUNABLES`` value to restart with, or None where there is
   no restart: opted out, any of :data:`TUNABLES` already set (by the user,
   or by the restart itself), or no glibc that reads tunables."""
   current = environ.get("GLIBC_TUNABLES", "")
-  if environ.get(OPT_OUT) == "0" or any(name in current for name in TUNABLES):
+  if _opted_out(environ) or any(name in current for name in TUNABLES):
     return None
   kind, version = libc
   try:
@@ -62,8 +71,7 @@ def tunables_keeping_memory(environ: Mapping[str, str],
     return None
   if kind != "glibc" or numbers < MIN_GLIBC:
     return None
-  ours = [f"{name}={value}" for name, value in TUNABLES.items()]
-  return ":".join(filter(None, [current, *ours]))
+  return ":".join(filter(None, [current, *_settings()]))
 
 
 def restart_keeping_memory() -> None:
@@ -89,7 +97,7 @@ def dispatch_inline(environ: Mapping[str, str] = os.environ) -> None:
   from the heap the tunables keep; unless opted out. Call it before JAX
   starts its backend. On a CPU the loop gains nothing from queueing a step
   behind the running one (docs/studies/performance.md)."""
-  if environ.get(OPT_OUT) == "0":
+  if _opted_out(environ):
     return
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_cpu_enable_async_dispatch", False)
@@ -98,6 +106,6 @@ def dispatch_inline(environ: Mapping[str, str] = os.environ) -> None:
 def describe() -> str:
   """Whether this process's malloc keeps freed memory, for benchmark headings."""
   current = os.environ.get("GLIBC_TUNABLES", "")
-  if all(f"{name}={value}" in current for name, value in TUNABLES.items()):
+  if all(setting in current for setting in _settings()):
     return "malloc keeps freed memory (glibc tunables)"
   return "malloc: the system's defaults"
