@@ -136,11 +136,11 @@ def test_bfloat16_train_step_on_gpu_learns_and_keeps_float32_state():
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     state, shardings = train.create_sharded_state(
         model, tx, train.lm_init_inputs(model, batch), jax.random.key(0), mesh, rules)
-    step = train.jit_train_step(loss_fn, weight_fn, tx, schedule, shardings, mesh)
+    step = train.jit_train_step(loss_fn, weight_fn, tx, shardings, mesh)
     device_batch = sharding.shard_batch(batch, mesh)
     losses = []
     for i in range(20):
-      state, metrics = step(state, device_batch, jax.random.key(i))
+      state, metrics = step(state, device_batch, jax.random.key(i), schedule)
       losses.append(float(metrics["loss_sum"] / metrics["weight_sum"]))
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
   assert all(np.isfinite(losses)) and losses[-1] < 0.7 * losses[0], losses

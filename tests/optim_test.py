@@ -57,6 +57,50 @@ def test_the_train_steps_norm_reaches_the_clipping_inside_a_chain():
   np.testing.assert_allclose(updates["head"]["out"]["kernel"], -0.25)
 
 
+def optax_schedule(c, total):
+  """The schedule as optax composes it, the reference for optim.Schedule."""
+  warmup = c.warmup_steps or round(c.warmup_fraction * total)
+  end, decay_steps = c.lr * c.end_lr_ratio, max(total - warmup, 1)
+  decay = {"cosine": optax.cosine_decay_schedule(c.lr, decay_steps, alpha=c.end_lr_ratio),
+           "linear": optax.linear_schedule(c.lr, end, decay_steps),
+           "stlr": optax.linear_schedule(c.lr, end, decay_steps),
+           "constant": optax.constant_schedule(c.lr)}[c.schedule]
+  warm = optax.linear_schedule(end if c.schedule == "stlr" else 0.0, c.lr, max(warmup, 1))
+  return optax.join_schedules([warm, decay], [warmup]) if warmup else decay
+
+
+@pytest.mark.parametrize("kind", optim.SCHEDULES)
+@pytest.mark.parametrize("warmup", [0, 7])
+def test_schedules_give_optaxs_values(kind, warmup):
+  c = dataclasses.replace(OPTIM, schedule=kind, lr=3e-4, warmup_steps=warmup,
+                          end_lr_ratio=0.05)
+  ours, theirs = optim.make_schedule(c, 50), optax_schedule(c, 50)
+  steps = np.arange(60)
+  np.testing.assert_allclose(jax.jit(jax.vmap(ours))(steps),
+                             [float(theirs(int(t))) for t in steps], rtol=2e-6, atol=1e-12)
+
+
+def test_adamw_matches_optax_with_the_same_state():
+  """Each step's update is optax.adamw's, given the schedule as an argument
+  or not; the state has optax's structure, so older checkpoints load."""
+  c = dataclasses.replace(OPTIM, schedule="cosine", warmup_steps=2, weight_decay=0.1)
+  schedule = optim.make_schedule(c, 10)
+  ours = optim.adamw(c, schedule)
+  theirs = optax.adamw(optax_schedule(c, 10), b1=c.b1, b2=c.b2, eps=c.eps,
+                       weight_decay=c.weight_decay, mask=optim.decay_mask)
+  state, want_state = ours.init(PARAMS), theirs.init(PARAMS)
+  assert jax.tree.structure(state) == jax.tree.structure(want_state)
+  update = jax.jit(lambda g, s, p, sched: ours.update(g, s, p, schedule=sched))
+  for i in range(4):
+    grads = jax.tree.map(lambda x: x * (i + 1), GRADS)
+    alone, _ = ours.update(grads, state, PARAMS)  # the schedule it was built with
+    got, state = update(grads, state, PARAMS, schedule)
+    want, want_state = theirs.update(grads, want_state, PARAMS)
+    for a, b, d in zip(jax.tree.leaves(got), jax.tree.leaves(want), jax.tree.leaves(alone)):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-10)
+      np.testing.assert_allclose(d, a, rtol=1e-5, atol=1e-10)
+
+
 def moved(before, after):
   return jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
                       before, after)

@@ -1,6 +1,7 @@
 """Train step properties: mesh equivalence on 8 fake devices, sharding,
 gradient accumulation, and skipping non-finite updates."""
 
+import dataclasses
 import functools
 
 import flax.linen as nn
@@ -69,11 +70,11 @@ def run_steps(cfg, mesh_shape, data, *, accum=1, loss_fn=None, optim_cfg=OPTIM,
   step = train.jit_train_step(
       loss_fn or obj.make_loss_fn(model, None, OBJECTIVE),
       functools.partial(obj.weight_total, family=cfg.family), tx,
-      schedule, shardings, mesh, accum_steps=accum)
+      shardings, mesh, accum_steps=accum)
   losses, metrics = [], []
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     for b in data:
-      state, m = step(state, sharding.shard_batch(b, mesh), jax.random.key(1))
+      state, m = step(state, sharding.shard_batch(b, mesh), jax.random.key(1), schedule)
       m = jax.device_get(m)
       metrics.append(m)
       losses.append(float(m["loss_sum"] / m["weight_sum"]))
@@ -319,6 +320,35 @@ def test_schedule_warms_up_then_decays():
   assert values[0] == 0.0 and values[2] == pytest.approx(OPTIM.lr)
   assert all(a >= b for a, b in zip(values[2:], values[3:]))
   assert values[10] == pytest.approx(OPTIM.lr * OPTIM.end_lr_ratio)
+
+
+def test_one_compiled_step_serves_every_learning_rate_and_run_length():
+  """The schedule is an input of the step, not a constant in it: runs that
+  differ in learning rate, warmup or length lower to the same program (so
+  a second run finds it in the persistent cache), and each still trains at
+  its own rate."""
+  model = build_model(tiny("encoder"))
+  mesh, rules = sharding.make_mesh((1, 1, 1), jax.devices()[:1]), sharding.make_rules()
+  data = batches("encoder", 1)[0]
+  programs, rates = [], []
+  for lr, steps, warmup in ((1e-3, 10, 2), (3e-5, 5000, 0)):
+    c = dataclasses.replace(OPTIM, lr=lr, warmup_steps=warmup, schedule="linear")
+    tx, schedule = optim.make_optimizer(c, total_steps=steps)
+    state, shardings = train.create_sharded_state(
+        model, tx, train.lm_init_inputs(model, data), jax.random.key(0), mesh, rules)
+    obj = objectives.get("mlm")
+    step = train.jit_train_step(obj.make_loss_fn(model, None, OBJECTIVE),
+                                functools.partial(obj.weight_total, family="encoder"),
+                                tx, shardings, mesh)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      batch = sharding.shard_batch(data, mesh)
+      programs.append(step.lower(state, batch, jax.random.key(1), schedule).as_text())
+      for _ in range(3):
+        state, m = step(state, batch, jax.random.key(1), schedule)
+      rates.append(float(m["learning_rate"]))
+  assert programs[0] == programs[1]
+  np.testing.assert_allclose(rates, [1e-3, 3e-5 - (3e-5 - 3e-5 * OPTIM.end_lr_ratio) * 2 / 5000],
+                             rtol=1e-5)
 
 
 def test_mesh_and_rule_errors_name_the_problem():

@@ -81,18 +81,18 @@ def jaxtl_program(preset: Preset, cfg: TransformerConfig, devices: list[jax.Devi
   tx, schedule = optim.make_optimizer(optimizer_config(), total_steps=1000)
   state, shardings = train.create_sharded_state(
       model, tx, init_inputs(model, preset, batch), jax.random.key(seed), mesh, rules)
-  step = train.jit_train_step(loss_fn, weight_fn, tx, schedule, shardings, mesh)
+  step = train.jit_train_step(loss_fn, weight_fn, tx, shardings, mesh)
   rng = jax.random.key(seed + 1)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     device_batch = sharding.shard_batch(batch, mesh)
     start = time.perf_counter()
-    compiled = step.lower(state, device_batch, rng).compile(
+    compiled = step.lower(state, device_batch, rng, schedule).compile(
         compiler_options=compiler_options or None)
     compile_s = time.perf_counter() - start
   holder = [state]
 
   def run_step():
-    holder[0], metrics = compiled(holder[0], device_batch, rng)
+    holder[0], metrics = compiled(holder[0], device_batch, rng, schedule)
     jax.block_until_ready((holder[0], metrics))
 
   params = state.params[paths.BACKBONE] if preset.objective == "classify" else state.params

@@ -32,7 +32,7 @@ import tqdm
 
 from jaxtl import layout
 from jaxtl.data import batches
-from jaxtl.train import checkpoint, perf, sharding, stopping, storage
+from jaxtl.train import checkpoint, optim, perf, sharding, stopping, storage
 from jaxtl.train import metrics as metrics_lib
 from jaxtl.train import step as step_lib
 from jaxtl.train import workdir as workdir_lib
@@ -225,7 +225,7 @@ def stages_of(work: Workload, loop: LoopConfig) -> tuple[Stage, ...]:
 
 
 def run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
-        schedule: optax.Schedule, mesh: jax.sharding.Mesh, rules: Any,
+        schedule: optim.Schedule, mesh: jax.sharding.Mesh, rules: Any,
         workdir: str) -> Outcome:
   """Trains ``work`` for ``loop.steps`` steps, resuming from ``workdir``.
 
@@ -250,7 +250,7 @@ def _best_state(state: Any) -> dict[str, Any]:
 
 
 def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
-         schedule: optax.Schedule, mesh: jax.sharding.Mesh, rules: Any,
+         schedule: optim.Schedule, mesh: jax.sharding.Mesh, rules: Any,
          workdir: str) -> Outcome:
   os.makedirs(workdir, exist_ok=True)
   init_rng, step_rng = jax.random.split(jax.random.key(loop.seed))
@@ -292,6 +292,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
   peak = loop.peak_flops or perf.peak_flops_per_device(dtype=work.model.config.dtype)
   start = int(state.step)
   rng_data = np.asarray(jax.random.key_data(step_rng)).tolist()
+  rates = jax.device_put(schedule, sharding.replicated(mesh))  # a step input
   eval_metrics: dict[str, float] = {}
 
   def run_eval(at: int) -> dict[str, float]:
@@ -328,13 +329,13 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
             prefetch.close()
           prefetch = batches.Prefetcher(stage.batches, loop.prefetch)
           p_step = step_lib.jit_train_step(stage.loss_fn, work.weight_fn, tx,
-                                           schedule, shardings, mesh, loop.accum_steps)
+                                           shardings, mesh, loop.accum_steps)
           if len(stages) > 1 and at == ends[k] - stage.steps + 1:
             _announce(writer, k, stage, at - 1)
         batch = next(prefetch)
         if work.prepare is not None:
           batch = work.prepare(batch)
-        state, m = p_step(state, shard(batch, mesh), step_rng)
+        state, m = p_step(state, shard(batch, mesh), step_rng, rates)
         window.append(m)
         ckpt.check()  # a background save that failed stops the run now
         if prev_bad is not None:  # the previous step's: keeps dispatch async
@@ -435,7 +436,7 @@ def _restore_position(stages: tuple[Stage, ...], ends: list[int], saved_stage: i
       f"stages now end at steps {ends}: the stages changed since (config.stages)")
 
 
-def schedule_moved(extra: Mapping[str, Any], steps: int, schedule: optax.Schedule,
+def schedule_moved(extra: Mapping[str, Any], steps: int, schedule: optim.Schedule,
                    at: int) -> str | None:
   """Why a resumed run's learning rate at ``at`` is not the one its
   checkpoint was saved with, or None when it is. A run resumed with more

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import traverse_util
 
@@ -34,7 +35,44 @@ class OptimConfig:
                             "the same update)")
 
 
-def make_schedule(optim: OptimConfig, total_steps: int) -> optax.Schedule:
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """Learning rate by optimizer step: linear warmup from ``start`` to ``lr``
+  over ``warmup`` steps, then ``kind`` decay to ``end`` over ``decay_steps``.
+
+  A pytree whose numbers are leaves, so the train step takes them as inputs
+  (:func:`jaxtl.train.step.train_step`) instead of compiling them in as
+  constants: runs that differ only in learning rate, warmup or length (more
+  epochs, more data) share one compiled step, and a second run finds it in
+  the persistent compilation cache instead of compiling it again. The
+  values are those of optax's linear, cosine and joined schedules.
+  """
+  lr: Any
+  start: Any
+  end: Any
+  warmup: Any
+  decay_steps: Any
+  kind: str = dataclasses.field(default="cosine", metadata={"static": True})
+
+  def __call__(self, count: Any) -> jax.Array:
+    count = jnp.asarray(count, jnp.float32)
+    warm = self.start + (self.lr - self.start) * jnp.clip(
+        count / jnp.maximum(self.warmup, 1.0), 0.0, 1.0)
+    done = jnp.clip((count - self.warmup) / self.decay_steps, 0.0, 1.0)
+    if self.kind == "cosine":
+      decay = self.end + (self.lr - self.end) * 0.5 * (1.0 + jnp.cos(jnp.pi * done))
+    elif self.kind == "constant":
+      decay = self.lr + 0.0 * done
+    else:  # linear, stlr
+      decay = self.lr + (self.end - self.lr) * done
+    return jnp.where(count < self.warmup, warm, decay)
+
+
+SCHEDULES = ("cosine", "linear", "stlr", "constant")
+
+
+def make_schedule(optim: OptimConfig, total_steps: int) -> Schedule:
   """Linear warmup to ``optim.lr``, then cosine or linear decay.
 
   Decay ends at ``optim.end_lr_ratio * lr`` on the last training step.
@@ -48,24 +86,52 @@ def make_schedule(optim: OptimConfig, total_steps: int) -> optax.Schedule:
   ``warmup_fraction=0.1`` (cut_frac) and ``end_lr_ratio=1/32`` (ratio 32);
   plain "linear" differs only in its first step's rate (0, not lr/32).
   """
-  warmup = int(optim.warmup_steps) or int(round(optim.warmup_fraction
-                                                 * total_steps))
-  decay_steps = max(total_steps - warmup, 1)
-  end = optim.lr * optim.end_lr_ratio
-  warm = optax.linear_schedule(end if optim.schedule == "stlr" else 0.0, optim.lr,
-                               max(warmup, 1))
-  if optim.schedule == "cosine":
-    decay = optax.cosine_decay_schedule(optim.lr, decay_steps, alpha=optim.end_lr_ratio)
-  elif optim.schedule in ("linear", "stlr"):
-    decay = optax.linear_schedule(optim.lr, end, decay_steps)
-  elif optim.schedule == "constant":
-    decay = optax.constant_schedule(optim.lr)
-  else:
+  if optim.schedule not in SCHEDULES:
     raise ValueError(f"config.optim.schedule={optim.schedule!r}; expected "
                      "cosine, linear, stlr or constant")
-  if warmup == 0:
-    return decay
-  return optax.join_schedules([warm, decay], [warmup])
+  warmup = int(optim.warmup_steps) or int(round(optim.warmup_fraction
+                                                 * total_steps))
+  end = optim.lr * optim.end_lr_ratio
+  start = end if optim.schedule == "stlr" else 0.0
+  # float32 whatever the config's types: one compiled step for all values
+  return Schedule(*np.float32([optim.lr, start, end, warmup, max(total_steps - warmup, 1)]),
+                  kind=optim.schedule)
+
+
+def scale_by_schedule(schedule: Schedule, scale: float = 1.0
+                      ) -> optax.GradientTransformationExtraArgs:
+  """Multiplies the updates by ``-scale * schedule(count)``, as
+  :func:`optax.scale_by_learning_rate` does with a schedule (the same state,
+  so checkpoints load either way).
+
+  ``update`` takes the schedule as the extra argument ``schedule`` where the
+  caller has it as an input (the train step does), and falls back to the
+  one given here: a schedule closed over would be compiled in as constants.
+  """
+
+  def init(params: Any) -> optax.ScaleByScheduleState:
+    del params
+    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+  def update(updates: Any, state: optax.ScaleByScheduleState, params: Any = None, *,
+             schedule: Schedule | None = None, **extra: Any) -> tuple[Any, Any]:
+    del params, extra
+    rate = -scale * (schedule or default)(state.count)
+    updates = jax.tree.map(lambda u: jnp.asarray(rate, u.dtype) * u, updates)
+    return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
+
+  default = schedule
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
+def adamw(optim: OptimConfig, schedule: Schedule, scale: float = 1.0
+          ) -> optax.GradientTransformationExtraArgs:
+  """:func:`optax.adamw` (decay on :func:`decay_mask`'s parameters), its rate
+  ``scale * schedule`` through :func:`scale_by_schedule`; the same state."""
+  return optax.chain(
+      optax.scale_by_adam(b1=optim.b1, b2=optim.b2, eps=optim.eps),
+      optax.add_decayed_weights(optim.weight_decay, decay_mask),
+      scale_by_schedule(schedule, scale))
 
 
 def decay_mask(params: Any) -> Any:
@@ -102,14 +168,13 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArg
 
 
 def make_optimizer(optim: OptimConfig, total_steps: int
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+                   ) -> tuple[optax.GradientTransformation, Schedule]:
   """AdamW (decoupled weight decay on matrices only) with global-norm clipping."""
   schedule = make_schedule(optim, total_steps)
   parts = []
   if optim.clip_norm and optim.clip_norm > 0:
     parts.append(clip_by_global_norm(optim.clip_norm))
-  parts.append(optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps,
-                           weight_decay=optim.weight_decay, mask=decay_mask))
+  parts.append(adamw(optim, schedule))
   return optax.chain(*parts), schedule
 
 
@@ -170,7 +235,7 @@ def make_finetune_optimizer(optim: OptimConfig, total_steps: int,
                             params: Any, num_layers: int, *,
                             freeze: Sequence[str] = (), layer_decay: float = 1.0,
                             unfreeze_every: int = 0
-                            ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+                            ) -> tuple[optax.GradientTransformation, Schedule]:
   """AdamW for adaptation, with three ULMFiT/feature-extraction switches.
 
   - ``freeze``: regexes of parameters that never train; they get no
@@ -188,11 +253,7 @@ def make_finetune_optimizer(optim: OptimConfig, total_steps: int,
   labels = jax.tree.map(lambda d, f: "frozen" if f else f"depth_{d}", depths, frozen)
   transforms = {"frozen": optax.set_to_zero()}
   for d in set(jax.tree.leaves(depths)):
-    scale = layer_decay ** (top - d)
-    adamw = optax.adamw(lambda step, s=scale: schedule(step) * s, b1=optim.b1,
-                        b2=optim.b2, eps=optim.eps, weight_decay=optim.weight_decay,
-                        mask=decay_mask)
-    transforms[f"depth_{d}"] = adamw
+    transforms[f"depth_{d}"] = adamw(optim, schedule, scale=layer_decay ** (top - d))
   parts = []
   if optim.clip_norm and optim.clip_norm > 0:
     parts.append(clip_by_global_norm(optim.clip_norm))

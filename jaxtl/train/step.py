@@ -1,7 +1,7 @@
 """The pure train step, sharded state init, and the step's one jit site.
 
-The step is one module-level pure function ``(state, batch, rng) -> (state,
-metrics)``; :func:`jit_train_step` is the only place it is jitted, with
+The step is one module-level pure function ``(state, batch, rng, schedule)
+-> (state, metrics)``; :func:`jit_train_step` is the only place it is jitted, with
 explicit in/out shardings and the state donated, for the training loop and
 the benchmarks alike. State is initialised through ``jax.eval_shape`` ->
 shardings -> jitted init, so the full state never has to fit on one device.
@@ -21,7 +21,7 @@ from flax import struct, traverse_util
 
 from jaxtl.models.config import input_side
 from jaxtl.models.family import family_of
-from jaxtl.train import sharding
+from jaxtl.train import optim, sharding
 
 Array = jax.Array
 
@@ -166,11 +166,16 @@ def keep_if_finite(finite: Array, update: Callable, grads: Any, params: Any,
   return jax.lax.cond(finite, update, lambda g, p, o: (p, o), grads, params, opt_state)
 
 
-def train_step(state: TrainState, batch: Mapping[str, Array], rng: Array, *,
-               loss_fn: Callable, weight_fn: Callable,
-               tx: optax.GradientTransformation, schedule: optax.Schedule,
+def train_step(state: TrainState, batch: Mapping[str, Array], rng: Array,
+               schedule: optim.Schedule, *, loss_fn: Callable, weight_fn: Callable,
+               tx: optax.GradientTransformation,
                accum_steps: int = 1) -> tuple[TrainState, dict[str, Array]]:
   """One optimizer update. A non-finite loss or gradient skips the update.
+
+  The learning rate's ``schedule`` is an input, not a constant, so one
+  compiled step serves every learning rate and run length
+  (:class:`jaxtl.train.optim.Schedule`); ``tx`` takes it as the extra
+  argument ``schedule``.
 
   ``weight_fn(batch)`` is the batch's total loss weight, the normaliser that
   makes accumulated micro-batch gradients equal the full-batch gradient.
@@ -186,7 +191,7 @@ def train_step(state: TrainState, batch: Mapping[str, Array], rng: Array, *,
     # The norm goes to the optimizer's clipping (optim.clip_by_global_norm),
     # which would otherwise take it again.
     updates, opt_state = optax.with_extra_args_support(tx).update(
-        grads, opt_state, params, grad_norm=grad_norm)
+        grads, opt_state, params, grad_norm=grad_norm, schedule=schedule)
     return optax.apply_updates(params, updates), opt_state
 
   params, opt_state = keep_if_finite(finite, update, grads, state.params, state.opt_state,
@@ -229,16 +234,15 @@ def evaluate(eval_fn: Callable, params: Any, batches: Iterator[Mapping[str, Any]
 
 
 def jit_train_step(loss_fn: Callable, weight_fn: Callable,
-                   tx: optax.GradientTransformation, schedule: optax.Schedule,
-                   state_shardings: Any, mesh: jax.sharding.Mesh,
-                   accum_steps: int = 1) -> Callable:
+                   tx: optax.GradientTransformation, state_shardings: Any,
+                   mesh: jax.sharding.Mesh, accum_steps: int = 1) -> Callable:
   """:func:`train_step` jitted with the state sharded and donated, the batch
-  split over the mesh's data axes and the RNG replicated."""
+  split over the mesh's data axes, the RNG and the schedule replicated."""
   if accum_steps < 1:
     raise ValueError(f"config.optim.accum_steps must be >= 1, got {accum_steps}")
   return jax.jit(
       functools.partial(train_step, loss_fn=loss_fn, weight_fn=weight_fn, tx=tx,
-                        schedule=schedule, accum_steps=accum_steps),
+                        accum_steps=accum_steps),
       in_shardings=(state_shardings, sharding.batch_sharding(mesh),
-                    sharding.replicated(mesh)),
+                    sharding.replicated(mesh), sharding.replicated(mesh)),
       out_shardings=(state_shardings, None), donate_argnums=0)
