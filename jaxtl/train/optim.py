@@ -55,18 +55,21 @@ class Schedule:
   decay_steps: Any
   kind: str = dataclasses.field(default="cosine", metadata={"static": True})
 
-  def __call__(self, count: Any) -> jax.Array:
-    count = jnp.asarray(count, jnp.float32)
-    warm = self.start + (self.lr - self.start) * jnp.clip(
-        count / jnp.maximum(self.warmup, 1.0), 0.0, 1.0)
-    done = jnp.clip((count - self.warmup) / self.decay_steps, 0.0, 1.0)
+  def __call__(self, count: Any) -> Any:
+    # numpy for a host's question (a checkpoint's rate, a test), which would
+    # otherwise compile a dozen one-op programs; jnp inside a step
+    xp = jnp if any(isinstance(x, jax.Array) for x in (count, *jax.tree.leaves(self))) else np
+    count = xp.asarray(count, xp.float32)
+    warm = self.start + (self.lr - self.start) * xp.clip(
+        count / xp.maximum(self.warmup, 1.0), 0.0, 1.0)
+    done = xp.clip((count - self.warmup) / self.decay_steps, 0.0, 1.0)
     if self.kind == "cosine":
-      decay = self.end + (self.lr - self.end) * 0.5 * (1.0 + jnp.cos(jnp.pi * done))
+      decay = self.end + (self.lr - self.end) * 0.5 * (1.0 + xp.cos(xp.pi * done))
     elif self.kind == "constant":
       decay = self.lr + 0.0 * done
     else:  # linear, stlr
       decay = self.lr + (self.end - self.lr) * done
-    return jnp.where(count < self.warmup, warm, decay)
+    return xp.where(count < self.warmup, warm, decay)
 
 
 SCHEDULES = ("cosine", "linear", "stlr", "constant")
