@@ -149,7 +149,8 @@ def test_a_stalled_call_is_not_charged_to_its_host_op(tmp_path):
   x = lambda name, dur, pid=1: {"ph": "X", "name": name, "dur": dur, "pid": pid, "ts": 0}
   events = ([x("transpose.3", us) for us in (300, 310, 290, 20_000)]  # one stall
             + [x("transpose.4", 100)] * 4 + [x("ynn_fusion.1", 1000)] * 4
-            + [x("$python frame", 9_999_999)] + [x("cond.7", 5_000)] * 4)
+            + [x("$python frame", 9_999_999)] + [x("cond.7", 5_000)] * 4
+            + [x("CommonPjRtLoadedExecutable::ExecuteHelperOnSingleDevice", 9_000)] * 4)
   trace = tmp_path / "plugins" / "profile" / "run" / "perfetto_trace.json.gz"
   trace.parent.mkdir(parents=True)
   with gzip.open(trace, "wt") as f:

@@ -33,8 +33,12 @@ KINDS = (
     ("copy/transpose", ("copy", "transpose", "memcpy", "memset")),
 )
 # Host events that are not XLA:CPU ops: Python frames ("$file:line name"),
-# and the runtime's executor, thread-pool and dispatch spans around the ops.
-_WRAPPERS = ("$", "ThunkExecutor", "SlinkyThreadPool", "PjitFunction")
+# and the runtime's executor, thread-pool and dispatch spans around the ops
+# (with JAX's dispatch inline, as jaxtl's commands run, the whole execution
+# is one PjRt span on the calling thread).
+_WRAPPERS = ("$", "ThunkExecutor", "SlinkyThreadPool", "PjitFunction", "CommonPjRt",
+             "ThreadpoolListener", "Wait for ", "DevicePut", "PythonRefManager",
+             "ParseArguments", "AllocateOutputBuffers", "end: ")
 # XLA:CPU's control-flow thunks (lax.cond, while loops): each event spans
 # the ops of its branch or body, which the trace records as well.
 _CONTROL_FLOW = re.compile(r"(cond|conditional|while|call)(\.\d+)?$")
