@@ -66,7 +66,7 @@ class Schedule:
     if self.kind == "cosine":
       decay = self.end + (self.lr - self.end) * 0.5 * (1.0 + xp.cos(xp.pi * done))
     elif self.kind == "constant":
-      decay = self.lr + 0.0 * done
+      decay = self.lr
     else:  # linear, stlr
       decay = self.lr + (self.end - self.lr) * done
     return xp.where(count < self.warmup, warm, decay)
@@ -112,6 +112,8 @@ def scale_by_schedule(schedule: Schedule, scale: float = 1.0
   one given here: a schedule closed over would be compiled in as constants.
   """
 
+  fallback = schedule  # update's argument of the same name shadows it
+
   def init(params: Any) -> optax.ScaleByScheduleState:
     del params
     return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
@@ -119,11 +121,10 @@ def scale_by_schedule(schedule: Schedule, scale: float = 1.0
   def update(updates: Any, state: optax.ScaleByScheduleState, params: Any = None, *,
              schedule: Schedule | None = None, **extra: Any) -> tuple[Any, Any]:
     del params, extra
-    rate = -scale * (schedule or default)(state.count)
+    rate = -scale * (fallback if schedule is None else schedule)(state.count)
     updates = jax.tree.map(lambda u: jnp.asarray(rate, u.dtype) * u, updates)
     return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
 
-  default = schedule
   return optax.GradientTransformationExtraArgs(init, update)
 
 
