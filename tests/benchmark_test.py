@@ -177,6 +177,24 @@ def test_fusion_summaries_say_what_each_fusion_computes():
   assert all("." not in k for k in what)  # keyed as kernels are named in traces
 
 
+def test_a_host_op_summed_over_instances_says_what_its_costliest_does(tmp_path):
+  from jaxtl.tools import profiling  # pylint: disable=g-import-not-at-top
+  hlo = "\n".join([
+      "%small (p: f32[2]) -> f32[2] {", "  %n = f32[2] negate(f32[2] %p)", "}",
+      "%big (p: f32[64]) -> f32[64] {", "  %e = f32[64] exponential(f32[64] %p)", "}",
+      "ENTRY %main (a: f32[2], b: f32[64]) -> f32[64] {",
+      "  %loop_fusion = f32[2]{0} fusion(f32[2] %a), kind=kLoop, calls=%small",
+      "  %loop_fusion.1 = f32[64]{0} fusion(f32[64] %b), kind=kLoop, calls=%big", "}"])
+  x = lambda name, dur: {"ph": "X", "name": name, "dur": dur, "pid": 1, "ts": 0}
+  trace = tmp_path / "plugins" / "profile" / "run" / "perfetto_trace.json.gz"
+  trace.parent.mkdir(parents=True)
+  with gzip.open(trace, "wt") as f:  # the XLA:CPU thunks of one step
+    json.dump({"traceEvents": [x("loop_fusion", 10), x("loop_fusion.1", 900)]}, f)
+  [op] = profiling.op_breakdown(str(tmp_path), steps=1, hlo_text=hlo)["ops"]
+  assert (op["op"], op["per_step"]) == ("loop_fusion", 2)
+  assert op["what"].startswith("f32[64] exponential"), op
+
+
 def test_batches_have_the_layout_each_loss_reads():
   mlm = presets.make_batch(presets.PRESETS["bert_base"])
   # 15% of 512 positions carry loss, as the MLM pipeline bounds them.

@@ -115,8 +115,9 @@ def op_breakdown(logdir: str, steps: int, top: int = 12,
   Ops are the events of the device processes (``/device:...``) when the trace
   has any, else the host's XLA thunks. Names end in ``.N`` per instance
   (``fusion.12``); instances are summed under one name. With the compiled
-  module's ``hlo_text``, each fusion also says what it computes
-  (:func:`fusion_summaries`).
+  module's ``hlo_text``, each op also says what it computes
+  (:func:`fusion_summaries`): for a name summed over instances (XLA:CPU's
+  324 ``ynn_fusion.N`` dots of a step), what its costliest instance does.
 
   A host thunk is one HLO instruction, run the same way every step, so its
   time is its median call times its calls: on a shared CPU host one call
@@ -138,11 +139,13 @@ def op_breakdown(logdir: str, steps: int, top: int = 12,
     calls[e["name"]].append(e["dur"])
   by_op: collections.Counter = collections.Counter()
   count: collections.Counter = collections.Counter()
+  costliest: dict[str, tuple[float, str]] = {}  # name -> (time, its costliest instance)
   for instance, durations in calls.items():
     name = re.sub(r"\.\d+$", "", instance)
-    by_op[name] += (sum(durations) if device_pids
-                    else statistics.median(durations) * len(durations))
+    us = sum(durations) if device_pids else statistics.median(durations) * len(durations)
+    by_op[name] += us
     count[name] += len(durations)
+    costliest[name] = max(costliest.get(name, (0.0, instance)), (us, instance))
   total = sum(by_op.values())
   if not total:
     raise ValueError(f"the trace in {logdir} has no op events (on a CPU, set "
@@ -159,7 +162,7 @@ def op_breakdown(logdir: str, steps: int, top: int = 12,
                 for k, v in by_kind.most_common()],
       "ops": [{"op": k, "kind": kind_of(k), "ms_per_step": ms(v),
                "share": round(v / total, 3), "per_step": count[k] // steps,
-               "what": what.get(k, "")}
+               "what": what.get(re.sub(r"[.-]", "_", costliest[k][1]), "")}
               for k, v in by_op.most_common(top)],
   }
 
