@@ -151,6 +151,19 @@ def test_gradual_unfreezing_goes_top_down():
   assert moved(PARAMS, longer[6])["backbone"]["token_embed"]["embedding"]
 
 
+def test_one_compiled_update_serves_every_budget_and_rate():
+  """ULMFiT's unfreezing pace is an input like the rate: runs on other
+  budgets (another pace, another length) or rates compile the same update."""
+  programs = []
+  for total, every, lr in ((10, 2, 1e-2), (400, 37, 3e-4)):
+    c = dataclasses.replace(OPTIM, lr=lr, schedule="stlr", warmup_fraction=0.1)
+    tx, schedule = optim.make_finetune_optimizer(c, total, PARAMS, num_layers=2,
+                                                 layer_decay=0.8, unfreeze_every=every)
+    update = jax.jit(lambda g, s, p, k, tx=tx: tx.update(g, s, p, schedule=k))
+    programs.append(update.lower(GRADS, tx.init(PARAMS), PARAMS, schedule).as_text())
+  assert programs[0] == programs[1]
+
+
 def test_stlr_is_the_papers_slanted_triangle():
   c = dataclasses.replace(OPTIM, schedule="stlr", lr=0.01, warmup_fraction=0.1,
                           end_lr_ratio=1 / 32)

@@ -39,7 +39,8 @@ class OptimConfig:
 @dataclasses.dataclass(frozen=True)
 class Schedule:
   """Learning rate by optimizer step: linear warmup from ``start`` to ``lr``
-  over ``warmup`` steps, then ``kind`` decay to ``end`` over ``decay_steps``.
+  over ``warmup`` steps, then ``kind`` decay to ``end`` over ``decay_steps``;
+  and, fine-tuning ULMFiT's way, how fast the layers unfreeze.
 
   A pytree whose numbers are leaves, so the train step takes them as inputs
   (:func:`jaxtl.train.step.train_step`) instead of compiling them in as
@@ -53,6 +54,9 @@ class Schedule:
   end: Any
   warmup: Any
   decay_steps: Any
+  # ULMFiT's gradual unfreezing: one more layer trains every this many
+  # steps (:func:`make_finetune_optimizer`; 0: no unfreezing)
+  unfreeze_every: Any = np.float32(0)
   kind: str = dataclasses.field(default="cosine", metadata={"static": True})
 
   def __call__(self, count: Any) -> Any:
@@ -218,21 +222,26 @@ def frozen_mask(params: Any, freeze: Sequence[str]) -> Any:
       lambda p, _: any(re.search(r, _path_name(p)) for r in freeze), params)
 
 
-def _gradual_unfreeze(depths: Any, top: int, every: int) -> optax.GradientTransformation:
-  """Zeroes updates of depths not yet unfrozen: the top first, one more every ``every`` steps."""
+def _gradual_unfreeze(depths: Any, top: int, schedule: Schedule
+                      ) -> optax.GradientTransformationExtraArgs:
+  """Zeroes updates of depths not yet unfrozen: the top first, one more every
+  ``schedule.unfreeze_every`` steps (the train step's schedule when it
+  passes one, as :func:`scale_by_schedule` takes it)."""
+  fallback = schedule
 
   def init(params):
     del params
     return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
 
-  def update(updates, state, params=None):
-    del params
-    lowest = top - state.count // every  # depths >= lowest are trainable
+  def update(updates, state, params=None, *, schedule: Schedule | None = None, **extra):
+    del params, extra
+    every = (fallback if schedule is None else schedule).unfreeze_every
+    lowest = top - jnp.floor(state.count / every)  # depths >= lowest are trainable
     updates = jax.tree.map(lambda u, d: jnp.where(d >= lowest, u, jnp.zeros_like(u)),
                            updates, depths)
     return updates, optax.ScaleByScheduleState(count=state.count + 1)
 
-  return optax.GradientTransformation(init, update)
+  return optax.GradientTransformationExtraArgs(init, update)
 
 
 def make_finetune_optimizer(optim: OptimConfig, total_steps: int,
@@ -248,8 +257,12 @@ def make_finetune_optimizer(optim: OptimConfig, total_steps: int,
     (the head trains at lr, each layer below at ``decay`` times the one above).
   - ``unfreeze_every``: gradual unfreezing, the top group first and one more
     layer every N steps (gradients and updates of still-frozen layers are zero).
+
+  The schedule returned holds the rate and the unfreezing pace, inputs of
+  the train step like the rate (:class:`Schedule`).
   """
-  schedule = make_schedule(optim, total_steps)
+  schedule = dataclasses.replace(make_schedule(optim, total_steps),
+                                 unfreeze_every=np.float32(unfreeze_every))
   top = num_layers + 1
   depths = jax.tree_util.tree_map_with_path(
       lambda p, _: layer_depth(_path_name(p), num_layers), params)
@@ -262,10 +275,10 @@ def make_finetune_optimizer(optim: OptimConfig, total_steps: int,
   if optim.clip_norm and optim.clip_norm > 0:
     parts.append(clip_by_global_norm(optim.clip_norm))
   if unfreeze_every:
-    parts.append(_gradual_unfreeze(depths, top, unfreeze_every))
+    parts.append(_gradual_unfreeze(depths, top, schedule))
   parts.append(optax.multi_transform(transforms, labels))
   if unfreeze_every:  # again after Adam: weight decay must not move them either
-    parts.append(_gradual_unfreeze(depths, top, unfreeze_every))
+    parts.append(_gradual_unfreeze(depths, top, schedule))
   return optax.chain(*parts), schedule
 
 
