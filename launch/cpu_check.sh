@@ -3,7 +3,7 @@
 # for a session on an Intel Xeon with AMX); each stage prints a table:
 #
 #   launch/cpu_check.sh dots     # which dot forms reach the fast kernels (launch/cpu_dots.py),
-#                                # with jaxtl's flag rule and with XLA's defaults
+#                                # with XLA's defaults and with oneDNN's matmuls
 #   launch/cpu_check.sh flags    # MiniLM's step per XLA:CPU flag: float32, bfloat16, and
 #                                # bfloat16 with row-major dots (model.row_major_dots)
 #   launch/cpu_check.sh versus   # each flag of the flag stage against XLA's defaults in ONE
@@ -25,7 +25,7 @@ modes=("--dtype=float32" "--dtype=bfloat16" "--dtype=bfloat16 --model=row_major_
 bench() {  # ENV... -- BENCHMARK FLAGS...: one row of the table
   local envs=() setting
   while [[ $1 != -- ]]; do envs+=("$1"); shift; done; shift
-  setting="${envs[*]:-the flag rule} $*"
+  setting="${envs[*]:-XLA defaults} $*"
   env "${envs[@]}" python -m jaxtl benchmark --presets="${PRESET:-minilm_cls}" \
       --steps="${STEPS:-6}" --warmup=2 --results="$out/benchmark_results.md" "$@" 2>&1 \
     | tee -a "$out/bench.log" | grep '^{"preset"' | python3 -c '
@@ -41,12 +41,12 @@ header() { echo "| setting | step ms | PyTorch ms | jaxtl / PyTorch | compile s 
 
 case ${1:-} in
   dots)
-    python launch/cpu_dots.py 2>&1 | grep -v "^[IW][0-9]" | tee "$out/dots_rule.md"
-    JAXTL_CPU_FLAGS=0 python launch/cpu_dots.py 2>&1 | grep -v "^[IW][0-9]" \
-      | tee "$out/dots_default.md"
+    python launch/cpu_dots.py 2>&1 | grep -v "^[IW][0-9]" | tee "$out/dots_default.md"
+    XLA_FLAGS="--xla_cpu_use_onednn=true --xla_cpu_experimental_ynn_fusion_type=" \
+      python launch/cpu_dots.py 2>&1 | grep -v "^[IW][0-9]" | tee "$out/dots_onednn.md"
     ;;
   flags)
-    IFS=';' read -ra settings <<<"${FLAG_SETTINGS:-JAXTL_CPU_FLAGS=0;JAXTL_CPU_FLAGS=1;\
+    IFS=';' read -ra settings <<<"${FLAG_SETTINGS:-JAXTL_CPU_FLAGS=0;JAXTL_CPU_FLAGS=0;\
 JAXTL_CPU_FLAGS=0 XLA_FLAGS=--xla_cpu_use_onednn=true;\
 JAXTL_CPU_FLAGS=0 XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=;\
 JAXTL_CPU_FLAGS=0 XLA_FLAGS=--xla_cpu_experimental_onednn_fusion_type=dot;\

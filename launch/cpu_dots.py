@@ -1,7 +1,7 @@
 r"""Which matmul forms reach XLA:CPU's fast kernels on this CPU (issue 34).
 
-  python launch/cpu_dots.py                 # this process's XLA_FLAGS
-  JAXTL_CPU_FLAGS=0 python launch/cpu_dots.py
+  python launch/cpu_dots.py                 # XLA's defaults
+  XLA_FLAGS=--xla_cpu_use_onednn=true python launch/cpu_dots.py   # or any flags
 
 Times single jitted dots at a MiniLM dense layer's shape in float32 and
 bfloat16, in the forms a train step makes (a layer's forward, autodiff's
@@ -9,8 +9,7 @@ transposed backward dots, the same with the transposed operand
 materialised), then a whole dense layer's forward and backward as XLA
 differentiates it and as :func:`jaxtl.models.dense_dots.dense_dot` does.
 Each row names the kernel XLA chose (YNNPACK, oneDNN, XNNPACK or Eigen's
-plain dot). The flags jaxtl would add for this CPU are applied first, as
-jaxtl's entry points do. Prints a markdown table.
+plain dot). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ def kernels(hlo: str) -> str:
 
 def main(argv: list[str]) -> None:
   del argv
-  xla_cpu.apply()  # before JAX starts its CPU client
   m, k, n = map(int, FLAGS.shape)
   keys = jax.random.split(jax.random.key(0), 3)
   f32 = jnp.float32
@@ -79,9 +77,9 @@ def main(argv: list[str]) -> None:
     row(f"{d} x @ w", lambda x, w: x @ w, (x, w), dot)
     row(f"{d} x @ w, float32 accumulation", acc, (x, w), dot)
     row(f"{d} g @ w.T (backward, dx)", lambda g, w: acc(g, w.T), (g, w), dot)
-    row(f"{d} g @ w.T, w.T materialised", lambda g, w: acc(g, t(w.T)), (g, w), dot)
+    row(f"{d} g @ w.T, w.T materialised", lambda g, w: acc(g, t(w)), (g, w), dot)
     row(f"{d} x.T @ g (backward, dw)", lambda x, g: acc(x.T, g), (x, g), dot)
-    row(f"{d} x.T @ g, x.T materialised", lambda x, g: acc(t(x.T), g), (x, g), dot)
+    row(f"{d} x.T @ g, x.T materialised", lambda x, g: acc(t(x), g), (x, g), dot)
     loss = lambda mm: lambda x, w, g: jnp.sum(mm(x, w).astype(f32) * g.astype(f32))
     row(f"{d} dense layer forward + backward, XLA's",
         jax.grad(loss(jnp.matmul), (0, 1)), (x, w, g), 3 * dot)

@@ -1,19 +1,17 @@
-"""XLA:CPU flags chosen by the CPU a process starts on.
+"""What jaxtl chooses by the CPU a process runs on: the precision ``auto``
+computes in.
 
-The same XLA:CPU build is fastest with different matmul back ends on
-different CPUs. On the AMD EPYC this project measures on, XLA's default
-YNNPACK matmuls are 1.7-2x as fast as PyTorch's; on an Intel Xeon with AMX
-(Sapphire Rapids) they took 1.50 s of a 2.23 s MiniLM step, and turning
-YNNPACK's fusions off for oneDNN's matmuls (which use AMX) took the step
-from 1.93-2.00 s to about 1.67 s (issue 19). So an entry point picks the
-flags for the CPU it finds (:func:`apply`, called by
-:func:`jaxtl.runtime.startup.tune_process` before JAX starts its CPU client, which
-reads ``XLA_FLAGS`` once). docs/studies/performance.md has the
-measurements behind each rule.
+XLA:CPU multiplies bfloat16 about twice as fast as float32 on some CPUs
+and not at all faster on others, and only in one form (row-major dots that
+accumulate in float32, :mod:`jaxtl.models.dense_dots`). So ``auto``
+precision reads the CPU (:func:`read_cpu`) and computes in bfloat16 with
+row-major dots where a rule of :data:`BF16_RULES` says it pays, float32
+elsewhere (:func:`auto_precision`). ``JAXTL_CPU_FLAGS=0`` turns the choice
+off. docs/studies/performance.md has the measurements behind each rule.
 
-A user's own ``XLA_FLAGS`` naming any of these flags wins, and
-``JAXTL_CPU_FLAGS=0`` turns the choice off (and with it
-:func:`bf16_matmuls`, which ``auto`` precision asks: :func:`auto_precision`).
+XLA's own flags are left at XLA's defaults on every CPU: an Intel rule that
+gave matmuls to oneDNN (issue 19) made an AMX Xeon's float32 MiniLM step
+5% slower and its bfloat16 step twice as slow (issue 34).
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Mapping, MutableMapping
+from typing import Mapping
 
 CPUINFO = "/proc/cpuinfo"
 log = logging.getLogger(__name__)
@@ -55,36 +53,27 @@ def read_cpu(cpuinfo: str = CPUINFO) -> Cpu | None:
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-  """What jaxtl chooses for the CPUs a rule matches (XLA flags, or none
-  where the rule's table says what it is for), and the measurement that
-  chose it."""
+  """The CPUs a choice is for (a vendor and the ISA flags they must have),
+  and the measurement that chose it."""
   vendor: str
   needs: frozenset[str]  # ISA flags the CPU must have
-  flags: tuple[str, ...]
   why: str
 
   def matches(self, cpu: Cpu) -> bool:
     return cpu.vendor == self.vendor and self.needs <= cpu.flags
 
 
-RULES = (
-    Rule("GenuineIntel", frozenset({"amx_tile"}),
-         ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_ynn_fusion_type="),
-         "oneDNN's AMX matmuls instead of YNNPACK's: MiniLM step 1.93-2.00 s -> "
-         "about 1.67 s on a 2-core Sapphire Rapids"),
-)
-
-
 # CPUs where a bf16 matmul that accumulates in float32, in the row-major
 # form jaxtl.models.dense_dots gives every dense layer, runs about twice as
-# fast as a float32 one in XLA:CPU (YNNPACK's AVX512-BF16 kernels), so
-# ``auto`` precision computes in bfloat16 there (:func:`auto_precision`). An
-# AMX Xeon is not among them yet: the Intel rule above gives its matmuls to
-# oneDNN, which leaves AMX out (issue 34 measures it).
+# fast as a float32 one in XLA:CPU (YNNPACK's AVX512-BF16 and AMX kernels),
+# so ``auto`` precision computes in bfloat16 there (:func:`auto_precision`).
 BF16_RULES = (
-    Rule("AuthenticAMD", frozenset({"avx512_bf16"}), (),
+    Rule("AuthenticAMD", frozenset({"avx512_bf16"}),
          "MiniLM step 952-988 ms float32 -> 563-626 ms bfloat16 with row-major "
          "dots on a 2-core EPYC, family 25 model 17 (Zen 4)"),
+    Rule("GenuineIntel", frozenset({"amx_bf16"}),
+         "MiniLM step 1100-1195 ms float32 -> 558-599 ms bfloat16 with row-major "
+         "dots on a 2-core Xeon with AMX, family 6 model 207"),
 )
 
 
@@ -125,34 +114,6 @@ def auto_precision(backend: str, keep_float32: str | None) -> tuple[str, bool]:
         "fast as float32; %s computes in float32", cpu.name, " ".join(sorted(rule.needs)),
         keep_float32)
   return "bfloat16", True
-
-
-def _flag_name(flag: str) -> str:
-  return flag.split("=", 1)[0]
-
-
-def flags_for(cpu: Cpu | None, environ: Mapping[str, str]) -> tuple[str, ...]:
-  """The flags to add to ``XLA_FLAGS`` for ``cpu``: none when opted out
-  (``JAXTL_CPU_FLAGS=0``), when no rule matches, or for any flag the user's
-  ``XLA_FLAGS`` already names."""
-  if cpu is None or environ.get("JAXTL_CPU_FLAGS") == "0":
-    return ()
-  user = {_flag_name(f) for f in environ.get("XLA_FLAGS", "").split()}
-  return tuple(flag for rule in RULES if rule.matches(cpu)
-               for flag in rule.flags if _flag_name(flag) not in user)
-
-
-def apply(environ: MutableMapping[str, str] = os.environ,
-          cpuinfo: str = CPUINFO) -> tuple[str, ...]:
-  """Adds this CPU's flags to ``environ["XLA_FLAGS"]``; returns them.
-
-  Must run before JAX creates its CPU client (first use of a device), and
-  is inherited by a restarted or child process.
-  """
-  added = flags_for(read_cpu(cpuinfo), environ)
-  if added:
-    environ["XLA_FLAGS"] = " ".join(filter(None, [environ.get("XLA_FLAGS", ""), *added]))
-  return added
 
 
 def describe(environ: Mapping[str, str] = os.environ) -> str:
