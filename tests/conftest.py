@@ -25,7 +25,7 @@ os.environ["XLA_FLAGS"] = " ".join((os.environ.get("XLA_FLAGS", ""),
                                     "--xla_force_host_platform_device_count=8",
                                     runs.TRACE_FLAGS, runs.XLA_FLAGS))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# XLA's own defaults on every CPU (no jaxtl.runtime.xla_cpu choice by CPU vendor), so
+# float32 under auto on every CPU (no jaxtl.runtime.xla_cpu choice by CPU), so
 # that results compared across processes do not depend on the CI machine's
 # CPU; tests/xla_cpu_test.py checks the choice itself.
 os.environ["JAXTL_CPU_FLAGS"] = "0"

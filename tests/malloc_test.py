@@ -58,9 +58,8 @@ def test_every_command_starts_with_both_halves(monkeypatch):
   """Fine-tuning and prediction too: their steps of several lengths gain
   from kept memory as one-shape steps do (the huge pages before did not)."""
   from jaxtl.programs import cli
-  from jaxtl.runtime import compile_cache, startup, xla_cpu
+  from jaxtl.runtime import compile_cache, startup
   calls = []
-  monkeypatch.setattr(xla_cpu, "apply", lambda: None)
   monkeypatch.setattr(compile_cache, "enable", lambda: None)
   monkeypatch.setattr(malloc, "restart_keeping_memory", lambda: calls.append("restart"))
   monkeypatch.setattr(malloc, "dispatch_inline", lambda: calls.append("inline"))
