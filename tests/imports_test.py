@@ -138,7 +138,7 @@ LAZY_HERE = {
     ("jaxtl/recipes.py", "jaxtl.configs"):
         "the recipes' sections import JAX; the CLI imports recipes before it tunes the process",
     ("jaxtl/runtime/compile_cache.py", "jax"):
-        "the CLI imports it before the process is tuned (XLA flags, malloc restart)",
+        "the CLI imports it before the process is tuned (the malloc restart)",
     ("jaxtl/runtime/malloc.py", "jax"):
         "its restart re-executes the process: JAX is loaded only after it",
 }

@@ -11,8 +11,8 @@
 
 Every program starts the same way (:func:`start`): the libraries' INFO logs
 quieted, the process set up before JAX starts
-(:func:`jaxtl.runtime.startup.tune_process`), then the program's module imported and its ``main`` run
-under absl with a user's mistake as one line. ``jaxtl --help`` says what
+(:func:`jaxtl.runtime.startup.tune_process`), then the program's module
+imported and its ``main`` run under absl with a user's mistake as one line. ``jaxtl --help`` says what
 each command does, ``jaxtl recipes`` lists the recipes and ``jaxtl config
 RECIPE`` their keys. ``--config`` takes a config file path, or the name of a
 recipe shipped in :mod:`jaxtl.configs` (``pretrain_clm``,

@@ -6,8 +6,8 @@ a 12-layer preset's step on an H100, about 6 s for MiniLM's on a 2-core
 CPU. The same program is compiled again by a resumed run, by each run of a
 sweep with the same shapes, by every repeat of a recipe (the learning-rate
 schedule is an input of the step, so a run with another rate or length
-compiles the same program: :class:`jaxtl.train.optim.Schedule`). JAX can keep the
-executables on disk, keyed by the program, its devices, the jax and jaxlib
+compiles the same program: :class:`jaxtl.train.optim.Schedule`). JAX can
+keep the executables on disk, keyed by the program, its devices, the jax and jaxlib
 versions and ``XLA_FLAGS``, so such a run loads its step instead of
 compiling it, and a changed program or flag can never hit a stale entry.
 

@@ -12,10 +12,10 @@ from jaxtl.runtime import compile_cache, malloc
 
 def tune_process(compilation_cache: bool = True) -> None:
   """The restart with a malloc that keeps the memory it frees, and CPU
-  programs run on the calling thread (:mod:`jaxtl.runtime.malloc`); then the persistent
-  compilation cache (:mod:`jaxtl.runtime.compile_cache`) unless
-  ``compilation_cache`` is False (the benchmark, whose compile times are
-  those of a cold start)."""
+  programs run on the calling thread (:mod:`jaxtl.runtime.malloc`); then
+  the persistent compilation cache (:mod:`jaxtl.runtime.compile_cache`)
+  unless ``compilation_cache`` is False (the benchmark, whose compile times
+  are those of a cold start)."""
   malloc.restart_keeping_memory()
   malloc.dispatch_inline()
   if compilation_cache:
