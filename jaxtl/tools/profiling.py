@@ -72,6 +72,12 @@ _OP_NAME = re.compile(r'op_name="([^"]+)"')
 _CALLS = re.compile(r"calls=%([\w.-]+)")
 
 
+def _kernel_name(instruction: str) -> str:
+  """An HLO instruction's name as its kernel is named in traces
+  (``fusion.12`` runs as ``fusion_12``)."""
+  return re.sub(r"[.-]", "_", instruction)
+
+
 def fusion_summaries(hlo_text: str) -> dict[str, str]:
   """What each fusion of an optimized HLO module computes, keyed by the name
   its kernel has in a GPU trace (``fusion.12`` runs as ``fusion_12``):
@@ -104,7 +110,7 @@ def fusion_summaries(hlo_text: str) -> dict[str, str]:
     sources = collections.Counter(n for _, n in body if n) or collections.Counter([op_name])
     source = "/".join(sources.most_common(1)[0][0].split("/")[-3:])
     what = ", ".join(o for o, _ in ops.most_common(4))
-    out[re.sub(r"[.-]", "_", name)] = f"{shape.split('{')[0]} {what} <- {source}"
+    out[_kernel_name(name)] = f"{shape.split('{')[0]} {what} <- {source}"
   return out
 
 
@@ -162,7 +168,7 @@ def op_breakdown(logdir: str, steps: int, top: int = 12,
                 for k, v in by_kind.most_common()],
       "ops": [{"op": k, "kind": kind_of(k), "ms_per_step": ms(v),
                "share": round(v / total, 3), "per_step": count[k] // steps,
-               "what": what.get(re.sub(r"[.-]", "_", costliest[k][1]), "")}
+               "what": what.get(_kernel_name(costliest[k][1]), "")}
               for k, v in by_op.most_common(top)],
   }
 

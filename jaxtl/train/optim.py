@@ -105,6 +105,12 @@ def make_schedule(optim: OptimConfig, total_steps: int) -> Schedule:
                   kind=optim.schedule)
 
 
+def _init_count(params: Any) -> optax.ScaleByScheduleState:
+  """A step count from 0: optax's schedule state, so checkpoints load."""
+  del params
+  return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+
 def scale_by_schedule(schedule: Schedule, scale: float = 1.0
                       ) -> optax.GradientTransformationExtraArgs:
   """Multiplies the updates by ``-scale * schedule(count)``, as
@@ -118,10 +124,6 @@ def scale_by_schedule(schedule: Schedule, scale: float = 1.0
 
   fallback = schedule  # update's argument of the same name shadows it
 
-  def init(params: Any) -> optax.ScaleByScheduleState:
-    del params
-    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
-
   def update(updates: Any, state: optax.ScaleByScheduleState, params: Any = None, *,
              schedule: Schedule | None = None, **extra: Any) -> tuple[Any, Any]:
     del params, extra
@@ -129,7 +131,7 @@ def scale_by_schedule(schedule: Schedule, scale: float = 1.0
     updates = jax.tree.map(lambda u: jnp.asarray(rate, u.dtype) * u, updates)
     return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
 
-  return optax.GradientTransformationExtraArgs(init, update)
+  return optax.GradientTransformationExtraArgs(_init_count, update)
 
 
 def adamw(optim: OptimConfig, schedule: Schedule, scale: float = 1.0
@@ -229,10 +231,6 @@ def _gradual_unfreeze(depths: Any, top: int, schedule: Schedule
   passes one, as :func:`scale_by_schedule` takes it)."""
   fallback = schedule
 
-  def init(params):
-    del params
-    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
-
   def update(updates, state, params=None, *, schedule: Schedule | None = None, **extra):
     del params, extra
     every = (fallback if schedule is None else schedule).unfreeze_every
@@ -241,7 +239,7 @@ def _gradual_unfreeze(depths: Any, top: int, schedule: Schedule
                            updates, depths)
     return updates, optax.ScaleByScheduleState(count=state.count + 1)
 
-  return optax.GradientTransformationExtraArgs(init, update)
+  return optax.GradientTransformationExtraArgs(_init_count, update)
 
 
 def make_finetune_optimizer(optim: OptimConfig, total_steps: int,
