@@ -46,6 +46,7 @@ case ${1:-} in
       python launch/cpu_dots.py 2>&1 | grep -v "^[IW][0-9]" | tee "$out/dots_onednn.md"
     ;;
   flags)
+    # The first two settings are XLA's defaults twice: the spread between runs.
     IFS=';' read -ra settings <<<"${FLAG_SETTINGS:-JAXTL_CPU_FLAGS=0;JAXTL_CPU_FLAGS=0;\
 JAXTL_CPU_FLAGS=0 XLA_FLAGS=--xla_cpu_use_onednn=true;\
 JAXTL_CPU_FLAGS=0 XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=;\
