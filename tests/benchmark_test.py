@@ -195,6 +195,42 @@ def test_a_host_op_summed_over_instances_says_what_its_costliest_does(tmp_path):
   assert op["what"].startswith("f32[64] exponential"), op
 
 
+def test_a_profile_gives_each_dot_form_its_gflops(tmp_path):
+  """The dots table: each form (``.T`` marks an operand read transposed),
+  its calls and GFLOP/s from the HLO's shapes; a library fusion around a
+  reduction (XLA:CPU's ynn_fusion of a layer norm's sum) is not a matmul."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jaxtl.tools import profiling  # pylint: disable=g-import-not-at-top
+  hlo = jax.jit(lambda x, w, v: (x @ w, x @ v.T)).lower(
+      jnp.ones((8, 16)), jnp.ones((16, 4)), jnp.ones((4, 16))).compile().as_text()
+  forms = sorted(set(profiling.dot_forms(hlo).values()))  # a fusion and its dot
+  assert forms == [("f32[8,16] @ f32[16,4] -> f32[8,4]", 1024.0),
+                   ("f32[8,16] @ f32[4,16].T -> f32[8,4]", 1024.0)], forms
+  hlo = "\n".join([
+      "%dots (p: bf16[64,32], q: bf16[32,16]) -> f32[64,16] {",
+      "  %p = bf16[64,32]{1,0} parameter(0)", "  %q = bf16[32,16]{1,0} parameter(1)",
+      "  ROOT %d = f32[64,16]{1,0} dot(%p, %q), lhs_contracting_dims={1}, "
+      "rhs_contracting_dims={0}", "}",
+      "%sums (p: f32[64,16]) -> f32[64] {", "  %p.1 = f32[64,16]{1,0} parameter(0)",
+      "  ROOT %r = f32[64]{0} reduce(%p.1, %c), dimensions={1}, to_apply=%add", "}",
+      "ENTRY %main (a: bf16[64,32], b: bf16[32,16]) -> f32[64] {",
+      "  %ynn_fusion = f32[64,16]{1,0} fusion(%a, %b), kind=kCustom, calls=%dots",
+      "  %ynn_fusion.1 = f32[64]{0} fusion(%ynn_fusion), kind=kCustom, calls=%sums", "}"])
+  x = lambda name, dur: {"ph": "X", "name": name, "dur": dur, "pid": 1, "ts": 0}
+  trace = tmp_path / "plugins" / "profile" / "run" / "perfetto_trace.json.gz"
+  trace.parent.mkdir(parents=True)
+  with gzip.open(trace, "wt") as f:  # two steps
+    json.dump({"traceEvents": [x("ynn_fusion", 2), x("ynn_fusion", 2),
+                               x("ynn_fusion.1", 1), x("ynn_fusion.1", 1)]}, f)
+  breakdown = profiling.op_breakdown(str(tmp_path), steps=2, hlo_text=hlo)
+  [dot] = breakdown["dots"]
+  assert dot == {"dot": "bf16[64,32] @ bf16[32,16] -> f32[64,16]", "per_step": 1,
+                 "ms_per_step": 0.0, "GFLOP/s": round(2 * 64 * 32 * 16 / 2e3)}
+  kinds = {k["kind"]: k["ms_per_step"] for k in breakdown["kinds"]}
+  assert set(kinds) == {"matmul", "other fusions"}, kinds
+  assert "GFLOP/s" in profiling.markdown("t", breakdown)
+
+
 def test_batches_have_the_layout_each_loss_reads():
   mlm = presets.make_batch(presets.PRESETS["bert_base"])
   # 15% of 512 positions carry loss, as the MLM pipeline bounds them.

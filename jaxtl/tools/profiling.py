@@ -15,6 +15,7 @@ import collections
 import glob
 import gzip
 import json
+import math
 import os
 import re
 import statistics
@@ -114,6 +115,74 @@ def fusion_summaries(hlo_text: str) -> dict[str, str]:
   return out
 
 
+_TYPED = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]")
+_DOT = re.compile(r"= (\w+)\[([\d,]*)\]\S* dot\((.*?)\)(?:,|$)")
+_OPERAND = re.compile(r"(?:(\w+)\[([\d,]*)\]\S* )?%([\w.-]+)")
+
+
+def _dims(text: str) -> tuple[int, ...]:
+  return tuple(int(d) for d in text.split(",") if d)
+
+
+def _dim_numbers(line: str, name: str) -> tuple[int, ...]:
+  found = re.search(name + r"=\{([\d,]*)\}", line)
+  return _dims(found.group(1)) if found else ()
+
+
+def dot_forms(hlo_text: str) -> dict[str, tuple[str, float]]:
+  """Each op of an optimized HLO module that multiplies matrices (a ``dot``,
+  or a fusion around one, as XLA:CPU's ``ynn_fusion``s are), keyed by its
+  kernel name (:func:`_kernel_name`): its form and its FLOPs per call.
+
+  A form reads ``bf16[2048,384] @ bf16[384,1536] -> f32[2048,1536]``, an
+  operand marked ``.T`` where the dot reads it transposed (contracting
+  other than a row-major ``[..., M, K] @ [..., K, N]``): on a CPU the form
+  decides which kernel a dot gets, so the profile shows each form's
+  GFLOP/s (issue 34: a bf16 dot reached AMX only row-major). A rate above
+  the CPU's peak marks an op whose work outlives its trace event: XLA:CPU's
+  Eigen ``dot`` thunks hand theirs to the thread pool and return."""
+  types: dict[str, tuple[str, tuple[int, ...]]] = {}
+  inside: dict[str, list[tuple[str, float]]] = {}  # computation -> its dots
+  own: dict[str, tuple[str, float]] = {}  # dot instruction -> (form, FLOPs)
+  fusions: list[tuple[str, str]] = []  # (fusion, the computation it calls)
+  current = None
+  for line in hlo_text.splitlines():
+    header = _COMPUTATION.match(line)
+    if header:
+      current = inside.setdefault(header.group(1), [])
+      continue
+    typed = _TYPED.match(line)
+    if not typed or current is None:
+      continue
+    name, dtype, dims = typed.groups()
+    types[name] = (dtype, _dims(dims))
+    calls = _CALLS.search(line)
+    if " fusion(" in line and calls:
+      fusions.append((name, calls.group(1)))
+    dot = _DOT.search(line)
+    operands = [(t, _dims(d)) if t else types.get(n, ("?", ()))
+                for t, d, n in _OPERAND.findall(dot.group(3))[:2]] if dot else []
+    if len(operands) < 2:
+      continue
+    (lhs_type, lhs), (rhs_type, rhs) = operands
+    batch = len(_dim_numbers(line, "lhs_batch_dims"))
+    lhs_k = _dim_numbers(line, "lhs_contracting_dims")
+    rhs_k = _dim_numbers(line, "rhs_contracting_dims")
+    flops = 2.0 * math.prod(_dims(dims)) * math.prod(lhs[i] for i in lhs_k if i < len(lhs))
+    lhs_t = "" if lhs_k == (len(lhs) - 1,) else ".T"
+    rhs_t = "" if rhs_k == (batch,) and len(rhs) == batch + 2 else ".T"
+    form = (f"{lhs_type}[{','.join(map(str, lhs))}]{lhs_t} @ "
+            f"{rhs_type}[{','.join(map(str, rhs))}]{rhs_t} -> {dtype}[{dims}]")
+    current.append((form, flops))
+    own[name] = (form, flops)
+  forms = {_kernel_name(name): form for name, form in own.items()}
+  for name, called in fusions:
+    if inside.get(called):
+      forms[_kernel_name(name)] = (" + ".join(f for f, _ in inside[called]),
+                                   sum(n for _, n in inside[called]))
+  return forms
+
+
 def op_breakdown(logdir: str, steps: int, top: int = 12,
                  hlo_text: str = "") -> dict[str, Any]:
   """Per-step device time by kind of op, and the ``top`` costliest ops.
@@ -143,38 +212,56 @@ def op_breakdown(logdir: str, steps: int, top: int = 12,
                             or _CONTROL_FLOW.match(e["name"])):
       continue
     calls[e["name"]].append(e["dur"])
-  by_op: collections.Counter = collections.Counter()
+  forms = dot_forms(hlo_text) if hlo_text else {}
+  what = fusion_summaries(hlo_text) if hlo_text else {}
+  by_op: collections.Counter = collections.Counter()  # (name, kind) -> us
   count: collections.Counter = collections.Counter()
-  costliest: dict[str, tuple[float, str]] = {}  # name -> (time, its costliest instance)
+  costliest: dict[tuple[str, str], tuple[float, str]] = {}  # its costliest instance
+  dots: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0, 0.0])
   for instance, durations in calls.items():
     name = re.sub(r"\.\d+$", "", instance)
     us = sum(durations) if device_pids else statistics.median(durations) * len(durations)
-    by_op[name] += us
-    count[name] += len(durations)
-    costliest[name] = max(costliest.get(name, (0.0, instance)), (us, instance))
+    form = forms.get(_kernel_name(instance))
+    kind = kind_of(name)
+    if form:
+      kind = "matmul"
+      dot = dots[form[0]]  # [us, calls, FLOPs]
+      dot[0] += us
+      dot[1] += len(durations)
+      dot[2] += form[1] * len(durations)
+    elif kind == "matmul" and _kernel_name(instance) in what:
+      kind = "other fusions"  # a library fusion of a reduction (ynn_fusion)
+    key = (name, kind)
+    by_op[key] += us
+    count[key] += len(durations)
+    costliest[key] = max(costliest.get(key, (0.0, instance)), (us, instance))
   total = sum(by_op.values())
   if not total:
     raise ValueError(f"the trace in {logdir} has no op events (on a CPU, set "
                      f"{CPU_TRACE_FLAG} in XLA_FLAGS before jax starts)")
   by_kind: collections.Counter = collections.Counter()
-  for name, us in by_op.items():
-    by_kind[kind_of(name)] += us
+  for (_, kind), us in by_op.items():
+    by_kind[kind] += us
   ms = lambda us: round(us / steps / 1e3, 2)
-  what = fusion_summaries(hlo_text) if hlo_text else {}
   return {
       "source": "device" if device_pids else "host (XLA:CPU thunks)",
       "ms_per_step": ms(total),
       "kinds": [{"kind": k, "ms_per_step": ms(v), "share": round(v / total, 3)}
                 for k, v in by_kind.most_common()],
-      "ops": [{"op": k, "kind": kind_of(k), "ms_per_step": ms(v),
-               "share": round(v / total, 3), "per_step": count[k] // steps,
-               "what": what.get(_kernel_name(costliest[k][1]), "")}
-              for k, v in by_op.most_common(top)],
+      "ops": [{"op": name, "kind": kind, "ms_per_step": ms(v),
+               "share": round(v / total, 3), "per_step": count[name, kind] // steps,
+               "what": what.get(_kernel_name(costliest[name, kind][1]), "")}
+              for (name, kind), v in by_op.most_common(top)],
+      "dots": [{"dot": form, "per_step": calls // steps, "ms_per_step": ms(us),
+                "GFLOP/s": round(flops / us / 1e3) if us else 0}
+               for form, (us, calls, flops) in sorted(dots.items(), key=lambda d: -d[1][0])
+               ][:top],
   }
 
 
 def markdown(title: str, breakdown: dict[str, Any]) -> str:
-  """The breakdown as two small markdown tables."""
+  """The breakdown as small markdown tables: by kind, by op, and (where
+  the HLO names them) by dot form with its GFLOP/s."""
   lines = [f"**{title}**: {breakdown['ms_per_step']} ms of ops per step "
            f"({breakdown['source']})", "", "| kind | ms/step | share |", "|---|---:|---:|"]
   lines += [f"| {k['kind']} | {k['ms_per_step']} | {100 * k['share']:.1f}% |"
@@ -183,4 +270,8 @@ def markdown(title: str, breakdown: dict[str, Any]) -> str:
             "|---|---|---:|---:|---:|---|"]
   lines += [f"| {o['op']} | {o['kind']} | {o['ms_per_step']} | {100 * o['share']:.1f}% "
             f"| {o['per_step']} | {o.get('what', '')} |" for o in breakdown["ops"]]
+  if breakdown.get("dots"):
+    lines += ["", "| dot | per step | ms/step | GFLOP/s |", "|---|---:|---:|---:|"]
+    lines += [f"| {d['dot']} | {d['per_step']} | {d['ms_per_step']} | {d['GFLOP/s']:,} |"
+              for d in breakdown["dots"]]
   return "\n".join(lines)
