@@ -177,6 +177,15 @@ def test_fusion_summaries_say_what_each_fusion_computes():
   assert all("." not in k for k in what)  # keyed as kernels are named in traces
 
 
+def _write_trace(logdir, thunks: list[tuple[str, float]]) -> None:
+  """A perfetto trace under ``logdir`` of host thunks (name, microseconds)."""
+  trace = logdir / "plugins" / "profile" / "run" / "perfetto_trace.json.gz"
+  trace.parent.mkdir(parents=True, exist_ok=True)
+  with gzip.open(trace, "wt") as f:
+    json.dump({"traceEvents": [{"ph": "X", "name": name, "dur": dur, "pid": 1, "ts": 0}
+                               for name, dur in thunks]}, f)
+
+
 def test_a_host_op_summed_over_instances_says_what_its_costliest_does(tmp_path):
   from jaxtl.tools import profiling  # pylint: disable=g-import-not-at-top
   hlo = "\n".join([
@@ -185,11 +194,7 @@ def test_a_host_op_summed_over_instances_says_what_its_costliest_does(tmp_path):
       "ENTRY %main (a: f32[2], b: f32[64]) -> f32[64] {",
       "  %loop_fusion = f32[2]{0} fusion(f32[2] %a), kind=kLoop, calls=%small",
       "  %loop_fusion.1 = f32[64]{0} fusion(f32[64] %b), kind=kLoop, calls=%big", "}"])
-  x = lambda name, dur: {"ph": "X", "name": name, "dur": dur, "pid": 1, "ts": 0}
-  trace = tmp_path / "plugins" / "profile" / "run" / "perfetto_trace.json.gz"
-  trace.parent.mkdir(parents=True)
-  with gzip.open(trace, "wt") as f:  # the XLA:CPU thunks of one step
-    json.dump({"traceEvents": [x("loop_fusion", 10), x("loop_fusion.1", 900)]}, f)
+  _write_trace(tmp_path, [("loop_fusion", 10), ("loop_fusion.1", 900)])  # one step
   [op] = profiling.op_breakdown(str(tmp_path), steps=1, hlo_text=hlo)["ops"]
   assert (op["op"], op["per_step"]) == ("loop_fusion", 2)
   assert op["what"].startswith("f32[64] exponential"), op
@@ -216,12 +221,7 @@ def test_a_profile_gives_each_dot_form_its_gflops(tmp_path):
       "ENTRY %main (a: bf16[64,32], b: bf16[32,16]) -> f32[64] {",
       "  %ynn_fusion = f32[64,16]{1,0} fusion(%a, %b), kind=kCustom, calls=%dots",
       "  %ynn_fusion.1 = f32[64]{0} fusion(%ynn_fusion), kind=kCustom, calls=%sums", "}"])
-  x = lambda name, dur: {"ph": "X", "name": name, "dur": dur, "pid": 1, "ts": 0}
-  trace = tmp_path / "plugins" / "profile" / "run" / "perfetto_trace.json.gz"
-  trace.parent.mkdir(parents=True)
-  with gzip.open(trace, "wt") as f:  # two steps
-    json.dump({"traceEvents": [x("ynn_fusion", 2), x("ynn_fusion", 2),
-                               x("ynn_fusion.1", 1), x("ynn_fusion.1", 1)]}, f)
+  _write_trace(tmp_path, [("ynn_fusion", 2), ("ynn_fusion.1", 1)] * 2)  # two steps
   breakdown = profiling.op_breakdown(str(tmp_path), steps=2, hlo_text=hlo)
   [dot] = breakdown["dots"]
   assert dot == {"dot": "bf16[64,32] @ bf16[32,16] -> f32[64,16]", "per_step": 1,

@@ -19,7 +19,7 @@ import math
 import os
 import re
 import statistics
-from typing import Any
+from typing import Any, Iterator
 
 CPU_TRACE_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 
@@ -73,6 +73,18 @@ _OP_NAME = re.compile(r'op_name="([^"]+)"')
 _CALLS = re.compile(r"calls=%([\w.-]+)")
 
 
+def _lines_by_computation(hlo_text: str) -> Iterator[tuple[str, str]]:
+  """(computation, line) for each line inside a computation of an HLO
+  module's text."""
+  current = None
+  for line in hlo_text.splitlines():
+    header = _COMPUTATION.match(line)
+    if header:
+      current = header.group(1)
+    elif current is not None:
+      yield current, line
+
+
 def _kernel_name(instruction: str) -> str:
   """An HLO instruction's name as its kernel is named in traces
   (``fusion.12`` runs as ``fusion_12``)."""
@@ -87,18 +99,13 @@ def fusion_summaries(hlo_text: str) -> dict[str, str]:
   rather than "fusion_4521"."""
   bodies: dict[str, list[tuple[str, str]]] = {}  # computation -> (opcode, op_name)
   fusions: list[tuple[str, str, str, str]] = []  # (name, shape, calls, op_name)
-  current = None
-  for line in hlo_text.splitlines():
-    header = _COMPUTATION.match(line)
-    if header:
-      current = bodies.setdefault(header.group(1), [])
-      continue
+  for computation, line in _lines_by_computation(hlo_text):
     inst = _INSTRUCTION.match(line)
-    if not inst or current is None:
+    if not inst:
       continue
     name, shape, opcode = inst.groups()
     op_name = _OP_NAME.search(line)
-    current.append((opcode, op_name.group(1) if op_name else ""))
+    bodies.setdefault(computation, []).append((opcode, op_name.group(1) if op_name else ""))
     calls = _CALLS.search(line)
     if opcode == "fusion" and calls:
       fusions.append((name, shape, calls.group(1), op_name.group(1) if op_name else ""))
@@ -145,14 +152,9 @@ def dot_forms(hlo_text: str) -> dict[str, tuple[str, float]]:
   inside: dict[str, list[tuple[str, float]]] = {}  # computation -> its dots
   own: dict[str, tuple[str, float]] = {}  # dot instruction -> (form, FLOPs)
   fusions: list[tuple[str, str]] = []  # (fusion, the computation it calls)
-  current = None
-  for line in hlo_text.splitlines():
-    header = _COMPUTATION.match(line)
-    if header:
-      current = inside.setdefault(header.group(1), [])
-      continue
+  for computation, line in _lines_by_computation(hlo_text):
     typed = _TYPED.match(line)
-    if not typed or current is None:
+    if not typed:
       continue
     name, dtype, dims = typed.groups()
     types[name] = (dtype, _dims(dims))
@@ -173,7 +175,7 @@ def dot_forms(hlo_text: str) -> dict[str, tuple[str, float]]:
     rhs_t = "" if rhs_k == (batch,) and len(rhs) == batch + 2 else ".T"
     form = (f"{lhs_type}[{','.join(map(str, lhs))}]{lhs_t} @ "
             f"{rhs_type}[{','.join(map(str, rhs))}]{rhs_t} -> {dtype}[{dims}]")
-    current.append((form, flops))
+    inside.setdefault(computation, []).append((form, flops))
     own[name] = (form, flops)
   forms = {_kernel_name(name): form for name, form in own.items()}
   for name, called in fusions:
