@@ -22,8 +22,9 @@ multiply-adds. In float32 only ``w.T`` (weight-sized) is written out and
 the weights' gradient ``x.T @ g`` is left to XLA, which lays it out itself:
 on the AMX Xeon the float32 MiniLM step took 1,056 ms that way against
 1,218 with both transposes written out and 1,143 with plain einsums (32 x
-64; at 32 x 16: 287, 311 and 340), fastest in 6 of 6 alternated rounds. ``launch/cpu_dots.py`` shows which form reaches which
-kernel on the CPU it runs on.
+64; at 32 x 16: 287, 311 and 340), fastest in 6 of 6 alternated rounds.
+``launch/cpu_dots.py`` shows which form reaches which kernel on the CPU it
+runs on.
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ from jax import lax
 Array = jax.Array
 
 _ROW_MAJOR = (((1,), (0,)), ((), ()))  # [M, K] x [K, N]
+_LHS_TRANSPOSED = (((0,), (0,)), ((), ()))  # [K, M] x [K, N]: a.T @ b
 
 
-def _dot(a: Array, b: Array, out_dtype: Any) -> Array:
-  return lax.dot_general(a, b, _ROW_MAJOR,
+def _dot(a: Array, b: Array, out_dtype: Any, dims: Any = _ROW_MAJOR) -> Array:
+  return lax.dot_general(a, b, dims,
                          preferred_element_type=jnp.float32).astype(out_dtype)
 
 
@@ -85,8 +87,7 @@ def _bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
   g_MN = g.reshape(-1, g.shape[-1]).astype(x.dtype)
   dx = _dot(g_MN, materialised_t(w.astype(x.dtype)), x.dtype).reshape(x.shape)
   if x.dtype == jnp.float32:  # XLA's own x.T @ g (see the module's docstring)
-    dw = lax.dot_general(x_MK, g_MN, (((0,), (0,)), ((), ())),
-                         preferred_element_type=jnp.float32).astype(w.dtype)
+    dw = _dot(x_MK, g_MN, w.dtype, _LHS_TRANSPOSED)
   else:
     dw = _dot(materialised_t(x_MK), g_MN, w.dtype)
   return dx, dw

@@ -157,7 +157,8 @@ def dot_forms(hlo_text: str) -> dict[str, tuple[str, float]]:
     if not typed:
       continue
     name, dtype, dims = typed.groups()
-    types[name] = (dtype, _dims(dims))
+    out = _dims(dims)
+    types[name] = (dtype, out)
     calls = _CALLS.search(line)
     if " fusion(" in line and calls:
       fusions.append((name, calls.group(1)))
@@ -170,7 +171,7 @@ def dot_forms(hlo_text: str) -> dict[str, tuple[str, float]]:
     batch = len(_dim_numbers(line, "lhs_batch_dims"))
     lhs_k = _dim_numbers(line, "lhs_contracting_dims")
     rhs_k = _dim_numbers(line, "rhs_contracting_dims")
-    flops = 2.0 * math.prod(_dims(dims)) * math.prod(lhs[i] for i in lhs_k if i < len(lhs))
+    flops = 2.0 * math.prod(out) * math.prod(lhs[i] for i in lhs_k if i < len(lhs))
     lhs_t = "" if lhs_k == (len(lhs) - 1,) else ".T"
     rhs_t = "" if rhs_k == (batch,) and len(rhs) == batch + 2 else ".T"
     form = (f"{lhs_type}[{','.join(map(str, lhs))}]{lhs_t} @ "
@@ -223,7 +224,8 @@ def op_breakdown(logdir: str, steps: int, top: int = 12,
   for instance, durations in calls.items():
     name = re.sub(r"\.\d+$", "", instance)
     us = sum(durations) if device_pids else statistics.median(durations) * len(durations)
-    form = forms.get(_kernel_name(instance))
+    kernel = _kernel_name(instance)
+    form = forms.get(kernel)
     kind = kind_of(name)
     if form:
       kind = "matmul"
@@ -231,7 +233,7 @@ def op_breakdown(logdir: str, steps: int, top: int = 12,
       dot[0] += us
       dot[1] += len(durations)
       dot[2] += form[1] * len(durations)
-    elif kind == "matmul" and _kernel_name(instance) in what:
+    elif kind == "matmul" and kernel in what:
       kind = "other fusions"  # a library fusion of a reduction (ynn_fusion)
     key = (name, kind)
     by_op[key] += us
