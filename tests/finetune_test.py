@@ -221,7 +221,10 @@ def test_auto_precision_is_bfloat16_with_row_major_dots_only_where_bf16_pays(mon
   assert finetune._precision(train) == ("bfloat16", True)
   explicit = dataclasses.replace(train, compute_dtype="float32")
   assert finetune._precision(explicit) == ("float32", False)
+  bf16 = dataclasses.replace(train, compute_dtype="bfloat16")  # by name: the fast form too
+  assert finetune._precision(bf16) == ("bfloat16", True)
   monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD)
+  assert finetune._precision(bf16) == ("bfloat16", False)
   assert finetune._precision(train) == ("float32", False)
   asked = dataclasses.replace(train, row_major_dots=True)
   assert finetune._precision(asked) == ("float32", True)
@@ -266,6 +269,9 @@ def test_compiled_lengths_fold_rare_lengths_into_longer_ones():
   # On an accelerator, where a short step is launch-bound: one shape.
   assert padding.compile_positions("gpu") == padding.ACCELERATOR_COMPILE_POSITIONS
   assert padding.compile_positions("cpu") == padding.COMPILE_POSITIONS
+  # A bf16 step costs about half a float32 one where a CPU computes in bf16.
+  assert padding.compile_positions("cpu", "bfloat16") == padding.BF16_COMPILE_POSITIONS
+  assert cut(padding.BF16_COMPILE_POSITIONS) == [16, 48]
   assert cut(padding.compile_positions("gpu")) == [48]
   table = padding.compiled_lengths(longest, 8, 64)
   assert all(table[n] >= n for n in range(65)) and table[64] == 64
@@ -289,7 +295,7 @@ def test_predict_batches_rows_by_length_and_answers_in_order(monkeypatch):
     return np.stack([batch["labels"], batch["encoder_segment_ids"].sum(1)], 1)
 
   mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-  monkeypatch.setattr(padding, "compile_positions", lambda: 0)  # every rounded length
+  monkeypatch.setattr(padding, "compile_positions", lambda *_, **__: 0)  # every rounded length
   out = inference.predict(eval_fn, None, arrays, 8, mesh, multiple=16, desc=None)
   np.testing.assert_array_equal(out, np.stack([np.arange(37), lengths], 1))
   assert widths == sorted(widths, reverse=True)  # longest first: similar rows together
@@ -297,7 +303,7 @@ def test_predict_batches_rows_by_length_and_answers_in_order(monkeypatch):
   assert sum(widths) < sum(-(-lengths[i:i + 8].max() // 16) * 16 for i in range(0, 37, 8))
   # The lengths are chosen for the batches at once, as in training: where a
   # compile is dear (an accelerator's) every batch takes the longest one.
-  monkeypatch.setattr(padding, "compile_positions", lambda: 1e9)
+  monkeypatch.setattr(padding, "compile_positions", lambda *_, **__: 1e9)
   widths.clear()
   again = inference.predict(eval_fn, None, arrays, 8, mesh, multiple=16, desc=None)
   np.testing.assert_array_equal(again, out)

@@ -45,6 +45,27 @@ def test_auto_precision_is_bf16_where_it_pays_float32_on_other_cpus(monkeypatch,
     assert xla_cpu.auto_precision("cpu", "") == ("float32", False)
 
 
+def test_bfloat16_however_chosen_gets_row_major_dots_where_bf16_pays(monkeypatch):
+  from jaxtl.models import TransformerConfig
+  from jaxtl.models.config import computing_in
+  monkeypatch.delenv("JAXTL_CPU_FLAGS", raising=False)
+  for cpu, pays in ((INTEL_AMX, True), (AMD_BF16, True), (AMD, False), (None, False)):
+    monkeypatch.setattr(xla_cpu, "read_cpu", lambda: cpu)
+    assert xla_cpu.row_major_dots("cpu", "bfloat16") == pays
+    assert not xla_cpu.row_major_dots("cpu", "float32")
+    assert not xla_cpu.row_major_dots("gpu", "bfloat16")
+    cfg = TransformerConfig.from_mapping({"dtype": "bfloat16", "vocab_size": 64})
+    assert cfg.row_major_dots == pays  # asked for by name, not through auto
+    assert computing_in(TransformerConfig(), "bfloat16").row_major_dots == pays
+    assert not computing_in(TransformerConfig(), "float32").row_major_dots
+    assert computing_in(TransformerConfig(dtype="bfloat16"), "").row_major_dots == pays
+  asked = TransformerConfig(dtype="bfloat16", row_major_dots=True)
+  assert computing_in(asked, "float32").row_major_dots  # asked for stays on
+  monkeypatch.setenv("JAXTL_CPU_FLAGS", "0")  # the opt-out turns the choice off
+  monkeypatch.setattr(xla_cpu, "read_cpu", lambda: INTEL_AMX)
+  assert not xla_cpu.row_major_dots("cpu", "bfloat16")
+
+
 def test_a_recipes_model_computes_in_auto_precision(monkeypatch):
   from jaxtl.configs import models
   from jaxtl.models import TransformerConfig

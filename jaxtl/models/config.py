@@ -213,11 +213,17 @@ def precision(values: Mapping[str, Any],
   decides without a word."""
   check_dtype(values)
   dtype = values.get("dtype", "float32")
-  row_major = values.get("row_major_dots", False)
   if dtype == "auto":
-    dtype, picked = xla_cpu.auto_precision(jax.default_backend(), keep_float32)
-    row_major = row_major or picked
-  return {"dtype": dtype, "row_major_dots": row_major}
+    dtype, _ = xla_cpu.auto_precision(jax.default_backend(), keep_float32)
+  return {"dtype": dtype, "row_major_dots": with_row_major_dots(
+      dtype, values.get("row_major_dots", False))}
+
+
+def with_row_major_dots(dtype: str, asked: bool) -> bool:
+  """Row-major dots for a model computing in ``dtype``: where asked for,
+  and for bfloat16 on a CPU where they pay however bfloat16 was chosen
+  (:func:`jaxtl.runtime.xla_cpu.row_major_dots`)."""
+  return asked or xla_cpu.row_major_dots(jax.default_backend(), dtype)
 
 
 def computing_in(cfg: TransformerConfig, compute_dtype: str,
@@ -230,7 +236,8 @@ def computing_in(cfg: TransformerConfig, compute_dtype: str,
   if compute_dtype not in (*DTYPES, ""):
     raise ValueError(f"compute_dtype={compute_dtype!r}; expected auto, float32 or "
                      "bfloat16")
-  if compute_dtype == "auto":
+  if compute_dtype == "auto":  # this machine decides both
     dtype, row_major = xla_cpu.auto_precision(jax.default_backend(), keep_float32)
     return cfg.replace(dtype=dtype, row_major_dots=row_major)
-  return cfg.replace(dtype=compute_dtype) if compute_dtype else cfg
+  dtype = compute_dtype or cfg.dtype
+  return cfg.replace(dtype=dtype, row_major_dots=with_row_major_dots(dtype, cfg.row_major_dots))

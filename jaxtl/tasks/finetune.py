@@ -33,7 +33,7 @@ from jaxtl.data import sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig, layers, paths
-from jaxtl.models.config import input_side, precision
+from jaxtl.models.config import input_side, precision, with_row_major_dots
 from jaxtl.models.heads import TaskModel
 from jaxtl.tasks import config as tasks_config
 from jaxtl.tasks import examples as examples_lib
@@ -259,7 +259,7 @@ def _backbone(config: FinetuneConfig
     cfg, params = pretrain.model_config_from(model, tok.vocab_size,
                                              config.vocab_multiple), None
   if not dtype:  # the backbone's precision, with its row-major dots
-    row_major = row_major or cfg.row_major_dots
+    row_major = with_row_major_dots(cfg.dtype, row_major or cfg.row_major_dots)
   cfg = cfg.replace(dtype=dtype or cfg.dtype, row_major_dots=row_major,
                     dropout_rate=adapt.dropout_rate, attention_dropout_rate=adapt.attention_dropout_rate,
                     adapter_dim=adapt.adapter_dim if adapt.scheme == "adapters" else 0,
@@ -348,12 +348,14 @@ def loop_config(config: FinetuneConfig, steps_per_epoch: int, batch_devices: int
   ).check({"steps": "train.epochs", "accum_steps": "optim.accum_steps"})
 
 
-def _train_batches(arrays: Mapping[str, np.ndarray], config: FinetuneConfig, side: str
-                   ) -> tuple[batches_lib.BatchIterator, np.ndarray | None]:
+def _train_batches(arrays: Mapping[str, np.ndarray], config: FinetuneConfig, side: str,
+                   dtype: str) -> tuple[batches_lib.BatchIterator, np.ndarray | None]:
   """The training batches, and the lengths they are cut to (None: not cut).
 
   Every batch of the run is known ahead (a pure function of the seed and
-  its number), so the lengths are chosen for all of them at once.
+  its number), so the lengths are chosen for all of them at once, weighing
+  a compile as a model computing in ``dtype`` does
+  (:func:`padding.compile_positions`).
   """
   t, multiple = config.train, config.train.length_multiple
   ends = padding.row_ends(arrays[f"{side}_segment_ids"])
@@ -363,7 +365,8 @@ def _train_batches(arrays: Mapping[str, np.ndarray], config: FinetuneConfig, sid
   if not multiple:
     return it, None
   longest = np.concatenate([ends[it.epoch_rows(e)].max(axis=1) for e in range(t.epochs)])
-  return it, padding.compiled_lengths(longest, multiple, arrays[f"{side}_segment_ids"].shape[1])
+  return it, padding.compiled_lengths(longest, multiple, arrays[f"{side}_segment_ids"].shape[1],
+                                      padding.compile_positions(dtype=dtype))
 
 
 def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: str,
@@ -445,7 +448,7 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
     return scores(jax.device_put(best, jax.tree.map(lambda x: x.sharding, state.params)),
                   "test")
 
-  train_batches, table = _train_batches(feats["train"].arrays, config, side)
+  train_batches, table = _train_batches(feats["train"].arrays, config, side, cfg.dtype)
   work = train.Workload(
       model=model, loss_fn=make_task_loss_fn(model),
       weight_fn=lambda b: jnp.sum(b[kind.weights]), init_inputs=init_inputs,

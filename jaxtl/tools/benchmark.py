@@ -119,7 +119,13 @@ def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
 
 def _profile(run_step: Callable[[], Any], steps: int, logdir: str,
              hlo_text: str = "") -> None:
-  """Traces ``steps`` steps into ``logdir``; prints and saves their op breakdown."""
+  """Traces ``steps`` steps into ``logdir``; prints and saves their op
+  breakdown, and the compiled module as ``module.hlo.txt`` beside it (op
+  names in the trace are its instruction names)."""
+  if hlo_text:
+    os.makedirs(logdir, exist_ok=True)
+    with open(os.path.join(logdir, "module.hlo.txt"), "w") as f:
+      f.write(hlo_text)
   with jax.profiler.trace(logdir, create_perfetto_trace=True):
     for _ in range(steps):
       run_step()
