@@ -11,8 +11,9 @@ bf16 forward reached 1,858-1,940 only when it accumulated in float32 (274
 with a bf16 result). On a Zen 4 EPYC (AVX512-BF16) XLA widens any other
 bf16 dot to float32, and this form makes a dense layer's forward and
 backward 1.8x float32's (531 against 297 GFLOP/s); on an Emerald Rapids
-Xeon (AMX) 2.7x (691 against 258). That is why ``auto`` precision turns it
-on there (:func:`jaxtl.runtime.xla_cpu.auto_precision`).
+Xeon (AMX) 2.7x (691 against 258). That is why bfloat16 turns it on
+there, chosen by ``auto`` or by name
+(:func:`jaxtl.runtime.xla_cpu.row_major_dots`).
 
 :func:`dense_dot` is ``x @ w`` with its own backward: both backward dots get
 their transposed operand materialised first, behind an optimization
