@@ -62,7 +62,8 @@ flags.DEFINE_integer("eval_examples", 0, "Score a fixed random subset of test (a
                      "dev) this big (config.task.max_eval_examples): a quick look, "
                      "not comparable to full scores; 0: all.")
 flags.DEFINE_bool("row_major_dots", False, "jaxtl's dense layers as row-major dots "
-                  "with float32 accumulation (config.train.row_major_dots).")
+                  "with float32 accumulation (config.train.row_major_dots; "
+                  "bfloat16 sets it by itself on CPUs where it pays).")
 FLAGS = flags.FLAGS
 
 
