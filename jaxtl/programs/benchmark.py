@@ -4,7 +4,7 @@ r"""``jaxtl benchmark``: time the train step, with PyTorch side by side.
   jaxtl benchmark --presets=gpt2_small,bert_base,t5_small,minilm_cls --torch
   jaxtl benchmark --presets=minilm_cls --torch --keras
   jaxtl benchmark --generate=1,32 --presets=gpt2_small --torch --steps=3
-  jaxtl benchmark --presets=minilm_cls --dtype=bfloat16 --versus=row_major_dots=true --rounds=8
+  jaxtl benchmark --presets=minilm_cls --dtype=float32 --versus=row_major_dots=true --rounds=8
 
 What is measured and how: :mod:`jaxtl.tools.benchmark`; generation:
 :mod:`jaxtl.tools.benchmark_generate`.
