@@ -125,7 +125,7 @@ def row_major_dots(backend: str, dtype: str) -> bool:
   Without them XLA:CPU gives autodiff's transposed bf16 dots to slow
   kernels, and bfloat16 asked for by name ran slower than float32: on the
   AMX Xeon (family 6 model 207) a bf16 fine-tune of 9,000 SST-2 sentences
-  trained its epoch in 179-190 s, against 103 s with row-major dots. The
+  trained its epoch in 179-190 s, against 95-101 s with row-major dots. The
   function computed is the same either way."""
   return backend == "cpu" and dtype == "bfloat16" and bf16_matmuls(read_cpu()) is not None
 
