@@ -192,17 +192,26 @@ def _text(i: int) -> str:
 
 @pytest.mark.slow
 def test_a_csv_with_string_labels_fine_tunes_and_predicts_its_labels(
-    vocab, tmp_path):
+    vocab, tmp_path, monkeypatch):
   train_path = tmp_path / "train.csv"
   rows = "".join(f'"{_text(i)}",{("sad", "happy")[i % 2]}\n' for i in range(24))
   long = " ".join(["word"] * 40)
   train_path.write_text(f"review,mood\n{rows}{long},happy\nno label here\n")
   dev = tmp_path / "dev.csv"
   dev.write_text("review,mood\ngood film,happy\nbad film,sad\nodd,angry\n")
+  predicted, predict = [], finetune.inference.predict
+  monkeypatch.setattr(finetune.inference, "predict", lambda *a, desc, **k: (
+      predicted.append(desc), predict(*a, desc=desc, **k))[1])
   results = _finetune(vocab, tmp_path / "w", f"--config.task.train={train_path}",
                       f"--config.task.dev={dev}", "--config.task.text_fields=('review',)",
-                      "--config.task.label_field=mood", "--config.task.on_error=skip")
+                      "--config.task.label_field=mood", "--config.task.on_error=skip",
+                      "--config.train.epochs=2")
   assert set(results["test"]) == {"accuracy", "macro_f1"}
+  # No test file: dev is reported as test, with the scores that chose the
+  # state (the first epoch of the best), not predicted a second time.
+  chosen = max(results["history"], key=lambda h: h["accuracy"])
+  assert results["test"] == {k: chosen[k] for k in results["test"]}
+  assert predicted == ["dev", "dev"]
   train = results["data"]["train"]
   assert {k: train[k] for k in ("examples", "skipped_rows", "truncated")} == {
       "examples": 25, "skipped_rows": 1, "truncated": 1}

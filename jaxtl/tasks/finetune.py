@@ -444,6 +444,12 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
   def test_scores(state):  # of the selected state
     if "dev" not in feats:  # the last epoch's: the state in hand (best/ holds the same)
       return scores(state.params, "test")
+    if splits["test"] is splits["dev"]:  # scored already, when dev chose the state
+      chosen = checkpoint.saved_extra(layout.best(workdir)).get("dev")
+      if chosen is not None:
+        logging.info("the test split is the dev split: its scores are the selected "
+                     "epoch's dev scores")
+        return chosen
     best = checkpoint.load_params(layout.best(workdir))
     return scores(jax.device_put(best, jax.tree.map(lambda x: x.sharding, state.params)),
                   "test")

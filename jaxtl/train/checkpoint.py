@@ -383,6 +383,23 @@ def _state_metadata(step_dir: str) -> Any:
     reader.close()
 
 
+def _read_extra(step_dir: str) -> dict[str, Any]:
+  """A step's ``extra`` JSON (what :meth:`Checkpointer.save` was given, with
+  the fingerprints); {} for a step saved without one."""
+  extra_file = os.path.join(step_dir, "extra", "metadata")
+  if not os.path.isfile(extra_file):
+    return {}
+  with open(extra_file, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def saved_extra(path: str | os.PathLike) -> dict[str, Any]:
+  """The ``extra`` JSON of the checkpoint at ``path`` (a step, or the newest
+  in a directory of steps): the best state's keeps the evaluation that
+  chose it."""
+  return _read_extra(find_checkpoint(path))
+
+
 def _read_params(step_dir: str) -> dict[str, Any]:
   """A step's parameters as numpy arrays, checked against their fingerprints.
 
@@ -393,11 +410,7 @@ def _read_params(step_dir: str) -> dict[str, Any]:
   recorded are read whole, from Orbax's metadata.
   """
   _check_metadata(step_dir)
-  extra_file = os.path.join(step_dir, "extra", "metadata")
-  extra = {}
-  if os.path.isfile(extra_file):
-    with open(extra_file, encoding="utf-8") as f:
-      extra = json.load(f)
+  extra = _read_extra(step_dir)
   saved = {k: v for k, v in extra.get(FINGERPRINTS, {}).items() if k.startswith("params/")}
   as_numpy = ocp.RestoreArgs(restore_type=np.ndarray)
   if saved:
