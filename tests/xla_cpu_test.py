@@ -32,17 +32,17 @@ def test_auto_precision_is_bf16_where_it_pays_float32_on_other_cpus(monkeypatch,
   monkeypatch.delenv("JAXTL_CPU_FLAGS", raising=False)  # the suite opts out
   monkeypatch.setattr(xla_cpu, "read_cpu", lambda: AMD_BF16)
   with caplog.at_level("INFO"):
-    assert xla_cpu.auto_precision("cpu", "--keep=f32") == ("bfloat16", True)
+    assert xla_cpu.auto_precision("cpu", "--keep=f32") == "bfloat16"
   assert "computing in bfloat16 (auto): this CPU (AMD EPYC, avx512_bf16)" in caplog.text
   assert "--keep=f32 computes in float32" in caplog.text
-  with caplog.at_level("INFO"):  # tensor cores: bf16 without the CPU's row-major form
-    assert xla_cpu.auto_precision("gpu", "--keep=f32") == ("bfloat16", False)
+  with caplog.at_level("INFO"):  # tensor cores
+    assert xla_cpu.auto_precision("gpu", "--keep=f32") == "bfloat16"
   assert "computing in bfloat16 (auto) on GPU; --keep=f32 computes in float32" in caplog.text
   monkeypatch.setattr(xla_cpu, "read_cpu", lambda: INTEL_AMX)
-  assert xla_cpu.auto_precision("cpu", None) == ("bfloat16", True)
+  assert xla_cpu.auto_precision("cpu", None) == "bfloat16"
   for cpu in (AMD, INTEL_OLD, None):
     monkeypatch.setattr(xla_cpu, "read_cpu", lambda: cpu)
-    assert xla_cpu.auto_precision("cpu", "") == ("float32", False)
+    assert xla_cpu.auto_precision("cpu", "") == "float32"
 
 
 def test_bfloat16_however_chosen_gets_row_major_dots_where_bf16_pays(monkeypatch):
@@ -59,6 +59,9 @@ def test_bfloat16_however_chosen_gets_row_major_dots_where_bf16_pays(monkeypatch
     assert computing_in(TransformerConfig(), "bfloat16").row_major_dots == pays
     assert not computing_in(TransformerConfig(), "float32").row_major_dots
     assert computing_in(TransformerConfig(dtype="bfloat16"), "").row_major_dots == pays
+    auto = computing_in(TransformerConfig(), "auto", None)  # this machine decides both
+    assert (auto.dtype, auto.row_major_dots) == (("bfloat16", True) if pays
+                                                 else ("float32", False))
   asked = TransformerConfig(dtype="bfloat16", row_major_dots=True)
   assert computing_in(asked, "float32").row_major_dots  # asked for stays on
   monkeypatch.setenv("JAXTL_CPU_FLAGS", "0")  # the opt-out turns the choice off

@@ -215,7 +215,7 @@ def precision(values: Mapping[str, Any],
   check_dtype(values)
   dtype = values.get("dtype", "float32")
   if dtype == "auto":
-    dtype, _ = xla_cpu.auto_precision(jax.default_backend(), keep_float32)
+    dtype = xla_cpu.auto_precision(jax.default_backend(), keep_float32)
   return {"dtype": dtype, "row_major_dots": with_row_major_dots(
       dtype, values.get("row_major_dots", False))}
 
@@ -238,7 +238,7 @@ def computing_in(cfg: TransformerConfig, compute_dtype: str,
     raise ValueError(f"compute_dtype={compute_dtype!r}; expected auto, float32 or "
                      "bfloat16")
   if compute_dtype == "auto":  # this machine decides both
-    dtype, row_major = xla_cpu.auto_precision(jax.default_backend(), keep_float32)
-    return cfg.replace(dtype=dtype, row_major_dots=row_major)
+    dtype = xla_cpu.auto_precision(jax.default_backend(), keep_float32)
+    return cfg.replace(dtype=dtype, row_major_dots=with_row_major_dots(dtype, False))
   dtype = compute_dtype or cfg.dtype
   return cfg.replace(dtype=dtype, row_major_dots=with_row_major_dots(dtype, cfg.row_major_dots))

@@ -86,8 +86,8 @@ def bf16_matmuls(cpu: Cpu | None, environ: Mapping[str, str] = os.environ) -> Ru
   return next((rule for rule in BF16_RULES if rule.matches(cpu)), None)
 
 
-def auto_precision(backend: str, keep_float32: str | None) -> tuple[str, bool]:
-  """(dtype, row-major dots) that ``auto`` computes in on ``backend``
+def auto_precision(backend: str, keep_float32: str | None) -> str:
+  """The dtype that ``auto`` computes in on ``backend``
   (``jax.default_backend()``): fine-tuning's ``train.compute_dtype``, a
   recipe's ``model.dtype``, a loaded model's ``compute_dtype``.
 
@@ -95,8 +95,8 @@ def auto_precision(backend: str, keep_float32: str | None) -> tuple[str, bool]:
   float32's (TF32's) rate or more, and which every accelerator figure of
   the benchmarks was measured in; bfloat16 with row-major dots on a CPU
   whose bf16 matmuls run about twice as fast as float32 ones
-  (:func:`bf16_matmuls`); float32 on any other CPU, where bf16 is slower
-  and float32 exact. A bfloat16 choice is said in one log line ending with
+  (:func:`bf16_matmuls`; :func:`row_major_dots` says the form); float32 on
+  any other CPU, where bf16 is slower and float32 exact. A bfloat16 choice is said in one log line ending with
   ``keep_float32``, the flag that keeps float32 (None: not said, for a
   caller whose own choice follows). Parameters, optimizer state, norm
   statistics and the loss stay float32 either way."""
@@ -104,17 +104,17 @@ def auto_precision(backend: str, keep_float32: str | None) -> tuple[str, bool]:
     if keep_float32 is not None:
       log.info("computing in bfloat16 (auto) on %s; %s computes in float32",
                backend.upper(), keep_float32)
-    return "bfloat16", False
+    return "bfloat16"
   cpu = read_cpu()
   rule = bf16_matmuls(cpu)
   if cpu is None or rule is None:
-    return "float32", False
+    return "float32"
   if keep_float32 is not None:
     log.info(
         "computing in bfloat16 (auto): this CPU (%s, %s) multiplies bf16 about twice as "
         "fast as float32; %s computes in float32", cpu.name, " ".join(sorted(rule.needs)),
         keep_float32)
-  return "bfloat16", True
+  return "bfloat16"
 
 
 def row_major_dots(backend: str, dtype: str) -> bool:
