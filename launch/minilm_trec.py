@@ -50,6 +50,10 @@ flags.DEFINE_bool("group_by_length", True,
                   "Both sides draw each batch from texts of similar length (the "
                   "config's default); False: plain shuffling, as `transformers` "
                   "users get by default.")
+flags.DEFINE_bool("pack", True,
+                  "jaxtl packs each batch's examples into shared rows, attention "
+                  "kept within each (config.train.pack, the config's default); "
+                  "PyTorch keeps one example per row either way.")
 flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"],
                   "What matmuls and activations compute in (jaxtl: "
                   "config.train.compute_dtype; PyTorch: bf16 autocast); parameters "
@@ -75,6 +79,7 @@ def _config(seed: int, epochs: int) -> Any:
   c.task.num_train_examples = FLAGS.train_examples
   c.task.max_eval_examples = FLAGS.eval_examples
   c.train.group_by_length = FLAGS.group_by_length
+  c.train.pack = FLAGS.pack
   c.train.compute_dtype = FLAGS.compute_dtype
   c.train.row_major_dots = FLAGS.row_major_dots
   return c

@@ -34,10 +34,12 @@ HEAD_WIDTHS = {"classification": None, "regression": 1, "token_classification": 
 
 
 def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
-  """One vector per sequence from its non-padding tokens.
+  """One vector per sequence from its tokens: those where ``segment_ids_BT``
+  is above 0, one run of them per row (a row's text, or in a packed batch
+  one example's span of its row: :func:`example_spans`).
 
-  ``first``: the first token ([CLS], BERT); ``last``: the last non-padding
-  token (causal models, where only it has seen the whole text); ``mean``:
+  ``first``: the first token ([CLS], BERT); ``last``: the last one (causal
+  models, where only it has seen the whole text); ``mean``:
   the average over non-padding tokens; ``concat``: ULMFiT's concat pooling
   (Howard & Ruder 2018), [last, max over non-padding tokens, mean] side by
   side ([B, 3D]), so the classifier sees the whole text's states, not just
@@ -46,11 +48,11 @@ def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
   :class:`ClassifierHead` owns it.)
   """
   mask_BT = segment_ids_BT > 0
-  if method == "first":
-    return hidden_BTD[:, 0]
-  if method == "last":
-    last_B = jnp.maximum(mask_BT.sum(-1) - 1, 0)
-    return jnp.take_along_axis(hidden_BTD, last_B[:, None, None], axis=1)[:, 0]
+  if method in ("first", "last"):
+    t = mask_BT.shape[1]
+    at_B = (jnp.argmax(mask_BT, -1) if method == "first"
+            else jnp.where(mask_BT.any(-1), t - 1 - jnp.argmax(mask_BT[:, ::-1], -1), 0))
+    return jnp.take_along_axis(hidden_BTD, at_B[:, None, None], axis=1)[:, 0]
   if method == "mean":
     w_BT = mask_BT.astype(hidden_BTD.dtype)
     return (hidden_BTD * w_BT[..., None]).sum(1) / jnp.maximum(w_BT.sum(1), 1)[:, None]
@@ -61,6 +63,16 @@ def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
     return jnp.concatenate([pool(hidden_BTD, segment_ids_BT, "last"), max_BD,
                             pool(hidden_BTD, segment_ids_BT, "mean")], axis=-1)
   raise ValueError(f"unknown pooling {method!r}; expected one of {POOLINGS}")
+
+
+def example_spans(hidden_BTD: Array, spans: tuple[Array, Array, Array]
+                  ) -> tuple[Array, Array]:
+  """A packed batch's states per example (:mod:`jaxtl.tasks.packing`):
+  [N, T, D], example n's row, and the mask of its span in that row [N, T],
+  which :func:`pool` reads as segment ids."""
+  rows_N, starts_N, ends_N = spans
+  t_T = jnp.arange(hidden_BTD.shape[1])
+  return hidden_BTD[rows_N], (t_T >= starts_N[:, None]) & (t_T < ends_N[:, None])
 
 
 def default_pooling(family: str) -> str:
@@ -173,9 +185,16 @@ class TaskModel(nn.Module):
   def __call__(self, tokens_BT: Array, segment_ids_BT: Array | None = None,
                positions_BT: Array | None = None,
                token_types_BT: Array | None = None, *,
-               deterministic: bool = True) -> Array:
+               deterministic: bool = True,
+               packed: tuple[Array, Array, Array] | None = None) -> Array:
+    """The head's output; ``packed``: the rows are a packed batch's
+    (:mod:`jaxtl.tasks.packing`), these each example's row, start and end,
+    and the output is per example (classification and regression only)."""
     if segment_ids_BT is None:
       segment_ids_BT = jnp.ones_like(tokens_BT)
+    if packed is not None and self.kind not in ("classification", "regression"):
+      raise ValueError(f"packed rows feed classification and regression heads, "
+                       f"not {self.kind!r}")
     backbone = build_model(self.config, name=paths.BACKBONE)
     flags = dict(deterministic=deterministic, return_hidden=self.scalar_mix)
     if self.kind == "generation":
@@ -200,6 +219,8 @@ class TaskModel(nn.Module):
       hidden_BTD, states = out["last_hidden"], out.get("hidden_states")
     if self.scalar_mix:
       hidden_BTD = ScalarMix(name=paths.SCALAR_MIX)(states)
+    if packed is not None:
+      hidden_BTD, segment_ids_BT = example_spans(hidden_BTD, packed)
     return ClassifierHead(self.config, self.kind, self.num_labels, self.pooling,
                           self.dropout_rate, name=paths.HEAD)(
                               hidden_BTD, segment_ids_BT,

@@ -132,10 +132,16 @@ class FinetuneTrainConfig:
   # A few shapes to compile, far less padding.
   length_multiple: int = key(16, "a batch is cut to its longest text, rounded up to "
                                  "this; 0: always max_len")
+  # A batch's examples laid end to end, attention kept within each
+  # (jaxtl.tasks.packing): the same function on fewer positions and shapes.
+  pack: bool = key(True, "classification and regression: a batch's examples share "
+                         "rows (attention stays within each), so a step computes on "
+                         "little padding and a run compiles a shape or two; False: "
+                         "one example per row")
   # Batches of near-equal lengths carry little padding once cut.
-  group_by_length: bool = key(True, "each batch is drawn from texts of similar length "
-                                    "(within random chunks of 50 batches); False: "
-                                    "plain shuffling")
+  group_by_length: bool = key(True, "unpacked batches are drawn from texts of similar "
+                                    "length (within random chunks of 50 batches); "
+                                    "False: plain shuffling")
   # Parameters and optimizer state stay float32 either way; norms and
   # softmax statistics compute in float32 (jaxtl.models.layers).
   # auto: bfloat16 on GPUs and TPUs; on CPUs bfloat16 (with row_major_dots)

@@ -38,7 +38,7 @@ from jaxtl.models.heads import TaskModel
 from jaxtl.tasks import config as tasks_config
 from jaxtl.tasks import examples as examples_lib
 from jaxtl.tasks import features as task_features
-from jaxtl.tasks import file_task, inference, kinds, padding
+from jaxtl.tasks import file_task, inference, kinds, packing, padding
 from jaxtl.tasks import readers as tasks
 from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.config import FinetuneConfig, TaskConfig, TaskSettings
@@ -75,6 +75,8 @@ def make_task_loss_fn(model: TaskModel) -> Callable:
         {"params": params}, batch[f"{side}_input_tokens"],
         batch[f"{side}_segment_ids"], batch[f"{side}_positions"],
         batch.get(f"{side}_token_type_ids"), deterministic=rng is None,
+        packed=(tuple(batch[k] for k in packing.SPANS) if packing.SPANS[0] in batch
+                else None),
         rngs=None if rng is None else {"dropout": rng})
     sums = loss_sums(out, batch)
     return objectives.normalized_loss(sums, normalizer), sums
@@ -349,24 +351,39 @@ def loop_config(config: FinetuneConfig, steps_per_epoch: int, batch_devices: int
 
 
 def _train_batches(arrays: Mapping[str, np.ndarray], config: FinetuneConfig, side: str,
-                   dtype: str) -> tuple[batches_lib.BatchIterator, np.ndarray | None]:
-  """The training batches, and the lengths they are cut to (None: not cut).
+                   dtype: str, devices: int
+                   ) -> tuple[batches_lib.BatchIterator, Callable[[Any], Any]]:
+  """The training batches, and what cuts each before its step: packs its
+  examples into shared rows (``train.pack``, for a kind with one output
+  per example and no micro-batches) or cuts its padding.
 
   Every batch of the run is known ahead (a pure function of the seed and
-  its number), so the lengths are chosen for all of them at once, weighing
+  its number), so the shapes are chosen for all of them at once, weighing
   a compile as a model computing in ``dtype`` does
-  (:func:`padding.compile_positions`).
+  (:func:`padding.compile_positions`); packed row counts round up to a
+  multiple of the ``devices`` a batch is split over.
   """
   t, multiple = config.train, config.train.length_multiple
   ends = padding.row_ends(arrays[f"{side}_segment_ids"])
-  it = batches_lib.BatchIterator(arrays, lambda row, rng: row, batch_size=t.batch_size,
-                                 seed=config.seed,
-                                 lengths=ends if t.group_by_length and multiple else None)
-  if not multiple:
-    return it, None
-  longest = np.concatenate([ends[it.epoch_rows(e)].max(axis=1) for e in range(t.epochs)])
-  return it, padding.compiled_lengths(longest, multiple, arrays[f"{side}_segment_ids"].shape[1],
-                                      padding.compile_positions(dtype=dtype))
+  width = arrays[f"{side}_segment_ids"].shape[1]
+  packs = (t.pack and kinds.get(config.task.kind).packs and config.optim.accum_steps == 1)
+  it = batches_lib.BatchIterator(
+      arrays, lambda row, rng: row, batch_size=t.batch_size, seed=config.seed,
+      lengths=ends if t.group_by_length and multiple and not packs else None)
+  batches = np.concatenate([it.epoch_rows(e) for e in range(t.epochs)])
+  cost = padding.compile_positions(dtype=dtype)
+  if packs:
+    row_len = int(padding.round_up(ends.max(), multiple or width, width))
+    needed = packing.rows_per_batch(ends, batches, row_len)
+    table = packing.row_table(needed, t.batch_size, row_len, devices, cost)
+    logging.info("packing each batch's %d examples into %s rows of %d tokens: the "
+                 "run's %d tokens in %d positions", t.batch_size,
+                 " or ".join(map(str, np.unique(table[needed]))), row_len,
+                 ends[batches].sum(), table[needed].sum() * row_len)
+    return it, lambda batch: packing.pack_batch(batch, side, row_len, table)
+  table = (padding.compiled_lengths(ends[batches].max(axis=1), multiple, width, cost)
+           if multiple else None)
+  return it, lambda batch: padding.trim_padding(batch, side, multiple, table)
 
 
 def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: str,
@@ -454,7 +471,8 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
     return scores(jax.device_put(best, jax.tree.map(lambda x: x.sharding, state.params)),
                   "test")
 
-  train_batches, table = _train_batches(feats["train"].arrays, config, side, cfg.dtype)
+  train_batches, cut = _train_batches(feats["train"].arrays, config, side, cfg.dtype,
+                                      sharding.batch_devices(mesh))
   work = train.Workload(
       model=model, loss_fn=make_task_loss_fn(model),
       weight_fn=lambda b: jnp.sum(b[kind.weights]), init_inputs=init_inputs,
@@ -462,7 +480,7 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
       # No dev split: nothing to select on, the last epoch is the model.
       evaluate=functools.partial(scores, split="dev") if "dev" in feats else None,
       eval_name="dev", select=lambda dev: next(iter(dev.values())),
-      prepare=lambda batch: padding.trim_padding(batch, side, multiple, table),
+      prepare=cut,
       whole_batches=True,  # every process cuts the same length
       init_params=load_pretrained, steps_per_epoch=steps_per_epoch,
       finish=test_scores if "test" in feats else None,

@@ -54,6 +54,8 @@ class TaskKind:
       (generation: the decoded ids); None: the model's apply.
     weights: the batch feature whose sum normalises the loss.
     counts: what that sum counts, as the training log names it.
+    packs: one output per example, so training may pack a batch's
+      examples into shared rows (:mod:`jaxtl.tasks.packing`).
 
   ``task`` is a :class:`~jaxtl.tasks.config.TaskSettings`: the run's
   TaskConfig while fine-tuning, a loaded model's TaskSpec when predicting.
@@ -72,6 +74,7 @@ class TaskKind:
   forward: Callable[[Any, TaskSettings, Tokenizer], Callable] | None = None
   weights: str = "label_weights"
   counts: str = "examples"
+  packs: bool = False
 
 
 def _encode_sequences(examples, tok, task: TaskSettings, model):
@@ -199,9 +202,9 @@ def _answers(spec, spans, feats, examples):
 
 REGISTRY: dict[str, TaskKind] = {k.name: k for k in (
     TaskKind("classification", _encode_sequences, _cross_entropy, _argmax, _metrics,
-             _probabilities, _labels),
+             _probabilities, _labels, packs=True),
     TaskKind("regression", _encode_sequences, _squared_error, _as_is, _metrics,
-             _as_is, _values),
+             _as_is, _values, packs=True),
     TaskKind("token_classification", _encode_tagging, _cross_entropy, _argmax,
              _tag_metrics, _argmax, _tags, counts="tags"),
     TaskKind("span_qa", _encode_spans, _span_boundaries, _best_spans, _answer_metrics,

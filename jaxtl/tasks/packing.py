@@ -1,0 +1,104 @@
+"""Packing a sentence-level task batch: its examples share rows.
+
+A fine-tuning batch holds a fixed number of examples (the optimizer's
+batch), mostly far shorter than the longest. Cut to its longest text, a
+batch still computes on padding, and every length a run cuts to is a step
+to compile. Packed, each batch's examples are laid end to end in rows of one
+length (first-fit, longest first), and only the number of rows varies: a
+step computes on the tokens plus a little slack, and a run compiles a shape
+or two. Segment ids keep attention inside each example and positions
+restart at each, so the function computed is the one on unpacked rows; the
+head reads each example's span (``packed_rows``, ``packed_starts``,
+``packed_ends``), so labels and loss stay one per example.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from jaxtl.tasks import padding
+
+# What a packed batch adds: per example, its row and its span in the row.
+SPANS = ("packed_rows", "packed_starts", "packed_ends")
+
+
+def first_fit(lengths: np.ndarray, row_len: int) -> tuple[np.ndarray, np.ndarray]:
+  """Per example, the row it goes to and where in it it starts: first-fit,
+  longest first (each row within 11/9 of the fewest rows there could be)."""
+  if len(lengths) and int(np.max(lengths)) > row_len:
+    raise ValueError(f"an example of {int(np.max(lengths))} tokens does not fit "
+                     f"rows of {row_len}")
+  rows, starts, filled = np.zeros(len(lengths), np.int32), np.zeros(len(lengths), np.int32), []
+  for i in np.argsort(-np.asarray(lengths), kind="stable"):
+    n = int(lengths[i])
+    row = next((r for r, used in enumerate(filled) if used + n <= row_len), len(filled))
+    if row == len(filled):
+      filled.append(0)
+    rows[i], starts[i] = row, filled[row]
+    filled[row] += n
+  return rows, starts
+
+
+def rows_needed(lengths: np.ndarray, row_len: int) -> int:
+  """How many rows :func:`first_fit` packs ``lengths`` into."""
+  rows, _ = first_fit(lengths, row_len)
+  return int(rows.max(initial=-1)) + 1
+
+
+def rows_per_batch(lengths: np.ndarray, batches: np.ndarray, row_len: int) -> np.ndarray:
+  """The rows each batch packs into; ``batches`` [steps, batch_size] holds
+  the examples of every batch of a run, ``lengths`` every example's."""
+  return np.array([rows_needed(lengths[b], row_len) for b in batches], np.int64)
+
+
+def row_table(needed: np.ndarray, batch_size: int, row_len: int, multiple: int,
+              compile_cost: float) -> np.ndarray:
+  """The row counts a run's packed batches are given, as a table: entry
+  ``k`` is the rows of a batch that packs into ``k``; ``needed``: each
+  batch's (:func:`rows_per_batch`).
+
+  The choice weighs a compile against the rows it saves as
+  :func:`padding.compiled_lengths` weighs lengths: ``compile_cost`` is in
+  positions of a batch row (a ``batch_size``-th of a batch's positions),
+  so in rows of ``row_len`` it is ``compile_cost * batch_size / row_len``.
+  ``multiple``: row counts round up to it (the devices a batch is split
+  over).
+  """
+  return padding.compiled_lengths(needed, multiple, batch_size,
+                                  compile_cost * batch_size / row_len)
+
+
+def pack_batch(batch: Mapping[str, np.ndarray], side: str, row_len: int,
+               table: np.ndarray) -> dict[str, np.ndarray]:
+  """A batch of one example per row as packed rows (:func:`first_fit`), as
+  many as ``table`` says, plus each example's row and span (:data:`SPANS`).
+
+  Arrays of the input ``side`` ([N, T]) become [rows, row_len]; the rest
+  (labels, weights: [N]) stay per example.
+  """
+  seg = batch[f"{side}_segment_ids"]
+  lengths = padding.row_ends(seg)
+  rows, starts = first_fit(lengths, row_len)
+  n_rows = int(table[int(rows.max(initial=-1)) + 1])
+  packed = {k: v for k, v in batch.items() if not k.startswith(f"{side}_")}
+  ends = starts + lengths
+  for name in ("input_tokens", "token_type_ids", "positions"):
+    key = f"{side}_{name}"
+    if key not in batch:
+      continue
+    out = np.zeros((n_rows, row_len), batch[key].dtype)
+    for i, (r, s, e) in enumerate(zip(rows, starts, ends)):
+      out[r, s:e] = batch[key][i, :e - s]
+    packed[key] = out
+  # Segments numbered 1.. within each row, in order of their starts.
+  order = np.lexsort((starts, rows))
+  number = np.empty(len(rows), np.int32)
+  number[order] = np.arange(len(rows)) - np.searchsorted(rows[order], rows[order])
+  seg_out = np.zeros((n_rows, row_len), np.int32)
+  for i, (r, s, e) in enumerate(zip(rows, starts, ends)):
+    seg_out[r, s:e] = number[i] + 1
+  packed[f"{side}_segment_ids"] = seg_out
+  packed.update(zip(SPANS, (rows, starts, ends.astype(np.int32))))
+  return packed
