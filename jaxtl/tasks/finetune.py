@@ -366,10 +366,14 @@ def _train_batches(arrays: Mapping[str, np.ndarray], config: FinetuneConfig, sid
   t, multiple = config.train, config.train.length_multiple
   ends = padding.row_ends(arrays[f"{side}_segment_ids"])
   width = arrays[f"{side}_segment_ids"].shape[1]
-  packs = (t.pack and kinds.get(config.task.kind).packs and config.optim.accum_steps == 1)
+  # A kind that packs draws its batches plainly shuffled, packed or not:
+  # micro-batches (which split rows, so are not packed) then see the batches
+  # a packed run does, and accumulating gradients changes nothing else.
+  shuffled = t.pack and kinds.get(config.task.kind).packs
+  packs = shuffled and config.optim.accum_steps == 1
   it = batches_lib.BatchIterator(
       arrays, lambda row, rng: row, batch_size=t.batch_size, seed=config.seed,
-      lengths=ends if t.group_by_length and multiple and not packs else None)
+      lengths=ends if t.group_by_length and multiple and not shuffled else None)
   batches = np.concatenate([it.epoch_rows(e) for e in range(t.epochs)])
   cost = padding.compile_positions(dtype=dtype)
   if packs:
