@@ -26,7 +26,8 @@ SPANS = ("packed_rows", "packed_starts", "packed_ends")
 
 def first_fit(lengths: np.ndarray, row_len: int) -> tuple[np.ndarray, np.ndarray]:
   """Per example, the row it goes to and where in it it starts: first-fit,
-  longest first (each row within 11/9 of the fewest rows there could be)."""
+  longest first, which never takes more than 11/9 of the fewest rows the
+  examples fit in, plus one (Dosa 2007)."""
   if len(lengths) and int(np.max(lengths)) > row_len:
     raise ValueError(f"an example of {int(np.max(lengths))} tokens does not fit "
                      f"rows of {row_len}")
