@@ -122,3 +122,20 @@ def test_the_row_table_folds_rare_row_counts_into_larger_ones():
   assert [int(cheap[k]) for k in (4, 6)] == [4, 6]  # a compile costs nothing: both
   assert [int(dear[k]) for k in (4, 6)] == [6, 6]  # dearer than 7 batches' extra rows
   assert packing.row_table(needed, 8, 16, 4, 0)[5] == 8  # rounded up to the devices
+
+
+def test_prediction_packs_and_gives_each_example_its_own_output():
+  from jaxtl.tasks import inference  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import sharding  # pylint: disable=g-import-not-at-top
+  cfg = TransformerConfig(**BASE, **FAMILIES["encoder"])
+  model = TaskModel(cfg, num_labels=3, pooling="mean", dropout_rate=0.0)
+  lengths = np.random.default_rng(1).integers(2, 24, 21)  # 3 batches, one short
+  arrays = _batch("encoder", lengths)
+  params = model.init(jax.random.key(0), arrays["encoder_input_tokens"][:1])["params"]
+  outputs = jax.jit(finetune.model_outputs(model, None, None))
+  mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  run = lambda **kw: inference.predict(outputs, params, arrays, 8, mesh, "encoder", 8,
+                                       desc=None, **kw)
+  packed, plain = run(pack=True), run()
+  assert packed.shape == plain.shape == (21, 3)
+  np.testing.assert_allclose(packed, plain, rtol=1e-5, atol=1e-6)

@@ -75,8 +75,7 @@ def make_task_loss_fn(model: TaskModel) -> Callable:
         {"params": params}, batch[f"{side}_input_tokens"],
         batch[f"{side}_segment_ids"], batch[f"{side}_positions"],
         batch.get(f"{side}_token_type_ids"), deterministic=rng is None,
-        packed=(tuple(batch[k] for k in packing.SPANS) if packing.SPANS[0] in batch
-                else None),
+        packed=packing.spans(batch),
         rngs=None if rng is None else {"dropout": rng})
     sums = loss_sums(out, batch)
     return objectives.normalized_loss(sums, normalizer), sums
@@ -209,7 +208,7 @@ def model_outputs(model: TaskModel, task: TaskSettings, tok: Tokenizer) -> Calla
   side = input_side(model.config.family)
   return lambda p, b: model.apply(
       {"params": p}, b[f"{side}_input_tokens"], b[f"{side}_segment_ids"],
-      b[f"{side}_positions"], b.get(f"{side}_token_type_ids"))
+      b[f"{side}_positions"], b.get(f"{side}_token_type_ids"), packed=packing.spans(b))
 
 
 def _predictions(outputs: Callable, task: TaskConfig, params: Any, batch: Any) -> Array:
@@ -459,7 +458,8 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
 
   def scores(params, split):
     preds = inference.predict(eval_fn, params, feats[split].arrays, bs, mesh, side, multiple,
-                    desc=split, interruptible=split == "test")
+                    desc=split, interruptible=split == "test",
+                    pack=config.train.pack and kind.packs)
     return score(task, preds, feats[split], splits[split])
 
   def test_scores(state):  # of the selected state

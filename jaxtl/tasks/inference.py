@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping
 import jax
 import numpy as np
 
-from jaxtl.tasks import padding
+from jaxtl.tasks import packing, padding
 from jaxtl.train import metrics, sharding, stopping
 
 
@@ -21,9 +21,23 @@ def _pad_rows(arrays: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.n
           for k, v in arrays.items()}
 
 
+def _packer(arrays: Mapping[str, np.ndarray], batch_size: int, mesh, side: str,
+            multiple: int) -> Callable[[Any], Any]:
+  """Packs each batch of ``arrays`` (in their order, padded to whole
+  batches) as training does, the row counts chosen for all of them at once."""
+  ends = padding.row_ends(_pad_rows(arrays, batch_size)[f"{side}_segment_ids"])
+  width = arrays[f"{side}_segment_ids"].shape[1]
+  row_len = int(padding.round_up(ends.max(), multiple, width))
+  needed = packing.rows_per_batch(ends, np.arange(len(ends)).reshape(-1, batch_size), row_len)
+  table = packing.row_table(needed, batch_size, row_len, sharding.batch_devices(mesh),
+                            padding.compile_positions())
+  return lambda batch: packing.pack_batch(batch, side, row_len, table)
+
+
 def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
             batch_size: int, mesh, side: str = "encoder", multiple: int = 0,
-            desc: str | None = "predict", interruptible: bool = False) -> np.ndarray:
+            desc: str | None = "predict", interruptible: bool = False,
+            pack: bool = False) -> np.ndarray:
   """Model outputs (class ids, scores, tag ids or spans) for every row, in order.
 
   Batches are trimmed as in training; per-token outputs are padded back.
@@ -34,12 +48,18 @@ def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
   progress bar named ``desc`` on a terminal, cleared when done
   (``desc=None``: none). ``interruptible``: a stop request (SIGTERM,
   Ctrl-C) ends it between batches (:func:`jaxtl.train.stopping.check`).
+  ``pack`` (with ``multiple``, for one output per example from an
+  ``eval_fn`` that reads packed batches): each batch's examples, in their
+  order, share rows as in training (:mod:`jaxtl.tasks.packing`).
   """
   n = len(arrays["labels"])
-  order, table = np.arange(n), None
-  if multiple:
+  order, cut = np.arange(n), lambda batch: batch
+  if multiple and pack:
+    cut = _packer(arrays, batch_size, mesh, side, multiple)
+  elif multiple:
     order, table = padding.longest_first(arrays[f"{side}_segment_ids"], batch_size, multiple)
     arrays = {k: v[order] for k, v in arrays.items()}
+    cut = lambda batch: padding.trim_padding(batch, side, multiple, table)
   padded = _pad_rows(arrays, batch_size)
   t = padded[f"{side}_segment_ids"].shape[1]
   outs = []
@@ -49,8 +69,7 @@ def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
                                       min_total=8):
     if interruptible:
       stopping.check()
-    batch = padding.trim_padding({k: v[i:i + batch_size] for k, v in padded.items()}, side,
-                                 multiple, table)
+    batch = cut({k: v[i:i + batch_size] for k, v in padded.items()})
     out = sharding.gather(eval_fn(params, sharding.shard_whole_batch(batch, mesh)))
     # Per-token outputs (tag ids) are shaped like the per-token weights;
     # class probabilities [B, C] are not, whatever C is.

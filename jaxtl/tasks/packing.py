@@ -14,7 +14,7 @@ head reads each example's span (``packed_rows``, ``packed_starts``,
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -22,6 +22,13 @@ from jaxtl.tasks import padding
 
 # What a packed batch adds: per example, its row and its span in the row.
 SPANS = ("packed_rows", "packed_starts", "packed_ends")
+
+
+def spans(batch: Mapping[str, Any]) -> tuple[Any, Any, Any] | None:
+  """A packed batch's per-example rows and spans (:data:`SPANS`), what
+  :class:`~jaxtl.models.heads.TaskModel` takes as ``packed``; None for a
+  batch of one example per row."""
+  return tuple(batch[k] for k in SPANS) if SPANS[0] in batch else None
 
 
 def first_fit(lengths: np.ndarray, row_len: int) -> tuple[np.ndarray, np.ndarray]:

@@ -89,7 +89,7 @@ class FineTuned:
     run, params, mesh = self._run
     outputs = inference.predict(run, params, feats.arrays, batch_size, mesh,
                                input_side(self.config.family),
-                               self.spec.length_multiple, desc=desc)
+                               self.spec.length_multiple, desc=desc, pack=kind.packs)
     return kind.present(self.spec, outputs, feats, examples)
 
 
