@@ -376,14 +376,9 @@ def _train_batches(arrays: Mapping[str, np.ndarray], config: FinetuneConfig, sid
   batches = np.concatenate([it.epoch_rows(e) for e in range(t.epochs)])
   cost = padding.compile_positions(dtype=dtype)
   if packs:
-    row_len = int(padding.round_up(ends.max(), multiple or width, width))
-    needed = packing.rows_per_batch(ends, batches, row_len)
-    table = packing.row_table(needed, t.batch_size, row_len, devices, cost)
-    logging.info("packing each batch's %d examples into %s rows of %d tokens: the "
-                 "run's %d tokens in %d positions", t.batch_size,
-                 " or ".join(map(str, np.unique(table[needed]))), row_len,
-                 ends[batches].sum(), table[needed].sum() * row_len)
-    return it, lambda batch: packing.pack_batch(batch, side, row_len, table)
+    pack, how = packing.packer(ends, batches, side, width, multiple, devices, cost)
+    logging.info("packing %s over the run", how)
+    return it, pack
   table = (padding.compiled_lengths(ends[batches].max(axis=1), multiple, width, cost)
            if multiple else None)
   return it, lambda batch: padding.trim_padding(batch, side, multiple, table)

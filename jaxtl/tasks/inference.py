@@ -23,15 +23,13 @@ def _pad_rows(arrays: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.n
 
 def _packer(arrays: Mapping[str, np.ndarray], batch_size: int, mesh, side: str,
             multiple: int) -> Callable[[Any], Any]:
-  """Packs each batch of ``arrays`` (in their order, padded to whole
-  batches) as training does, the row counts chosen for all of them at once."""
-  ends = padding.row_ends(_pad_rows(arrays, batch_size)[f"{side}_segment_ids"])
-  width = arrays[f"{side}_segment_ids"].shape[1]
-  row_len = int(padding.round_up(ends.max(), multiple, width))
-  needed = packing.rows_per_batch(ends, np.arange(len(ends)).reshape(-1, batch_size), row_len)
-  table = packing.row_table(needed, batch_size, row_len, sharding.batch_devices(mesh),
-                            padding.compile_positions())
-  return lambda batch: packing.pack_batch(batch, side, row_len, table)
+  """Packs each batch of ``arrays`` (in their order; the last filled up
+  with empty rows) as training does (:func:`packing.packer`)."""
+  seg = arrays[f"{side}_segment_ids"]
+  ends = np.pad(padding.row_ends(seg), (0, -len(seg) % batch_size))
+  return packing.packer(ends, np.arange(len(ends)).reshape(-1, batch_size), side,
+                        seg.shape[1], multiple, sharding.batch_devices(mesh),
+                        padding.compile_positions())[0]
 
 
 def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],

@@ -14,7 +14,8 @@ head reads each example's span (``packed_rows``, ``packed_starts``,
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import functools
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -76,6 +77,24 @@ def row_table(needed: np.ndarray, batch_size: int, row_len: int, multiple: int,
   """
   return padding.compiled_lengths(needed, multiple, batch_size,
                                   compile_cost * batch_size / row_len)
+
+
+def packer(ends: np.ndarray, batches: np.ndarray, side: str, width: int, multiple: int,
+           devices: int, compile_cost: float) -> tuple[Callable[[Any], Any], str]:
+  """What packs each of a run's ``batches`` ([steps, batch_size] example
+  indices; example i's text ends at ``ends[i]``) before its step, and a
+  line saying how. Rows are as long as the longest text, rounded up to
+  ``multiple`` (``width`` at most, and without a multiple); their counts
+  are chosen for all batches at once (:func:`row_table`, weighing a compile
+  as ``compile_cost``) and rounded up to the ``devices`` a batch is split
+  over."""
+  row_len = int(padding.round_up(ends.max(), multiple or width, width))
+  needed = rows_per_batch(ends, batches, row_len)
+  table = row_table(needed, batches.shape[1], row_len, devices, compile_cost)
+  how = (f"each batch's {batches.shape[1]} examples into "
+         f"{' or '.join(map(str, np.unique(table[needed])))} rows of {row_len} tokens: "
+         f"{ends[batches].sum()} tokens in {table[needed].sum() * row_len} positions")
+  return functools.partial(pack_batch, side=side, row_len=row_len, table=table), how
 
 
 def pack_batch(batch: Mapping[str, np.ndarray], side: str, row_len: int,
