@@ -198,10 +198,12 @@ def test_a_step_rotated_away_while_it_is_read_is_chosen_again(tmp_path, monkeypa
   assert float(checkpoint.load_selected(tmp_path)["w"][0, 0]) == 2.0
 
 
-def test_fingerprints_are_exact_and_the_same_on_device_and_host():
+def test_fingerprints_are_exact_and_the_same_on_device_and_host(monkeypatch):
   tree = {"w": np.random.RandomState(0).normal(size=(5, 7)).astype(np.float32),
           "b": np.arange(6, dtype=np.int32), "h": jnp.ones((3, 2), jnp.bfloat16)}
   host = fingerprints.fingerprints(jax.tree.map(np.asarray, tree))
+  assert fingerprints.fingerprints(jax.tree.map(jnp.asarray, tree)) == host
+  monkeypatch.setattr(fingerprints, "HOST_BELOW", 0)  # every device array on the device
   assert fingerprints.fingerprints(jax.tree.map(jnp.asarray, tree)) == host
   flipped = np.array(tree["w"])
   flipped.view(np.uint32)[2, 3] ^= 1 << 30
@@ -211,8 +213,11 @@ def test_fingerprints_are_exact_and_the_same_on_device_and_host():
   assert fingerprints.fingerprints({**tree, "w": swapped})["w"] != host["w"]
 
 
+@pytest.mark.parametrize("host_below", [0, fingerprints.HOST_BELOW])  # device, host
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
-def test_one_inf_or_nan_anywhere_makes_a_tree_non_finite_and_huge_values_do_not(dtype):
+def test_one_inf_or_nan_anywhere_makes_a_tree_non_finite_and_huge_values_do_not(
+    dtype, host_below, monkeypatch):
+  monkeypatch.setattr(fingerprints, "HOST_BELOW", host_below)
   big = jnp.full((64, 3), jnp.finfo(dtype).max, dtype)  # their sum would overflow
   assert fingerprints.is_finite_tree({"w": big, "step": jnp.arange(3), "none": None})
   for bad in (jnp.inf, -jnp.inf, jnp.nan):

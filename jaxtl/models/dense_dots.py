@@ -16,8 +16,8 @@ there, chosen by ``auto`` or by name
 (:func:`jaxtl.runtime.xla_cpu.row_major_dots`).
 
 :func:`dense_dot` is ``x @ w`` with its own backward: both backward dots get
-their transposed operand materialised first, behind an optimization
-barrier so that XLA cannot fold it back, and every dot accumulates in
+their transposed operand materialised first, pinned row-major so that
+XLA cannot fold it back (:func:`written_out`), and every dot accumulates in
 float32. A transpose moves ``M x K`` numbers for a dot of ``M x K x N``
 multiply-adds. In float32 only ``w.T`` (weight-sized) is written out and
 the weights' gradient ``x.T @ g`` is left to XLA, which lays it out itself:
@@ -37,6 +37,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental.layout import Layout, with_layout_constraint
 
 Array = jax.Array
 
@@ -53,11 +54,15 @@ def written_out(a: Array) -> Array:
   """``a`` (typically a transpose) as an array of its own, not a dot's
   dimension numbers.
 
-  The barrier holds it flattened: a 1-D array has one layout, so XLA must
-  write the numbers out in row-major order and cannot turn a transpose
-  into a column-major layout of the same buffer (which on a Zen 4 EPYC
-  sends a bf16 dot back to float32)."""
-  return lax.optimization_barrier(a.reshape(-1)).reshape(a.shape)
+  Its layout is pinned row-major, so XLA must write the numbers out in
+  that order: it can neither fold a transpose back into the consuming dot
+  nor make it a column-major layout of the same buffer (which on a Zen 4
+  EPYC sends a bf16 dot back to float32). Written so, a transpose is a
+  fusion whose root is the copy, which XLA:CPU emits about three times
+  faster than the flattened optimization barrier used before (a bf16
+  384 x 1,536 weight: 0.15 against 0.44 ms on the AMX Xeon).
+  """
+  return with_layout_constraint(a, Layout(major_to_minor=tuple(range(a.ndim))))
 
 
 def materialised_t(a: Array) -> Array:
