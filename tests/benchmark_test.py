@@ -92,6 +92,19 @@ def test_a_change_is_timed_against_the_step_as_configured():
   assert all(float(r["step ms"]) > 0 for r in rows)
 
 
+def test_on_a_cpu_jaxtl_and_pytorch_take_turns_and_the_row_says_who_won(tmp_path):
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  rows = benchmark.benchmark(["tiny_cls"], torch_side=True, warmup=0, steps=1, rounds=2,
+                             num_devices=1, overrides={"num_layers": 1},
+                             profile_dir=str(tmp_path))
+  (r,) = rows
+  assert r["jaxtl faster in"] in ("0 of 2 rounds", "1 of 2 rounds", "2 of 2 rounds")
+  ratio = float(r["PyTorch step ms"]) / float(r["step ms"])
+  assert float(r["jaxtl / PyTorch"][:-1]) == pytest.approx(ratio, rel=0.01, abs=0.006)
+  assert (tmp_path / "tiny_cls" / "op_breakdown.json").exists()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_pytorch_computes_in_the_dtype_jaxtl_does(dtype, monkeypatch):
   """bf16 rows compare bf16 with bf16 on CPUs too (autocast was GPU-only)."""

@@ -47,7 +47,9 @@ flags.DEFINE_list("versus", [], "TransformerConfig overrides (like --model) and 
                   "xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT) for a "
                   "second step, compiled in the same process and timed against the first "
                   "in alternating rounds: a change's effect, on a host whose runs vary.")
-flags.DEFINE_integer("rounds", 6, "--versus: rounds of --steps steps per side.", lower_bound=1)
+flags.DEFINE_integer("rounds", 6, "--versus, and --torch on a CPU: rounds of --steps steps "
+                     "per side, the sides taking turns (0 with --torch: PyTorch's "
+                     "steps after jaxtl's).", lower_bound=0)
 flags.DEFINE_integer("loss_chunk_len", objectives.LOSS_CHUNK_LEN, "Positions whose "
                      "logits exist at once in the loss (0: all), as "
                      "config.objective.loss_chunk_len.", lower_bound=0)
@@ -109,6 +111,8 @@ def main(argv: list[str]) -> None:
     if f.torch or f.keras or f.profile:
       raise app.UsageError("--versus times two jaxtl steps against each other: drop "
                            "--torch, --keras and --profile")
+    if f.rounds < 1:
+      raise app.UsageError("--versus needs --rounds of 1 or more")
     changed = bench.parse_overrides(f.versus, "--versus", xla_options=True)
     rows = bench.versus(f.presets, changed, warmup=f.warmup, steps=f.steps,
                         rounds=f.rounds, dtype=f.dtype, batch_size=f.batch_size,
@@ -121,7 +125,7 @@ def main(argv: list[str]) -> None:
                      dtype=f.dtype, batch_size=f.batch_size, length=f.length,
                      num_devices=f.devices,
                      overrides=bench.parse_overrides(f.model), loss_chunk_len=f.loss_chunk_len,
-                     profile_dir=f.profile)
+                     profile_dir=f.profile, rounds=f.rounds)
   print(bench.markdown(rows))
   if f.results:
     bench.append_results(f.results, rows, shlex.join(["jaxtl", "benchmark", *sys.argv[1:]]))

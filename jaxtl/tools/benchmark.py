@@ -15,7 +15,8 @@ the recipes compute in on this device
 (:mod:`jaxtl.tools.benchmark_keras`), the same way.
 
 Reported per preset and side: step time (median over ``--steps`` steps after
-``--warmup``, each step synchronised with the device), tokens/s, model FLOPs
+``--warmup``, each step synchronised with the device; on a CPU, jaxtl's and
+PyTorch's steps take turns for ``--rounds`` rounds), tokens/s, model FLOPs
 per token and MFU (``jaxtl.train.perf``: 6 FLOPs per matmul weight per token plus
 attention's score and value products; PyTorch is credited the same model
 FLOPs), compile time (lowering + XLA compilation, and the first PyTorch
@@ -263,9 +264,17 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
               num_devices: int = 0,
               overrides: dict[str, Any] | None = None,
               loss_chunk_len: int = objectives.LOSS_CHUNK_LEN,
-              profile_dir: str = "") -> list[dict[str, str]]:
+              profile_dir: str = "", rounds: int = 0) -> list[dict[str, str]]:
   """Runs the named presets on ``num_devices`` devices (0: all); returns
-  their table rows. PyTorch and KerasHub (``keras_side``) run on one device."""
+  their table rows. PyTorch and KerasHub (``keras_side``) run on one device.
+
+  With ``rounds`` on a CPU, jaxtl's and PyTorch's steps take turns,
+  ``steps`` each per round (:func:`~jaxtl.tools.presets.time_alternated`),
+  and the row says in how many rounds jaxtl's was the faster: a shared CPU
+  host drifts by a third within minutes (PyTorch's MiniLM step ran 631 and
+  882 ms in two runs ten minutes apart on the AMX Xeon), so only steps
+  timed in turns give a ratio that holds. On accelerators the two run one
+  after the other, never holding device memory at once."""
   devices = chosen_devices(num_devices)
   jobs = [(preset, model_config(preset, dtype, **(overrides or {})))
           for preset in sized(lookup(names), batch_size, length, len(devices))]
@@ -280,14 +289,27 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
   for name, (preset, cfg), theirs_keras in zip(names, jobs, keras):
     # PyTorch next: its caching allocator hands memory back before jax
     # allocates, so the two never share the device's memory.
-    theirs = None
-    if torch_side:
+    theirs, in_turns = None, torch_side and rounds > 0 and not on_accelerator()
+    if torch_side and not in_turns:
       theirs = benchmark_torch.run_torch(preset, cfg, warmup, steps)
       benchmark_torch.release_memory()
-    ours, flops = run_jaxtl(preset, cfg, warmup, steps, devices,
-                            loss_chunk_len=loss_chunk_len,
-                            profile_dir=profile_dir and os.path.join(profile_dir, name))
+    if in_turns:
+      torch_step = benchmark_torch.torch_program(preset, cfg)
+      program = jaxtl_program(preset, cfg, devices, loss_chunk_len=loss_chunk_len)
+      (ours_s, theirs_s), wins = time_alternated(
+          [program.run_step, torch_step.run_step], warmup, steps, rounds)
+      ours, theirs = program.measurement(ours_s), torch_step.measurement(theirs_s)
+      flops = program.flops_per_row
+      if profile_dir:
+        _profile(program.run_step, steps, os.path.join(profile_dir, name),
+                 program.compiled.as_text())
+    else:
+      ours, flops = run_jaxtl(preset, cfg, warmup, steps, devices,
+                              loss_chunk_len=loss_chunk_len,
+                              profile_dir=profile_dir and os.path.join(profile_dir, name))
     rows.append(row(name, preset, cfg, ours, flops, theirs, peak_flops, theirs_keras))
+    if in_turns:
+      rows[-1]["jaxtl faster in"] = f"{wins[0]} of {rounds} rounds"
     print(json.dumps(rows[-1]), flush=True)
   return rows
 

@@ -9,7 +9,9 @@ jaxtl computes in bfloat16; SDPA attention, and fused AdamW on GPUs.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -23,9 +25,28 @@ HF_CLASSES = {"clm": "GPT2LMHeadModel", "mlm": "BertForMaskedLM",
               "classify": "BertForSequenceClassification"}
 
 
+@dataclasses.dataclass
+class TorchProgram:
+  """The same model's train step in transformers, built and stepped once."""
+  run_step: Callable[[], None]
+  first_s: float  # the first step: allocation, kernel selection
+  peak: Callable[[], int | None]  # peak device memory, None on a CPU
+
+  def measurement(self, step_s: float) -> Measurement:
+    return Measurement(step_s, self.first_s, self.peak(),
+                       "none" if self.peak() is None else "torch.cuda")
+
+
 def run_torch(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
               seed: int = 0) -> Measurement:
   """Times the same model's step in transformers (PyTorch)."""
+  program = torch_program(preset, cfg, seed)
+  return program.measurement(time_steps(program.run_step, max(warmup - 1, 0), steps))
+
+
+def torch_program(preset: Preset, cfg: TransformerConfig, seed: int = 0) -> TorchProgram:
+  """The same model, batch and optimizer as jaxtl's step in transformers,
+  stepped once."""
   # optional (pip install 'jaxtl[hf]'), heavy: ~2 s; only the PyTorch anchor needs them
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
@@ -82,11 +103,9 @@ def run_torch(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
   if cuda:
     torch.cuda.reset_peak_memory_stats()
   start = time.perf_counter()
-  run_step()  # the first step: allocation, kernel selection
-  first_s = time.perf_counter() - start
-  step_s = time_steps(run_step, max(warmup - 1, 0), steps)
-  peak = torch.cuda.max_memory_allocated() if cuda else None
-  return Measurement(step_s, first_s, peak, "torch.cuda" if cuda else "none")
+  run_step()
+  return TorchProgram(run_step, time.perf_counter() - start,
+                      lambda: torch.cuda.max_memory_allocated() if cuda else None)
 
 
 def release_memory() -> None:
