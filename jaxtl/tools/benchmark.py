@@ -104,20 +104,6 @@ def jaxtl_program(preset: Preset, cfg: TransformerConfig, devices: list[jax.Devi
   return Program(run_step, compiled, compile_s, flops)
 
 
-def run_jaxtl(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
-              devices: list[jax.Device], seed: int = 0,
-              loss_chunk_len: int = objectives.LOSS_CHUNK_LEN,
-              profile_dir: str = "") -> tuple[Measurement, float]:
-  """Times jaxtl's train step, data-parallel over ``devices``; returns
-  (measurement, model FLOPs per row). With ``profile_dir``, ``steps`` more
-  steps are traced there and their op breakdown is printed."""
-  program = jaxtl_program(preset, cfg, devices, seed, loss_chunk_len)
-  step_s = time_steps(program.run_step, warmup, steps)
-  if profile_dir:
-    _profile(program.run_step, steps, profile_dir, program.compiled.as_text())
-  return program.measurement(step_s), program.flops_per_row
-
-
 def _profile(run_step: Callable[[], Any], steps: int, logdir: str,
              hlo_text: str = "") -> None:
   """Traces ``steps`` steps into ``logdir``; prints and saves their op
@@ -293,21 +279,19 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
     if torch_side and not in_turns:
       theirs = benchmark_torch.run_torch(preset, cfg, warmup, steps)
       benchmark_torch.release_memory()
+    program = jaxtl_program(preset, cfg, devices, loss_chunk_len=loss_chunk_len)
     if in_turns:
       torch_step = benchmark_torch.torch_program(preset, cfg)
-      program = jaxtl_program(preset, cfg, devices, loss_chunk_len=loss_chunk_len)
       (ours_s, theirs_s), wins = time_alternated(
           [program.run_step, torch_step.run_step], warmup, steps, rounds)
-      ours, theirs = program.measurement(ours_s), torch_step.measurement(theirs_s)
-      flops = program.flops_per_row
-      if profile_dir:
-        _profile(program.run_step, steps, os.path.join(profile_dir, name),
-                 program.compiled.as_text())
+      theirs = torch_step.measurement(theirs_s)
     else:
-      ours, flops = run_jaxtl(preset, cfg, warmup, steps, devices,
-                              loss_chunk_len=loss_chunk_len,
-                              profile_dir=profile_dir and os.path.join(profile_dir, name))
-    rows.append(row(name, preset, cfg, ours, flops, theirs, peak_flops, theirs_keras))
+      ours_s = time_steps(program.run_step, warmup, steps)
+    if profile_dir:  # ``steps`` more steps traced, their op breakdown printed
+      _profile(program.run_step, steps, os.path.join(profile_dir, name),
+               program.compiled.as_text())
+    rows.append(row(name, preset, cfg, program.measurement(ours_s), program.flops_per_row,
+                    theirs, peak_flops, theirs_keras))
     if in_turns:
       rows[-1]["jaxtl faster in"] = f"{wins[0]} of {rounds} rounds"
     print(json.dumps(rows[-1]), flush=True)

@@ -33,8 +33,8 @@ class TorchProgram:
   peak: Callable[[], int | None]  # peak device memory, None on a CPU
 
   def measurement(self, step_s: float) -> Measurement:
-    return Measurement(step_s, self.first_s, self.peak(),
-                       "none" if self.peak() is None else "torch.cuda")
+    peak = self.peak()
+    return Measurement(step_s, self.first_s, peak, "none" if peak is None else "torch.cuda")
 
 
 def run_torch(preset: Preset, cfg: TransformerConfig, warmup: int, steps: int,
