@@ -27,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtl import layout, objectives, train
-from jaxtl.data import batches as batches_lib
 from jaxtl.data import tokenizer_files
 from jaxtl.data import sources
 from jaxtl.data.tokenizer_files import get_tokenizer
@@ -38,7 +37,7 @@ from jaxtl.models.heads import TaskModel
 from jaxtl.tasks import config as tasks_config
 from jaxtl.tasks import examples as examples_lib
 from jaxtl.tasks import features as task_features
-from jaxtl.tasks import file_task, inference, kinds, packing, padding
+from jaxtl.tasks import file_task, inference, kinds, packing, train_plan
 from jaxtl.tasks import readers as tasks
 from jaxtl.tasks import spec as task_spec
 from jaxtl.tasks.config import FinetuneConfig, TaskConfig, TaskSettings
@@ -349,41 +348,6 @@ def loop_config(config: FinetuneConfig, steps_per_epoch: int, batch_devices: int
   ).check({"steps": "train.epochs", "accum_steps": "optim.accum_steps"})
 
 
-def _train_batches(arrays: Mapping[str, np.ndarray], config: FinetuneConfig, side: str,
-                   dtype: str, devices: int
-                   ) -> tuple[batches_lib.BatchIterator, Callable[[Any], Any]]:
-  """The training batches, and what cuts each before its step: packs its
-  examples into shared rows (``train.pack``, for a kind with one output
-  per example and no micro-batches) or cuts its padding.
-
-  Every batch of the run is known ahead (a pure function of the seed and
-  its number), so the shapes are chosen for all of them at once, weighing
-  a compile as a model computing in ``dtype`` does
-  (:func:`padding.compile_positions`); packed row counts round up to a
-  multiple of the ``devices`` a batch is split over.
-  """
-  t, multiple = config.train, config.train.length_multiple
-  ends = padding.row_ends(arrays[f"{side}_segment_ids"])
-  width = arrays[f"{side}_segment_ids"].shape[1]
-  # A kind that packs draws its batches plainly shuffled, packed or not:
-  # micro-batches (which split rows, so are not packed) then see the batches
-  # a packed run does, and accumulating gradients changes nothing else.
-  shuffled = t.pack and kinds.get(config.task.kind).packs
-  packs = shuffled and config.optim.accum_steps == 1
-  it = batches_lib.BatchIterator(
-      arrays, lambda row, rng: row, batch_size=t.batch_size, seed=config.seed,
-      lengths=ends if t.group_by_length and multiple and not shuffled else None)
-  batches = np.concatenate([it.epoch_rows(e) for e in range(t.epochs)])
-  cost = padding.compile_positions(dtype=dtype)
-  if packs:
-    pack, how = packing.packer(ends, batches, side, width, multiple, devices, cost)
-    logging.info("packing %s over the run", how)
-    return it, pack
-  table = (padding.compiled_lengths(ends[batches].max(axis=1), multiple, width, cost)
-           if multiple else None)
-  return it, lambda batch: padding.trim_padding(batch, side, multiple, table)
-
-
 def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: str,
                           on_start: Callable[[], None] = lambda: None) -> dict[str, Any]:
   """Fine-tunes per config in the one training loop; returns (and writes)
@@ -470,8 +434,8 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
     return scores(jax.device_put(best, jax.tree.map(lambda x: x.sharding, state.params)),
                   "test")
 
-  train_batches, cut = _train_batches(feats["train"].arrays, config, side, cfg.dtype,
-                                      sharding.batch_devices(mesh))
+  train_batches, cut = train_plan.train_batches(feats["train"].arrays, config, side,
+                                                 cfg.dtype, sharding.batch_devices(mesh))
   work = train.Workload(
       model=model, loss_fn=make_task_loss_fn(model),
       weight_fn=lambda b: jnp.sum(b[kind.weights]), init_inputs=init_inputs,
