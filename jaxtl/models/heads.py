@@ -152,6 +152,11 @@ def label_log_likelihoods(backbone: nn.Module, enc_BSD: Array, enc_segment_ids_B
   return (logp_NL * per_label(keep_CL)).sum(-1).reshape(b, c)
 
 
+# Task kinds whose head pools each example's states to one output: the ones a
+# packed batch (several examples sharing a row) can feed.
+POOLED_KINDS = ("classification", "regression")
+
+
 class TaskModel(nn.Module):
   """Backbone (any family) + a task head.
 
@@ -192,7 +197,7 @@ class TaskModel(nn.Module):
     and the output is per example (classification and regression only)."""
     if segment_ids_BT is None:
       segment_ids_BT = jnp.ones_like(tokens_BT)
-    if packed is not None and self.kind not in ("classification", "regression"):
+    if packed is not None and self.kind not in POOLED_KINDS:
       raise ValueError(f"packed rows feed classification and regression heads, "
                        f"not {self.kind!r}")
     backbone = build_model(self.config, name=paths.BACKBONE)
@@ -265,7 +270,7 @@ class ClassifierHead(nn.Module):
                        f"{', '.join(HEAD_WIDTHS)}")
     outputs = HEAD_WIDTHS[self.kind] or self.num_labels
     x = hidden_BTD
-    if self.kind in ("classification", "regression"):
+    if self.kind in POOLED_KINDS:
       x = pool(x, segment_ids_BT, "first" if self.pooling == "pooler" else self.pooling)
       if self.pooling == "pooler":
         x = jnp.tanh(layers.dense(cfg, cfg.d_model, ("embed", "mlp"), paths.POOLER,

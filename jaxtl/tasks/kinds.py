@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models.config import TransformerConfig
-from jaxtl.models.heads import best_spans, context_only
+from jaxtl.models.heads import POOLED_KINDS, best_spans, context_only
 from jaxtl.objectives import token_cross_entropy
 from jaxtl.tasks import features as task_features
 from jaxtl.tasks import generation
@@ -54,8 +54,9 @@ class TaskKind:
       (generation: the decoded ids); None: the model's apply.
     weights: the batch feature whose sum normalises the loss.
     counts: what that sum counts, as the training log names it.
-    packs: one output per example, so training may pack a batch's
-      examples into shared rows (:mod:`jaxtl.tasks.packing`).
+    packs: (a property) one output per example, so training may pack a
+      batch's examples into shared rows (:mod:`jaxtl.tasks.packing`): the
+      kinds whose head pools (:data:`jaxtl.models.heads.POOLED_KINDS`).
 
   ``task`` is a :class:`~jaxtl.tasks.config.TaskSettings`: the run's
   TaskConfig while fine-tuning, a loaded model's TaskSpec when predicting.
@@ -74,7 +75,10 @@ class TaskKind:
   forward: Callable[[Any, TaskSettings, Tokenizer], Callable] | None = None
   weights: str = "label_weights"
   counts: str = "examples"
-  packs: bool = False
+
+  @property
+  def packs(self) -> bool:
+    return self.name in POOLED_KINDS
 
 
 def _encode_sequences(examples, tok, task: TaskSettings, model):
@@ -202,9 +206,9 @@ def _answers(spec, spans, feats, examples):
 
 REGISTRY: dict[str, TaskKind] = {k.name: k for k in (
     TaskKind("classification", _encode_sequences, _cross_entropy, _argmax, _metrics,
-             _probabilities, _labels, packs=True),
+             _probabilities, _labels),
     TaskKind("regression", _encode_sequences, _squared_error, _as_is, _metrics,
-             _as_is, _values, packs=True),
+             _as_is, _values),
     TaskKind("token_classification", _encode_tagging, _cross_entropy, _argmax,
              _tag_metrics, _argmax, _tags, counts="tags"),
     TaskKind("span_qa", _encode_spans, _span_boundaries, _best_spans, _answer_metrics,
