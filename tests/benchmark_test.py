@@ -296,6 +296,10 @@ def test_gpt2_small_flops_per_token_by_hand():
   # MLM: the head only at the masked positions; a task head: no LM head at all.
   assert perf.flops_per_example(cfg, params, 1024, head_positions=0) == pytest.approx(
       1024 * (expected - 6 * 50304 * 768))
+  # Pooled by a task head: the last layer's queries, output and MLP at one token.
+  once = 6 * (layer - 2 * 768 * 768) + 12 * 768 * 1024
+  assert perf.flops_per_example(cfg, params, 1024, head_positions=0, pooled=True) == (
+      pytest.approx(1024 * (expected - 6 * 50304 * 768) - 1023 * once))
 
 
 def test_unknown_names_are_refused():

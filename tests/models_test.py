@@ -10,7 +10,7 @@ import pytest
 from flax import traverse_util
 
 from jaxtl.models import TransformerConfig, build_model
-from jaxtl.models import dropout, layers, masks
+from jaxtl.models import dropout, layers, masks, transformer
 
 TINY = dict(vocab_size=97, d_model=32, num_heads=4, head_dim=8, mlp_dim=64,
             num_layers=2, max_len=32, dropout_rate=0.0)
@@ -169,6 +169,33 @@ def test_scan_and_remat_match_the_loop(name):
   gb = jax.grad(lambda p: loss(scanned, p))(s_params)
   for u, v in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
     np.testing.assert_allclose(u, v, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("bert", {}), ("gpt2", {}),
+    ("bert", dict(position="relative", relative_buckets=8, adapter_dim=4,
+                  row_major_dots=True, attention_impl="xla"))])
+def test_the_last_layer_run_at_chosen_positions_gives_their_states_and_gradients(
+    name, kw):
+  _, model = make(name, **kw)
+  x = tokens((3, 8))
+  seg = jnp.array([[1] * 5 + [2] * 3, [1] * 8, [1] * 6 + [0] * 2])
+  at = (jnp.array([0, 0, 1, 2]), jnp.array([0, 5, 7, 5]))
+  w = jax.random.normal(jax.random.key(2), (4, 1, TINY["d_model"]))
+  params = init(model, x)
+
+  @functools.partial(jax.jit, static_argnums=1)
+  def states(p, chosen):
+    h = model.apply({"params": p}, x, seg, lm_head=False,
+                    outputs_at=at if chosen else None)["last_hidden"]
+    return h if chosen else transformer.at_positions(h, at)
+
+  whole, picked = states(params, False), states(params, True)
+  assert picked.shape == (4, 1, TINY["d_model"])
+  np.testing.assert_allclose(picked, whole, atol=2e-5)
+  grads = [jax.grad(lambda p, c=c: (w * states(p, c)).sum())(params) for c in (False, True)]
+  for u, v in zip(*map(jax.tree.leaves, grads)):
+    np.testing.assert_allclose(u, v, rtol=1e-5, atol=2e-5)
 
 
 @pytest.mark.slow

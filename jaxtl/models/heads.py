@@ -49,9 +49,7 @@ def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
   """
   mask_BT = segment_ids_BT > 0
   if method in ("first", "last"):
-    t = mask_BT.shape[1]
-    at_B = (jnp.argmax(mask_BT, -1) if method == "first"
-            else jnp.where(mask_BT.any(-1), t - 1 - jnp.argmax(mask_BT[:, ::-1], -1), 0))
+    at_B = pooled_position(mask_BT, method)
     return jnp.take_along_axis(hidden_BTD, at_B[:, None, None], axis=1)[:, 0]
   if method == "mean":
     w_BT = mask_BT.astype(hidden_BTD.dtype)
@@ -63,6 +61,15 @@ def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
     return jnp.concatenate([pool(hidden_BTD, segment_ids_BT, "last"), max_BD,
                             pool(hidden_BTD, segment_ids_BT, "mean")], axis=-1)
   raise ValueError(f"unknown pooling {method!r}; expected one of {POOLINGS}")
+
+
+def pooled_position(mask_BT: Array, method: str) -> Array:
+  """Where ``first`` or ``last`` pooling reads each row: its first or last
+  token inside ``mask_BT`` (0 for a row with none) [B]."""
+  if method == "first":
+    return jnp.argmax(mask_BT, -1)
+  t = mask_BT.shape[1]
+  return jnp.where(mask_BT.any(-1), t - 1 - jnp.argmax(mask_BT[:, ::-1], -1), 0)
 
 
 def example_spans(hidden_BTD: Array, spans: tuple[Array, Array, Array]
@@ -219,9 +226,12 @@ class TaskModel(nn.Module):
                                      self.pad_id, self.decoder_start_id,
                                      deterministic=deterministic)
     else:
+      at = self._pooled_at(segment_ids_BT, packed)
       out = backbone(tokens_BT, segment_ids_BT, positions_BT, token_types_BT,
-                     lm_head=False, sentence_head=False, **flags)
+                     lm_head=False, sentence_head=False, outputs_at=at, **flags)
       hidden_BTD, states = out["last_hidden"], out.get("hidden_states")
+      if at is not None:  # [N, 1, D]: the pooled token of each example
+        segment_ids_BT, packed = jnp.ones(hidden_BTD.shape[:2], jnp.int32), None
     if self.scalar_mix:
       hidden_BTD = ScalarMix(name=paths.SCALAR_MIX)(states)
     if packed is not None:
@@ -231,6 +241,22 @@ class TaskModel(nn.Module):
                               hidden_BTD, segment_ids_BT,
                               deterministic=deterministic)
 
+
+  def _pooled_at(self, segment_ids_BT: Array, packed: tuple[Array, Array, Array] | None
+                 ) -> tuple[Array, Array] | None:
+    """(rows, positions) of the one token per example that the head pools
+    ([CLS] or the last), or None when it reads more: the backbone then runs
+    its last layer at those tokens alone (:class:`Stack`'s ``outputs_at``)."""
+    method = "first" if self.pooling == "pooler" else self.pooling
+    if (self.kind not in POOLED_KINDS or method not in ("first", "last")
+        or self.scalar_mix or self.config.scan_layers):
+      return None
+    if packed is None:
+      return (jnp.arange(segment_ids_BT.shape[0]),
+              pooled_position(segment_ids_BT > 0, method))
+    rows_N, starts_N, ends_N = packed
+    at_N = starts_N if method == "first" else ends_N - 1
+    return rows_N, jnp.where(ends_N > starts_N, at_N, 0)  # as pool() reads an empty span
 
   def _next_token_logits(self, backbone: nn.Module, tokens_BT: Array,
                          segment_ids_BT: Array, positions_BT: Array | None,

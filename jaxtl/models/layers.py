@@ -236,9 +236,16 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BTD: Array, kv_BSD: Array | None, mask_B1TS: Array | None,
-               bias_BHTS: Array | None = None, cache_index: Array | None = None
-               ) -> tuple[Array, Array | None]:
-    """``kv_BSD`` is None only for cached cross-attention after its first step."""
+               bias_BHTS: Array | None = None, cache_index: Array | None = None,
+               kv_rows: Array | None = None) -> tuple[Array, Array | None]:
+    """``kv_BSD`` is None only for cached cross-attention after its first step.
+
+    ``kv_rows`` [N]: query n (``x_BTD``'s row n, here [N, T, D]) reads the
+    keys and values of ``kv_BSD``'s row ``kv_rows[n]``. They are projected
+    once per row of ``kv_BSD`` and then gathered, so a few queries from
+    each row (:func:`jaxtl.models.transformer.at_positions`) cost no more
+    key and value projections than the whole rows would.
+    """
     cfg = self.config
     hk = (cfg.num_heads, cfg.head_dim)
     q_BTHK = self._project(paths.QUERY, x_BTD, "btd,dhk->bthk", (cfg.d_model, *hk),
@@ -249,6 +256,8 @@ class MultiHeadAttention(nn.Module):
                              ("embed", "heads", "kv"), hk, ("heads", "kv"))
       v_BSHK = self._project(paths.VALUE, kv_BSD, "bsd,dhk->bshk", (cfg.d_model, *hk),
                              ("embed", "heads", "kv"), hk, ("heads", "kv"))
+      if kv_rows is not None:
+        k_BSHK, v_BSHK = k_BSHK[kv_rows], v_BSHK[kv_rows]
     keys, values, kv = k_BSHK, v_BSHK, "bshk"  # kv: their layout
     if self.decode:  # a step against the cache, whose layout is heads first
       (keys, values), kv = self._cached(k_BSHK, v_BSHK, cache_index), "bhsk"

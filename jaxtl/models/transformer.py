@@ -28,6 +28,14 @@ _REMAT_POLICY = {
 }
 
 
+def at_positions(a: Array, at: tuple[Array, Array], axis: int = 1) -> Array:
+  """``a``'s entries at ``at`` = (rows [N], positions [N]) along ``axis``
+  (the query axis), kept as an axis of length 1: [B, T, D] -> [N, 1, D],
+  a mask [B, 1, T, S] -> [N, 1, 1, S]."""
+  rows_N, t_N = at
+  return jnp.expand_dims(jnp.moveaxis(a, axis, 1)[rows_N, t_N], axis)
+
+
 class TransformerBlock(nn.Module):
   """Self-attention (+ cross-attention) + MLP, each with a residual.
 
@@ -43,31 +51,46 @@ class TransformerBlock(nn.Module):
   decode: bool = False
   causal: bool = False  # decoder self-attention (a hint for the fused kernel)
 
-  def _sublayer(self, x_BTD: Array, name: str, fn) -> tuple[Array, Any]:
+  def _sublayer(self, x_BTD: Array, name: str, fn,
+                at: tuple[Array, Array] | None = None) -> tuple[Array, Any]:
+    """x + f(x) with the block's norm, dropout and adapter around f. With
+    ``at``, ``fn`` reads the whole rows and answers at those positions
+    only, and so does the residual: [N, 1, D]."""
     cfg = self.config
     drop = Dropout(cfg.dropout_rate, name=f"{name}_dropout")
     adapt = (layers.Adapter(cfg, name=paths.adapter(name)) if cfg.adapter_dim
              and name != paths.CROSS_ATTENTION else (lambda y: y))
-    if cfg.pre_norm:
-      y_BTD, aux = fn(layers.make_norm(cfg, paths.norm(name))(x_BTD))
-      return x_BTD + drop(adapt(y_BTD), deterministic=self.deterministic), aux
-    y_BTD, aux = fn(x_BTD)
-    y_BTD = adapt(y_BTD)
-    x_BTD = x_BTD + drop(y_BTD, deterministic=self.deterministic)
-    return layers.make_norm(cfg, paths.norm(name))(x_BTD), aux
+    norm = layers.make_norm(cfg, paths.norm(name))
+    y_BTD, aux = fn(norm(x_BTD) if cfg.pre_norm else x_BTD)
+    if at is not None:
+      x_BTD = at_positions(x_BTD, at)
+    x_BTD = x_BTD + drop(adapt(y_BTD), deterministic=self.deterministic)
+    return (x_BTD if cfg.pre_norm else norm(x_BTD)), aux
 
   @nn.compact
   def __call__(self, x_BTD: Array, mask_B1TT: Array, bias_BHTT: Array | None,
                enc_BSD: Array | None = None, enc_mask_B1TS: Array | None = None,
-               cache_index: Array | None = None):
+               cache_index: Array | None = None, at: tuple[Array, Array] | None = None):
+    """``at`` = (rows [N], positions [N]): only the states there are wanted,
+    so the block answers [N, 1, D]: its queries, MLP and norms run at those
+    positions alone, its keys and values over the whole rows."""
     cfg = self.config
     attn = functools.partial(layers.MultiHeadAttention, cfg,
                              deterministic=self.deterministic,
                              return_weights=self.return_attention, decode=self.decode)
-    self_attn = attn(name=paths.SELF_ATTENTION, causal=self.causal)
-    x_BTD, self_w = self._sublayer(
-        x_BTD, paths.SELF_ATTENTION,
-        lambda h: self_attn(h, h, mask_B1TT, bias_BHTT, cache_index))
+    # A lone query per row: the fused kernel's causal mask would be the
+    # wrong one; the explicit mask's row is the right one.
+    self_attn = attn(name=paths.SELF_ATTENTION, causal=self.causal and at is None)
+    if at is None:
+      attend = lambda h: self_attn(h, h, mask_B1TT, bias_BHTT, cache_index)
+    else:
+      if self.cross_attention or self.decode:
+        raise ValueError("states at chosen positions come from an encoder or "
+                         "decoder-only stack run on whole rows")
+      picked = lambda a, axis=2: None if a is None else at_positions(a, at, axis)
+      attend = lambda h: self_attn(at_positions(h, at), h, picked(mask_B1TT),
+                                   picked(bias_BHTT), kv_rows=at[0])
+    x_BTD, self_w = self._sublayer(x_BTD, paths.SELF_ATTENTION, attend, at)
     cross_w = None
     if self.cross_attention:
       cross = attn(name=paths.CROSS_ATTENTION, cross=True)
@@ -75,7 +98,8 @@ class TransformerBlock(nn.Module):
           x_BTD, paths.CROSS_ATTENTION, lambda h: cross(h, enc_BSD, enc_mask_B1TS))
     mlp = layers.Mlp(cfg, name=paths.MLP)
     x_BTD, _ = self._sublayer(x_BTD, paths.MLP, lambda h: (mlp(h), None))
-    x_BTD = layers.constrain(x_BTD, layers.ACT_BLD)
+    if at is None:  # N picked states need not split over the mesh's batch axis
+      x_BTD = layers.constrain(x_BTD, layers.ACT_BLD)
     outputs = {}
     if self.return_hidden:
       outputs["hidden"] = x_BTD
@@ -98,6 +122,12 @@ class Stack(nn.Module):
   each later call appends its T tokens at the cache index and attends to
   every filled slot up to its own (``segment_ids`` 0 marks padding slots,
   e.g. left-padded prompts). ``positions`` then default to the slot index.
+
+  ``outputs_at`` = (rows [N], positions [N]): the caller reads the last
+  layer's states at these positions only (a classifier's [CLS] tokens), so
+  that layer computes them alone and the stack returns [N, 1, D]. The last
+  layer's queries, MLP and norms then cost N tokens instead of B x T:
+  nearly one layer's share of the step, for the same states.
   """
   config: TransformerConfig
   num_layers: int
@@ -130,10 +160,14 @@ class Stack(nn.Module):
                enc_segment_ids_BS: Array | None = None, *,
                deterministic: bool = True, return_hidden: bool = False,
                return_attention: bool = False, decode: bool = False,
-               prefix_BT: Array | None = None):
+               prefix_BT: Array | None = None,
+               outputs_at: tuple[Array, Array] | None = None):
     cfg = self.config
     if segment_ids_BT is None:
       segment_ids_BT = jnp.ones_like(tokens_BT)
+    if outputs_at is not None and (cfg.scan_layers or return_hidden or return_attention):
+      raise ValueError("outputs_at needs layers run one by one (not scan_layers) "
+                       "and no per-layer states or attention weights")
     cache_index = None
     if prefix_BT is not None and (decode or not self.causal):
       raise ValueError("a bidirectional prefix (decoder_causal_attention) needs a "
@@ -192,7 +226,8 @@ class Stack(nn.Module):
     else:
       outs = []
       for i in range(self.num_layers):
-        x_BTD, out = block(**kwargs, name=paths.layer(i))(x_BTD, *args)
+        last = outputs_at if i == self.num_layers - 1 else None
+        x_BTD, out = block(**kwargs, name=paths.layer(i))(x_BTD, *args, last)
         outs.append(out)
       per_layer = outs if any(outs) else []
 
@@ -245,13 +280,16 @@ class EncoderOrDecoder(nn.Module):
                deterministic: bool = True, return_hidden: bool = False,
                return_attention: bool = False, lm_head: bool = True,
                sentence_head: bool = True, decode: bool = False,
-               prefix_BT: Array | None = None) -> dict[str, Any]:
+               prefix_BT: Array | None = None,
+               outputs_at: tuple[Array, Array] | None = None) -> dict[str, Any]:
     """Runs the stack and (``lm_head``) the LM head.
 
     Training leaves the head out and applies it itself through
     :func:`apply_lm_head`: at the masked positions only (MLM), a chunk of
     positions at a time (:func:`jaxtl.objectives.chunked_cross_entropy`).
-    ``prefix_BT`` (a decoder's prefix LM) marks the bidirectional prefix.
+    ``prefix_BT`` (a decoder's prefix LM) marks the bidirectional prefix;
+    ``outputs_at`` asks for the states at those (row, position) pairs only
+    (:class:`Stack`).
     With ``config.sentence_classes`` and ``sentence_head`` (task models say
     False: they have heads of their own), ``sentence_logits`` [B, C] too.
     """
@@ -262,7 +300,7 @@ class EncoderOrDecoder(nn.Module):
         name=paths.STACK)(tokens_BT, segment_ids_BT, positions_BT, token_types_BT,
                       deterministic=deterministic, return_hidden=return_hidden,
                       return_attention=return_attention, decode=decode,
-                      prefix_BT=prefix_BT)
+                      prefix_BT=prefix_BT, outputs_at=outputs_at)
     out = {"last_hidden": hidden_BTD, **extras}
     if lm_head:
       out["logits"] = layers.LMHead(cfg, embed, name=paths.LM_HEAD)(hidden_BTD)

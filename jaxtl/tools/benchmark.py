@@ -100,7 +100,8 @@ def jaxtl_program(preset: Preset, cfg: TransformerConfig, devices: list[jax.Devi
   flops = perf.flops_per_example(
       cfg, params, preset.length, preset.target_length,
       head_positions=(max_predictions(preset) if preset.objective == "mlm"
-                      else 0 if preset.objective == "classify" else None))
+                      else 0 if preset.objective == "classify" else None),
+      pooled=preset.objective == "classify")
   return Program(run_step, compiled, compile_s, flops)
 
 

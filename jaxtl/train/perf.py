@@ -92,11 +92,16 @@ def _head_params(cfg: TransformerConfig, params: Any) -> int:
 def flops_per_example(cfg: TransformerConfig, params: Any,
                       encoder_length: int, decoder_length: int = 0,
                       head_positions: int | None = None,
-                      generator: TransformerConfig | None = None) -> float:
+                      generator: TransformerConfig | None = None,
+                      pooled: bool = False) -> float:
   """Training FLOPs for one example (row) of the given lengths.
 
   ``head_positions``: the LM head runs only at this many positions (MLM);
   None: at every target position; 0: nowhere (a task head replaces it).
+  ``pooled``: a task head reads one token of a layer-by-layer (not
+  scanned) stack, whose last layer then runs its queries, output and MLP
+  at that token alone (:class:`jaxtl.models.transformer.Stack`'s
+  ``outputs_at``); its keys and values still cover every position.
   ``generator``: ELECTRA's generator, an encoder over the same rows. Its
   dense weights (under ``generator/``) and LM head are already in
   ``params``; its attention scores are added from this config.
@@ -116,4 +121,8 @@ def flops_per_example(cfg: TransformerConfig, params: Any,
   stacks = [cfg] + ([generator] if generator else [])
   body = 6 * _matmul_params(params) * t + sum(
       attention(c, c.num_layers, t, t) for c in stacks)
+  if pooled and not cfg.scan_layers:  # the last layer's weights but K and V: once
+    once = (_matmul_params(params, paths.layer(cfg.num_layers - 1))
+            - 2 * cfg.d_model * cfg.num_heads * cfg.head_dim)
+    body -= (6 * once + attention(cfg, 1, 1, t)) * (t - 1)
   return float(body + head * (t if head_positions is None else head_positions))
