@@ -68,6 +68,8 @@ flags.DEFINE_integer("eval_examples", 0, "Score a fixed random subset of test (a
 flags.DEFINE_bool("row_major_dots", False, "jaxtl's dense layers as row-major dots "
                   "with float32 accumulation (config.train.row_major_dots; "
                   "bfloat16 sets it by itself on CPUs where it pays).")
+flags.DEFINE_string("pooling", "", "jaxtl's head: what it reads (config.task.pooling: "
+                    "pooler is the anchor's [CLS] + pooler); empty: the config's.")
 FLAGS = flags.FLAGS
 
 
@@ -82,6 +84,7 @@ def _config(seed: int, epochs: int) -> Any:
   c.train.pack = FLAGS.pack
   c.train.compute_dtype = FLAGS.compute_dtype
   c.train.row_major_dots = FLAGS.row_major_dots
+  c.task.pooling = FLAGS.pooling or c.task.pooling
   return c
 
 

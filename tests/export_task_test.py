@@ -359,7 +359,7 @@ def test_cli_exports_a_finetuning_workdir(tmp_path):
 
 def test_an_exported_pipeline_gives_jaxtls_labels_and_probabilities(tmp_path):
   """jaxtl.load(workdir).predict equals transformers' text-classification
-  pipeline on the export of a mean-pooling model (finetune_minilm's pooling),
+  pipeline on the export of a mean-pooling model (a head no stock class has),
   the loading code the command's help gives."""
   import jaxtl  # pylint: disable=g-import-not-at-top
   workdir, _, _ = _workdir(tmp_path, "mean")

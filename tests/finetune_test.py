@@ -319,8 +319,8 @@ def test_minilm_recipe_fine_tunes_a_hugging_face_folder(tmp_path):
   config = importlib.import_module("jaxtl.configs.finetune_minilm").get_config("task=trec")
   # One batch of 8 questions of at most 16 tokens: the property is the
   # loading; a real 6-layer model is the costliest to run of the suite's.
-  config.task.update(num_train_examples=8, max_eval_examples=8, pooling="pooler",
-                     max_len=16)
+  config.task.update(num_train_examples=8, max_eval_examples=8, max_len=16)
+  assert config.task.pooling == "pooler"  # the recipe's: [CLS] through the pooler
   # One padded length, so one compiled step per mode.
   config.train.update(epochs=1, checkpoint_every=0, batch_size=8,
                       length_multiple=config.task.max_len)
