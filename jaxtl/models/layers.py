@@ -266,6 +266,8 @@ class MultiHeadAttention(nn.Module):
     use_dropout = cfg.attention_dropout_rate > 0 and not self.deterministic
     weights_BHTS = None
     impl = attention_impl(cfg, q_BTHK.dtype)
+    if kv_rows is not None and impl == "cudnn":
+      impl = "xla"  # one query a row: nothing for the fused kernel to tile
     if self.decode or self.return_weights or use_dropout or impl == "einsum":
       if cfg.row_major_dots:  # batched dots in the form XLA:CPU's fast kernel takes
         heads_first = lambda a_BXHK: dense_dots.written_out(jnp.swapaxes(a_BXHK, 1, 2))
