@@ -63,6 +63,12 @@ def pool(hidden_BTD: Array, segment_ids_BT: Array, method: str) -> Array:
   raise ValueError(f"unknown pooling {method!r}; expected one of {POOLINGS}")
 
 
+def pool_method(pooling: str) -> str:
+  """What :func:`pool` reads for a head's ``pooling``: ``pooler`` reads
+  [CLS] (``first``) and then applies its dense + tanh."""
+  return "first" if pooling == "pooler" else pooling
+
+
 def pooled_position(mask_BT: Array, method: str) -> Array:
   """Where ``first`` or ``last`` pooling reads each row: its first or last
   token inside ``mask_BT`` (0 for a row with none) [B]."""
@@ -247,7 +253,7 @@ class TaskModel(nn.Module):
     """(rows, positions) of the one token per example that the head pools
     ([CLS] or the last), or None when it reads more: the backbone then runs
     its last layer at those tokens alone (:class:`Stack`'s ``outputs_at``)."""
-    method = "first" if self.pooling == "pooler" else self.pooling
+    method = pool_method(self.pooling)
     if (self.kind not in POOLED_KINDS or method not in ("first", "last")
         or self.scalar_mix or self.config.scan_layers):
       return None
@@ -297,7 +303,7 @@ class ClassifierHead(nn.Module):
     outputs = HEAD_WIDTHS[self.kind] or self.num_labels
     x = hidden_BTD
     if self.kind in POOLED_KINDS:
-      x = pool(x, segment_ids_BT, "first" if self.pooling == "pooler" else self.pooling)
+      x = pool(x, segment_ids_BT, pool_method(self.pooling))
       if self.pooling == "pooler":
         x = jnp.tanh(layers.dense(cfg, cfg.d_model, ("embed", "mlp"), paths.POOLER,
                                   cfg.jnp_dtype)(x))
