@@ -8,7 +8,8 @@ import pytest
 from jaxtl.models import TransformerConfig
 from jaxtl.models.config import input_side
 from jaxtl.models.heads import TaskModel
-from jaxtl.tasks import features, finetune, packing
+from jaxtl.tasks import config as tasks_config
+from jaxtl.tasks import features, finetune, packing, train_plan
 
 BASE = dict(vocab_size=64, d_model=16, num_heads=2, head_dim=8, mlp_dim=32,
             num_layers=2, max_len=32, dropout_rate=0.0)
@@ -122,6 +123,46 @@ def test_the_row_table_folds_rare_row_counts_into_larger_ones():
   assert [int(cheap[k]) for k in (4, 6)] == [4, 6]  # a compile costs nothing: both
   assert [int(dear[k]) for k in (4, 6)] == [6, 6]  # dearer than 7 batches' extra rows
   assert packing.row_table(needed, 8, 16, 4, 0)[5] == 8  # rounded up to the devices
+
+
+def _skewed_lengths(n=640, seed=0):
+  """Short texts with a few long ones: drawn batches need from a few rows
+  of 32 to many more."""
+  rng = np.random.default_rng(seed)
+  return np.where(rng.random(n) < 0.1, rng.integers(20, 33, n), rng.integers(2, 9, n))
+
+
+def test_balanced_batches_hold_every_example_once_and_fit_fewer_rows():
+  lengths, batch, row_len = _skewed_lengths(), 16, 32
+  drawn = np.random.default_rng(1).permutation(len(lengths)).reshape(-1, batch)
+  most = packing.rows_per_batch(lengths, drawn, row_len).max()
+  rows = packing.balanced_rows(lengths, batch, row_len, 1, np.random.default_rng(0))
+  assert rows < most
+  order = packing.balanced_order(np.random.default_rng(1), lengths, batch, row_len, rows)
+  np.testing.assert_array_equal(np.sort(order), np.arange(len(lengths)))
+  assert packing.rows_per_batch(lengths, order.reshape(-1, batch), row_len).max() <= rows
+  # The same generator gives the same epoch; with room for every drawn
+  # batch, the permutation as drawn.
+  np.testing.assert_array_equal(
+      order, packing.balanced_order(np.random.default_rng(1), lengths, batch, row_len, rows))
+  np.testing.assert_array_equal(
+      packing.balanced_order(np.random.default_rng(1), lengths, batch, row_len, most),
+      drawn.ravel())
+  # Row counts stay a multiple of the devices a batch is split over.
+  assert packing.balanced_rows(lengths, batch, row_len, 4, np.random.default_rng(0)) % 4 == 0
+
+
+def test_a_packed_run_compiles_one_shape():
+  lengths = _skewed_lengths(seed=2)
+  segments = (np.arange(32) < lengths[:, None]).astype(np.int32)
+  config = tasks_config.FinetuneConfig(
+      train=tasks_config.FinetuneTrainConfig(epochs=3, batch_size=16, length_multiple=8))
+  it, pack = train_plan.train_batches(
+      {"encoder_segment_ids": segments, "encoder_input_tokens": segments,
+       "labels": np.zeros(len(lengths), np.int32)}, config, "encoder", "float32", 1)
+  shapes = {pack(it._batches(k))["encoder_input_tokens"].shape
+            for k in range(3 * it.batches_per_epoch)}
+  assert len(shapes) == 1, shapes
 
 
 def test_prediction_packs_and_gives_each_example_its_own_output():

@@ -56,15 +56,6 @@ def grouped_order(rng: np.random.Generator, lengths: np.ndarray,
   return np.concatenate([batches[rng.permutation(len(batches))].ravel(), order[full:]])
 
 
-class _Lengths:
-  """Row lengths, equal only to themselves: ``_Batch.order`` is cached on
-  the batch maker's fields, and hashing an array's values per call would
-  cost more than the cache saves."""
-
-  def __init__(self, array: np.ndarray):
-    self.array = array
-
-
 @dataclasses.dataclass(frozen=True)
 class _Batch:
   """Local batch ``k`` of a :class:`BatchIterator`: a pure function of
@@ -80,7 +71,10 @@ class _Batch:
   stream: tuple[int, ...]
   partners: bool = False
   make_batch: Callable[..., Example] | None = None  # (rows [B, L], rngs) -> batch
-  lengths: "_Lengths | None" = None  # batches of rows of similar length
+  # An epoch's shuffled order from its generator; None: a plain permutation.
+  # Hashed by identity, as the order cache needs (hashing an array's values
+  # per call would cost more than the cache saves).
+  arrange: Callable[[np.random.Generator], np.ndarray] | None = None
 
   def rng(self, *key: int) -> np.random.Generator:
     """``default_rng((seed, *key))``, or its spawn for the stream (built
@@ -93,8 +87,8 @@ class _Batch:
     n = len(self.rows)
     if not self.shuffle:
       return np.arange(n)
-    if self.lengths is not None:
-      return grouped_order(self.rng(epoch), self.lengths.array, self.batch_size)
+    if self.arrange is not None:
+      return self.arrange(self.rng(epoch))
     return self.rng(epoch).permutation(n)
 
   def __call__(self, k: int) -> Example:
@@ -154,7 +148,8 @@ class BatchIterator:
   at once, the same examples) is used instead of ``make_example`` when given.
   With ``lengths`` (one per row) a shuffled epoch's batches are each made of
   rows of similar length (:func:`grouped_order`), for batches cut to their
-  longest row.
+  longest row. ``arrange`` (a generator -> a shuffled epoch's order of all
+  rows) sets another order, e.g. :func:`jaxtl.tasks.packing.balanced_order`.
   """
 
   def __init__(self, rows: Rows | row_store.RowStore | row_store.ArrayRows,
@@ -164,7 +159,8 @@ class BatchIterator:
                process_count: int = 1, stream: tuple[int, ...] = (),
                workers: int = 0, partners: bool = False,
                make_batch: Callable[..., Example] | None = None,
-               lengths: np.ndarray | None = None):
+               lengths: np.ndarray | None = None,
+               arrange: Callable[[np.random.Generator], np.ndarray] | None = None):
     if batch_size % process_count:
       raise ValueError(f"global batch size {batch_size} is not divisible by "
                        f"the {process_count} processes")
@@ -184,12 +180,17 @@ class BatchIterator:
     self.epoch, self.index = 0, 0
     if partners:  # the document index, made here rather than in each worker
       rows.first_documents()
-    if lengths is not None and len(lengths) != self.num_rows:
-      raise ValueError(f"{len(lengths)} lengths for {self.num_rows} rows")
+    if lengths is not None:
+      if len(lengths) != self.num_rows:
+        raise ValueError(f"{len(lengths)} lengths for {self.num_rows} rows")
+      if arrange is not None:
+        raise ValueError("BatchIterator takes lengths (grouped batches) or arrange, "
+                         "not both")
+      arrange = functools.partial(grouped_order, lengths=np.asarray(lengths),
+                                  batch_size=batch_size)
     self._batches = _Batch(rows, make_example, batch_size, self.local, self.offset,
                            self.batches_per_epoch, seed, shuffle, self.stream,
-                           partners, make_batch,
-                           None if lengths is None else _Lengths(np.asarray(lengths)))
+                           partners, make_batch, arrange)
     self._it = None
 
   def epoch_rows(self, epoch: int) -> np.ndarray:

@@ -136,8 +136,9 @@ class FinetuneTrainConfig:
   # (jaxtl.tasks.packing): the same function on fewer positions and shapes.
   pack: bool = key(True, "classification and regression: a batch's examples share "
                          "rows (attention stays within each), so a step computes on "
-                         "little padding and a run compiles a shape or two (not "
-                         "with optim.accum_steps > 1); False: one example per row")
+                         "little padding and a run compiles one shape where its "
+                         "texts allow (not with optim.accum_steps > 1); False: one "
+                         "example per row")
   # Batches of near-equal lengths carry little padding once cut.
   group_by_length: bool = key(True, "batches of kinds that do not pack (or with "
                                     "pack=False) are drawn from texts of similar "

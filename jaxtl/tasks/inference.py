@@ -21,15 +21,22 @@ def _pad_rows(arrays: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.n
           for k, v in arrays.items()}
 
 
-def _packer(arrays: Mapping[str, np.ndarray], batch_size: int, mesh, side: str,
-            multiple: int) -> Callable[[Any], Any]:
-  """Packs each batch of ``arrays`` (in their order; the last filled up
-  with empty rows) as training does (:func:`packing.packer`)."""
+def _packed(arrays: Mapping[str, np.ndarray], batch_size: int, mesh, side: str,
+            multiple: int) -> tuple[np.ndarray, Callable[[Any], Any]]:
+  """An order of ``arrays``' rows whose batches each pack into the same rows
+  (:func:`packing.balanced_order`, drawn alike every time), and what packs
+  each batch of rows in that order (the last filled up with empty rows) as
+  training does (:func:`packing.packer`)."""
   seg = arrays[f"{side}_segment_ids"]
-  ends = np.pad(padding.row_ends(seg), (0, -len(seg) % batch_size))
-  return packing.packer(ends, np.arange(len(ends)).reshape(-1, batch_size), side,
-                        seg.shape[1], multiple, sharding.batch_devices(mesh),
-                        padding.compile_positions())[0]
+  ends, devices = padding.row_ends(seg), sharding.batch_devices(mesh)
+  row_len = packing.row_length(ends, multiple, seg.shape[1])
+  rng = np.random.default_rng(0)
+  rows = packing.balanced_rows(ends, batch_size, row_len, devices, rng)
+  order = packing.balanced_order(rng, ends, batch_size, row_len, rows)
+  ends = np.pad(ends[order], (0, -len(ends) % batch_size))
+  return order, packing.packer(ends, np.arange(len(ends)).reshape(-1, batch_size), side,
+                               seg.shape[1], multiple, devices,
+                               padding.compile_positions())[0]
 
 
 def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
@@ -47,17 +54,19 @@ def predict(eval_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
   (``desc=None``: none). ``interruptible``: a stop request (SIGTERM,
   Ctrl-C) ends it between batches (:func:`jaxtl.train.stopping.check`).
   ``pack`` (with ``multiple``, for one output per example from an
-  ``eval_fn`` that reads packed batches): each batch's examples, in their
-  order, share rows as in training (:mod:`jaxtl.tasks.packing`).
+  ``eval_fn`` that reads packed batches): each batch's examples share rows
+  as in training (:mod:`jaxtl.tasks.packing`), the rows batched so that
+  every batch fits the same number of packed rows.
   """
   n = len(arrays["labels"])
   order, cut = np.arange(n), lambda batch: batch
   if multiple and pack:
-    cut = _packer(arrays, batch_size, mesh, side, multiple)
+    order, cut = _packed(arrays, batch_size, mesh, side, multiple)
   elif multiple:
     order, table = padding.longest_first(arrays[f"{side}_segment_ids"], batch_size, multiple)
-    arrays = {k: v[order] for k, v in arrays.items()}
     cut = lambda batch: padding.trim_padding(batch, side, multiple, table)
+  if multiple:
+    arrays = {k: v[order] for k, v in arrays.items()}
   padded = _pad_rows(arrays, batch_size)
   t = padded[f"{side}_segment_ids"].shape[1]
   outs = []

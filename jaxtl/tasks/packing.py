@@ -4,12 +4,14 @@ A fine-tuning batch holds a fixed number of examples (the optimizer's
 batch), mostly far shorter than the longest. Cut to its longest text, a
 batch still computes on padding, and every length a run cuts to is a step
 to compile. Packed, each batch's examples are laid end to end in rows of one
-length (first-fit, longest first), and only the number of rows varies: a
-step computes on the tokens plus a little slack, and a run compiles a shape
-or two. Segment ids keep attention inside each example and positions
-restart at each, so the function computed is the one on unpacked rows; the
-head reads each example's span (``packed_rows``, ``packed_starts``,
-``packed_ends``), so labels and loss stay one per example.
+length (first-fit, longest first), and only the number of rows could vary:
+a run's batches are drawn so that each fits the same rows
+(:func:`balanced_order`), so a step computes on the tokens plus a little
+slack and a run compiles one shape. Segment ids keep attention inside each
+example and positions restart at each, so the function computed is the one
+on unpacked rows; the head reads each example's span (``packed_rows``,
+``packed_starts``, ``packed_ends``), so labels and loss stay one per
+example.
 """
 
 from __future__ import annotations
@@ -62,6 +64,98 @@ def rows_per_batch(lengths: np.ndarray, batches: np.ndarray, row_len: int) -> np
   return np.array([rows_needed(lengths[b], row_len) for b in batches], np.int64)
 
 
+# How many batches with room an over-full batch tries, lightest first, for
+# examples to swap: enough to find room where the rows allow it, few enough
+# that a target of too few rows is given up quickly.
+SWAP_CANDIDATES = 8
+
+
+def row_length(ends: np.ndarray, multiple: int, width: int) -> int:
+  """Packed rows' length: the longest text (``ends``), rounded up to
+  ``multiple`` (``width`` at most, and without a multiple)."""
+  return int(padding.round_up(ends.max(), multiple or width, width))
+
+
+def _balance(batches: np.ndarray, lengths: np.ndarray, row_len: int, rows: int,
+             rng: np.random.Generator, give_up: bool) -> bool:
+  """Swaps examples between ``batches`` ([n, batch_size] example numbers,
+  changed in place) until each packs into at most ``rows`` rows of
+  ``row_len``: a batch that needs more gives its longest examples for the
+  shortest one of a batch with room (the lightest in tokens first) as long
+  as that batch still fits. Each swap makes the full batch lighter, so this
+  ends. Returns whether every batch fits; ``give_up`` stops at the first
+  batch that cannot be made to."""
+  need = rows_per_batch(lengths, batches, row_len)
+  tokens = lengths[batches].sum(axis=1)
+
+  def swap_out(b: int) -> bool:  # one swap that leaves the other batch fitting
+    room = np.flatnonzero(need <= rows)
+    for c in room[np.argsort(tokens[room], kind="stable")][:SWAP_CANDIDATES]:
+      j = int(np.argmin(lengths[batches[c]]))
+      for i in np.argsort(-lengths[batches[b]], kind="stable"):
+        if lengths[batches[c, j]] >= lengths[batches[b, i]]:
+          break
+        batches[[b, c], [i, j]] = batches[[c, b], [j, i]]
+        if rows_needed(lengths[batches[c]], row_len) <= rows:
+          for k in (b, c):
+            need[k] = rows_needed(lengths[batches[k]], row_len)
+            tokens[k] = lengths[batches[k]].sum()
+          return True
+        batches[[b, c], [i, j]] = batches[[c, b], [j, i]]
+    return False
+
+  fits = True
+  for b in rng.permutation(np.flatnonzero(need > rows)):
+    while need[b] > rows:
+      if not swap_out(b):
+        if give_up:
+          return False
+        fits = False
+        break
+  return fits
+
+
+def balanced_order(rng: np.random.Generator, lengths: np.ndarray, batch_size: int,
+                   row_len: int, rows: int) -> np.ndarray:
+  """A shuffled epoch (an order of all examples) whose runs of
+  ``batch_size`` each pack into at most ``rows`` rows of ``row_len``
+  where the examples allow.
+
+  The batches of a random permutation differ in how many tokens they
+  hold, and each row count a run packs into is a step to compile. Here
+  each batch that needs more than ``rows`` swaps examples with batches
+  that have room (:func:`_balance`); the rest stay as drawn, so batches are
+  still random samples of the split, a little more even in length. The
+  examples that do not fill a last batch come at the end.
+  """
+  order = rng.permutation(len(lengths))
+  full = len(order) - len(order) % batch_size
+  batches = order[:full].reshape(-1, batch_size).copy()
+  _balance(batches, np.asarray(lengths), row_len, rows, rng, give_up=False)
+  return np.concatenate([batches.ravel(), order[full:]])
+
+
+def balanced_rows(lengths: np.ndarray, batch_size: int, row_len: int, multiple: int,
+                  rng: np.random.Generator) -> int:
+  """The fewest rows (a multiple of ``multiple``) into which
+  :func:`balanced_order` packs every batch of a trial epoch drawn by
+  ``rng``: from the rows the average batch's tokens fill, up to the most
+  that the drawn batches need."""
+  lengths = np.asarray(lengths)
+  full = len(lengths) - len(lengths) % batch_size
+  drawn = rng.permutation(len(lengths))[:full].reshape(-1, batch_size)
+  step = max(multiple, 1)
+  if not full:  # no whole batch to balance
+    return step
+  most = int(padding.round_up(rows_per_batch(lengths, drawn, row_len).max(), step,
+                              np.iinfo(np.int64).max))
+  fewest = int(padding.round_up(-(-int(lengths[drawn].sum()) // (len(drawn) * row_len)),
+                                step, most))
+  return next((rows for rows in range(fewest, most, step)
+               if _balance(drawn.copy(), lengths, row_len, rows, rng, give_up=True)),
+              most)
+
+
 def row_table(needed: np.ndarray, batch_size: int, row_len: int, multiple: int,
               compile_cost: float) -> np.ndarray:
   """The row counts a run's packed batches are given, as a table: entry
@@ -88,7 +182,7 @@ def packer(ends: np.ndarray, batches: np.ndarray, side: str, width: int, multipl
   are chosen for all batches at once (:func:`row_table`, weighing a compile
   as ``compile_cost``) and rounded up to the ``devices`` a batch is split
   over."""
-  row_len = int(padding.round_up(ends.max(), multiple or width, width))
+  row_len = row_length(ends, multiple, width)
   needed = rows_per_batch(ends, batches, row_len)
   table = row_table(needed, batches.shape[1], row_len, devices, compile_cost)
   how = (f"each batch's {batches.shape[1]} examples into "

@@ -4,6 +4,7 @@ padding to one of a few lengths (:mod:`jaxtl.tasks.padding`)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable, Mapping
 
@@ -25,7 +26,9 @@ def train_batches(arrays: Mapping[str, np.ndarray], config: FinetuneConfig, side
   its number), so the shapes are chosen for all of them at once, weighing
   a compile as a model computing in ``dtype`` does
   (:func:`padding.compile_positions`); packed row counts round up to a
-  multiple of the ``devices`` a batch is split over.
+  multiple of the ``devices`` a batch is split over. Packed batches are
+  drawn so that each fits the same rows where the texts allow
+  (:func:`packing.balanced_order`): a run compiles one step.
   """
   t, multiple = config.train, config.train.length_multiple
   ends = padding.row_ends(arrays[f"{side}_segment_ids"])
@@ -35,9 +38,17 @@ def train_batches(arrays: Mapping[str, np.ndarray], config: FinetuneConfig, side
   # a packed run does, and accumulating gradients changes nothing else.
   shuffled = t.pack and kinds.get(config.task.kind).packs
   packs = shuffled and config.optim.accum_steps == 1
+  arrange = None
+  if packs:  # each batch into the same rows: one step shape for the run
+    row_len = packing.row_length(ends, multiple, width)
+    rows = packing.balanced_rows(ends, t.batch_size, row_len, devices,
+                                 np.random.default_rng(config.seed))
+    arrange = functools.partial(packing.balanced_order, lengths=ends,
+                                batch_size=t.batch_size, row_len=row_len, rows=rows)
   it = batches_lib.BatchIterator(
       arrays, lambda row, rng: row, batch_size=t.batch_size, seed=config.seed,
-      lengths=ends if t.group_by_length and multiple and not shuffled else None)
+      lengths=ends if t.group_by_length and multiple and not shuffled else None,
+      arrange=arrange)
   batches = np.concatenate([it.epoch_rows(e) for e in range(t.epochs)])
   cost = padding.compile_positions(dtype=dtype)
   if packs:
