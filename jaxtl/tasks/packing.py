@@ -124,8 +124,8 @@ def balanced_order(rng: np.random.Generator, lengths: np.ndarray, batch_size: in
   The batches of a random permutation differ in how many tokens they
   hold, and each row count a run packs into is a step to compile. Here
   each batch that needs more than ``rows`` swaps examples with batches
-  that have room (:func:`_balance`); the rest stay as drawn, so batches are
-  still random samples of the split, a little more even in length. The
+  that have room (:func:`_balance`); most batches stay as drawn, so all
+  are still random samples of the split, a little more even in length. The
   examples that do not fill a last batch come at the end.
   """
   order = rng.permutation(len(lengths))
