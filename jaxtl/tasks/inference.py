@@ -29,10 +29,8 @@ def _packed(arrays: Mapping[str, np.ndarray], batch_size: int, mesh, side: str,
   training does (:func:`packing.packer`)."""
   seg = arrays[f"{side}_segment_ids"]
   ends, devices = padding.row_ends(seg), sharding.batch_devices(mesh)
-  row_len = packing.row_length(ends, multiple, seg.shape[1])
   rng = np.random.default_rng(0)
-  rows = packing.balanced_rows(ends, batch_size, row_len, devices, rng)
-  order = packing.balanced_order(rng, ends, batch_size, row_len, rows)
+  order = packing.balanced(ends, batch_size, seg.shape[1], multiple, devices, rng)(rng)
   ends = np.pad(ends[order], (0, -len(ends) % batch_size))
   return order, packing.packer(ends, np.arange(len(ends)).reshape(-1, batch_size), side,
                                seg.shape[1], multiple, devices,

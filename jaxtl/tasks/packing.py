@@ -147,13 +147,24 @@ def balanced_rows(lengths: np.ndarray, batch_size: int, row_len: int, multiple: 
   step = max(multiple, 1)
   if not full:  # no whole batch to balance
     return step
-  most = int(padding.round_up(rows_per_batch(lengths, drawn, row_len).max(), step,
-                              np.iinfo(np.int64).max))
+  most = -(-int(rows_per_batch(lengths, drawn, row_len).max()) // step) * step
   fewest = int(padding.round_up(-(-int(lengths[drawn].sum()) // (len(drawn) * row_len)),
                                 step, most))
   return next((rows for rows in range(fewest, most, step)
                if _balance(drawn.copy(), lengths, row_len, rows, rng, give_up=True)),
               most)
+
+
+def balanced(ends: np.ndarray, batch_size: int, width: int, multiple: int, devices: int,
+             rng: np.random.Generator) -> Callable[[np.random.Generator], np.ndarray]:
+  """What draws an epoch (generator -> order) whose batches each pack into
+  the same rows: :func:`balanced_order` at :func:`row_length` and the rows
+  :func:`balanced_rows` picks on a trial epoch drawn by ``rng`` (a multiple
+  of the ``devices`` a batch is split over)."""
+  row_len = row_length(ends, multiple, width)
+  rows = balanced_rows(ends, batch_size, row_len, devices, rng)
+  return functools.partial(balanced_order, lengths=ends, batch_size=batch_size,
+                           row_len=row_len, rows=rows)
 
 
 def row_table(needed: np.ndarray, batch_size: int, row_len: int, multiple: int,

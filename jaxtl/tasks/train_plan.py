@@ -4,7 +4,6 @@ padding to one of a few lengths (:mod:`jaxtl.tasks.padding`)."""
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any, Callable, Mapping
 
@@ -38,13 +37,9 @@ def train_batches(arrays: Mapping[str, np.ndarray], config: FinetuneConfig, side
   # a packed run does, and accumulating gradients changes nothing else.
   shuffled = t.pack and kinds.get(config.task.kind).packs
   packs = shuffled and config.optim.accum_steps == 1
-  arrange = None
-  if packs:  # each batch into the same rows: one step shape for the run
-    row_len = packing.row_length(ends, multiple, width)
-    rows = packing.balanced_rows(ends, t.batch_size, row_len, devices,
-                                 np.random.default_rng(config.seed))
-    arrange = functools.partial(packing.balanced_order, lengths=ends,
-                                batch_size=t.batch_size, row_len=row_len, rows=rows)
+  # Packed: each batch into the same rows, one step shape for the run.
+  arrange = (packing.balanced(ends, t.batch_size, width, multiple, devices,
+                              np.random.default_rng(config.seed)) if packs else None)
   it = batches_lib.BatchIterator(
       arrays, lambda row, rng: row, batch_size=t.batch_size, seed=config.seed,
       lengths=ends if t.group_by_length and multiple and not shuffled else None,
