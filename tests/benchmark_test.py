@@ -92,6 +92,14 @@ def test_a_change_is_timed_against_the_step_as_configured():
   assert all(float(r["step ms"]) > 0 for r in rows)
 
 
+def test_a_win_count_comes_with_its_chance_under_equal_speeds():
+  """faster_in's p is the binomial tail P[wins or more] at 1/runs a round."""
+  assert presets.faster_in(6, 6) == "6 of 6 rounds (p=0.016)"  # 1/64
+  assert presets.faster_in(0, 6) == "0 of 6 rounds (p=1)"
+  assert presets.faster_in(4, 6) == "4 of 6 rounds (p=0.34)"  # 22/64
+  assert presets.faster_in(2, 2, runs=3) == "2 of 2 rounds (p=0.11)"  # 1/9
+
+
 def test_on_a_cpu_jaxtl_and_pytorch_take_turns_and_the_row_says_who_won(tmp_path):
   pytest.importorskip("torch")
   pytest.importorskip("transformers")
@@ -99,7 +107,8 @@ def test_on_a_cpu_jaxtl_and_pytorch_take_turns_and_the_row_says_who_won(tmp_path
                              num_devices=1, overrides={"num_layers": 1},
                              profile_dir=str(tmp_path))
   (r,) = rows
-  assert r["jaxtl faster in"] in ("0 of 2 rounds", "1 of 2 rounds", "2 of 2 rounds")
+  assert r["jaxtl faster in"] in ("0 of 2 rounds (p=1)", "1 of 2 rounds (p=0.75)",
+                                 "2 of 2 rounds (p=0.25)")
   ratio = float(r["PyTorch step ms"]) / float(r["step ms"])
   assert float(r["jaxtl / PyTorch"][:-1]) == pytest.approx(ratio, rel=0.01, abs=0.006)
   assert (tmp_path / "tiny_cls" / "op_breakdown.json").exists()

@@ -49,7 +49,9 @@ flags.DEFINE_list("versus", [], "TransformerConfig overrides (like --model) and 
                   "in alternating rounds: a change's effect, on a host whose runs vary.")
 flags.DEFINE_integer("rounds", 6, "--versus, and --torch on a CPU: rounds of --steps steps "
                      "per side, the sides taking turns (0 with --torch: PyTorch's "
-                     "steps after jaxtl's).", lower_bound=0)
+                     "steps after jaxtl's). Rows say how many rounds each side won, "
+                     "with p, the chance of that many if both were as fast; "
+                     "--steps=1 --rounds=80 tells a 1-2% change from noise.", lower_bound=0)
 flags.DEFINE_integer("loss_chunk_len", objectives.LOSS_CHUNK_LEN, "Positions whose "
                      "logits exist at once in the loss (0: all), as "
                      "config.objective.loss_chunk_len.", lower_bound=0)

@@ -50,7 +50,8 @@ from jaxtl.models import TransformerConfig, layers, paths
 from jaxtl.tools.presets import (Measurement, Preset, init_inputs,
                                  jaxtl_step, lookup, make_batch, max_predictions,
                                  model_config, on_accelerator, optimizer_config,
-                                 peak_memory, time_alternated, time_steps)
+                                 faster_in, peak_memory, time_alternated,
+                                 time_steps)
 from jaxtl.tools import benchmark_keras, benchmark_torch, profiling
 from jaxtl.train import optim, perf, sharding
 
@@ -294,7 +295,7 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
     rows.append(row(name, preset, cfg, program.measurement(ours_s), program.flops_per_row,
                     theirs, peak_flops, theirs_keras))
     if in_turns:
-      rows[-1]["jaxtl faster in"] = f"{wins[0]} of {rounds} rounds"
+      rows[-1]["jaxtl faster in"] = faster_in(wins[0], rounds)
     print(json.dumps(rows[-1]), flush=True)
   return rows
 
@@ -339,7 +340,7 @@ def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int
       rows.append({"preset": name, "change": side, **{
           k: full[k] for k in ("batch x tokens", "dtype", "attention", "step ms",
                                "tokens/s", "compile s", "peak GiB")},
-                   "faster in": f"{won} of {rounds} rounds"})
+                   "faster in": faster_in(won, rounds)})
       print(json.dumps(rows[-1]), flush=True)
   return rows
 
