@@ -200,10 +200,10 @@ def time_alternated(runs: list[Callable[[], Any]], warmup: int, steps: int,
 
 
 def faster_in(wins: int, rounds: int, runs: int = 2) -> str:
-  """"``wins`` of ``rounds`` rounds (p=...)": how often a run of
-  :func:`time_alternated` was the fastest, and the chance of at least that
-  many wins if all ``runs`` were equally fast (a one-sided binomial tail,
-  each round won with probability ``1 / runs``).
+  """How often one of :func:`time_alternated`'s runs was the fastest, as
+  "W of R rounds (p=...)", with p the chance of at least that many wins if
+  all ``runs`` were equally fast (a one-sided binomial tail, each round won
+  with probability ``1 / runs``).
 
   A win count alone misleads on a shared host: 4 of 6 rounds happens by
   chance a third of the time (p=0.34), 6 of 6 once in 64 (p=0.016). With
