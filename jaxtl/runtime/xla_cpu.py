@@ -7,8 +7,9 @@ accumulate in float32, :mod:`jaxtl.models.dense_dots`). So ``auto``
 precision reads the CPU (:func:`read_cpu`) and computes in bfloat16 with
 row-major dots where a rule of :data:`BF16_RULES` says it pays, float32
 elsewhere (:func:`auto_precision`); bfloat16 asked for by name gets the
-row-major dots there too (:func:`row_major_dots`). ``JAXTL_CPU_FLAGS=0``
-turns the choices off. docs/studies/performance.md has the measurements behind each rule.
+row-major dots there too, and so does float32 where a rule of
+:data:`FLOAT32_ROW_MAJOR_RULES` says it pays (:func:`row_major_dots`).
+``JAXTL_CPU_FLAGS=0`` turns the choices off. docs/studies/performance.md has the measurements behind each rule.
 
 XLA's own flags are left at XLA's defaults on every CPU: an Intel rule that
 gave matmuls to oneDNN (issue 19) made an AMX Xeon's float32 MiniLM step
@@ -78,12 +79,30 @@ BF16_RULES = (
 )
 
 
+# CPUs where float32 runs faster with row-major dots (only ``w.T`` written
+# out: jaxtl.models.dense_dots), so float32 asked for by name gets them.
+# Measured one step a round in turns (`jaxtl benchmark --dtype=float32
+# --versus=row_major_dots=true --steps=1`), where earlier rounds of 4-6
+# steps had not settled it.
+FLOAT32_ROW_MAJOR_RULES = (
+    Rule("GenuineIntel", frozenset({"amx_bf16"}),
+         "MiniLM float32 step 985.8 -> 929.3 ms at 32 x 64 (faster in 32 of 40 "
+         "rounds), 284.2 -> 270.0 at 32 x 16 and 267.8 -> 260.5 at 10 x 48 (42 of "
+         "60 each) on a 2-core Xeon with AMX, family 6 model 207"),
+)
+
+
+def _rule_for(rules: tuple[Rule, ...], cpu: Cpu | None,
+              environ: Mapping[str, str]) -> Rule | None:
+  if cpu is None or environ.get("JAXTL_CPU_FLAGS") == "0":
+    return None
+  return next((rule for rule in rules if rule.matches(cpu)), None)
+
+
 def bf16_matmuls(cpu: Cpu | None, environ: Mapping[str, str] = os.environ) -> Rule | None:
   """The rule saying bf16 matmuls pay on ``cpu``, or None (also when opted
   out of per-CPU choices with ``JAXTL_CPU_FLAGS=0``)."""
-  if cpu is None or environ.get("JAXTL_CPU_FLAGS") == "0":
-    return None
-  return next((rule for rule in BF16_RULES if rule.matches(cpu)), None)
+  return _rule_for(BF16_RULES, cpu, environ)
 
 
 def auto_precision(backend: str, keep_float32: str | None) -> str:
@@ -120,14 +139,18 @@ def auto_precision(backend: str, keep_float32: str | None) -> str:
 def row_major_dots(backend: str, dtype: str) -> bool:
   """Whether a model computing in ``dtype`` on ``backend`` should run its
   dense layers as row-major dots (:mod:`jaxtl.models.dense_dots`): bfloat16
-  on a CPU of :data:`BF16_RULES`, however bfloat16 was chosen.
+  on a CPU of :data:`BF16_RULES`, however bfloat16 was chosen, and float32
+  on a CPU of :data:`FLOAT32_ROW_MAJOR_RULES`.
 
   Without them XLA:CPU gives autodiff's transposed bf16 dots to slow
   kernels, and bfloat16 asked for by name ran slower than float32: on the
   AMX Xeon (family 6 model 207) a bf16 fine-tune of 9,000 SST-2 sentences
   trained its epoch in 179-190 s, against 95-101 s with row-major dots. The
   function computed is the same either way."""
-  return backend == "cpu" and dtype == "bfloat16" and bf16_matmuls(read_cpu()) is not None
+  if backend != "cpu":
+    return False
+  rules = {"bfloat16": BF16_RULES, "float32": FLOAT32_ROW_MAJOR_RULES}.get(dtype, ())
+  return _rule_for(rules, read_cpu(), os.environ) is not None
 
 
 def describe(environ: Mapping[str, str] = os.environ) -> str:

@@ -158,7 +158,8 @@ class FinetuneTrainConfig:
   row_major_dots: bool = key(False, "dense layers' matmuls as row-major dots with float32 "
                                     "accumulation, backward included "
                                     "(jaxtl.models.dense_dots); bfloat16, auto or asked "
-                                    "for, sets it on CPUs where it pays")
+                                    "for, sets it on CPUs where it pays, float32 on "
+                                    "an AMX Xeon")
   log_every: int = key(50, "steps between train-loss lines")
   # The run's result is kept anyway (best/: the selected epoch), the last
   # state is saved at the end (a rerun only evaluates) and SIGTERM or
