@@ -45,7 +45,7 @@ def test_auto_precision_is_bf16_where_it_pays_float32_on_other_cpus(monkeypatch,
     assert xla_cpu.auto_precision("cpu", "") == "float32"
 
 
-def test_bfloat16_however_chosen_gets_row_major_dots_where_bf16_pays(monkeypatch):
+def test_row_major_dots_for_bfloat16_where_it_pays_and_float32_where_measured(monkeypatch):
   from jaxtl.models import TransformerConfig
   from jaxtl.models.config import computing_in
   monkeypatch.delenv("JAXTL_CPU_FLAGS", raising=False)
