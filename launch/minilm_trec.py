@@ -116,8 +116,10 @@ def run_torch(seed: int, epochs: int) -> dict[str, Any]:
   decay = [p for n, p in model.named_parameters() if not any(
       k in n for k in ("bias", "LayerNorm"))]
   rest = [p for n, p in model.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]
+  # Fused, as transformers' Trainer runs it by default (adamw_torch_fused).
   opt = torch.optim.AdamW([{"params": decay, "weight_decay": c.optim.weight_decay},
-                           {"params": rest, "weight_decay": 0.0}], lr=c.optim.lr)
+                           {"params": rest, "weight_decay": 0.0}], lr=c.optim.lr,
+                          fused=True)
   sched = transformers.get_linear_schedule_with_warmup(opt, int(0.1 * steps), steps)
   autocast = lambda: torch.autocast(device.type, torch.bfloat16,
                                     enabled=c.train.compute_dtype == "bfloat16")
