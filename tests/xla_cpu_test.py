@@ -16,13 +16,15 @@ INTEL_OLD = xla_cpu.Cpu("Intel(R) Xeon(R) CPU @ 2.20GHz", "GenuineIntel",
 AMD = xla_cpu.Cpu("AMD EPYC 9B14", "AuthenticAMD", frozenset({"avx2", "avx512f"}))
 AMD_BF16 = xla_cpu.Cpu("AMD EPYC", "AuthenticAMD",
                        frozenset({"avx2", "avx512f", "avx512_bf16"}), "family 25 model 17")
+ZEN3 = xla_cpu.Cpu("AMD EPYC", "AuthenticAMD", frozenset({"avx2"}), "family 25 model 1")
+ZEN2 = xla_cpu.Cpu("AMD EPYC", "AuthenticAMD", frozenset({"avx2"}), "family 23 model 49")
 
 
 def test_bf16_matmuls_pay_only_where_measured():
   assert xla_cpu.bf16_matmuls(AMD_BF16, {}).needs == {"avx512_bf16"}
   assert xla_cpu.bf16_matmuls(INTEL_AMX, {}).needs == {"amx_bf16"}
   # Not a CPU without bf16 arithmetic (nor one that cannot be read).
-  for cpu in (INTEL_OLD, AMD, None):
+  for cpu in (INTEL_OLD, AMD, ZEN3, ZEN2, None):
     assert xla_cpu.bf16_matmuls(cpu, {}) is None
   for cpu in (AMD_BF16, INTEL_AMX):
     assert xla_cpu.bf16_matmuls(cpu, {"JAXTL_CPU_FLAGS": "0"}) is None
@@ -40,7 +42,7 @@ def test_auto_precision_is_bf16_where_it_pays_float32_on_other_cpus(monkeypatch,
   assert "computing in bfloat16 (auto) on GPU; --keep=f32 computes in float32" in caplog.text
   monkeypatch.setattr(xla_cpu, "read_cpu", lambda: INTEL_AMX)
   assert xla_cpu.auto_precision("cpu", None) == "bfloat16"
-  for cpu in (AMD, INTEL_OLD, None):
+  for cpu in (AMD, INTEL_OLD, ZEN3, None):
     monkeypatch.setattr(xla_cpu, "read_cpu", lambda: cpu)
     assert xla_cpu.auto_precision("cpu", "") == "float32"
 
@@ -49,9 +51,10 @@ def test_row_major_dots_for_bfloat16_where_it_pays_and_float32_where_measured(mo
   from jaxtl.models import TransformerConfig
   from jaxtl.models.config import computing_in
   monkeypatch.delenv("JAXTL_CPU_FLAGS", raising=False)
-  for cpu, pays in ((INTEL_AMX, True), (AMD_BF16, True), (AMD, False), (None, False)):
+  for cpu, pays in ((INTEL_AMX, True), (AMD_BF16, True), (AMD, False), (ZEN3, False),
+                    (ZEN2, False), (None, False)):
     monkeypatch.setattr(xla_cpu, "read_cpu", lambda: cpu)
-    float32_pays = cpu is INTEL_AMX  # measured faster there alone
+    float32_pays = cpu in (INTEL_AMX, ZEN3)  # measured faster there alone
     assert xla_cpu.row_major_dots("cpu", "bfloat16") == pays
     assert xla_cpu.row_major_dots("cpu", "float32") == float32_pays
     assert not xla_cpu.row_major_dots("gpu", "bfloat16")
@@ -63,7 +66,7 @@ def test_row_major_dots_for_bfloat16_where_it_pays_and_float32_where_measured(mo
     assert computing_in(TransformerConfig(dtype="bfloat16"), "").row_major_dots == pays
     auto = computing_in(TransformerConfig(), "auto", None)  # this machine decides both
     assert (auto.dtype, auto.row_major_dots) == (("bfloat16", True) if pays
-                                                 else ("float32", False))
+                                                 else ("float32", float32_pays))
   asked = TransformerConfig(dtype="bfloat16", row_major_dots=True)
   assert computing_in(asked, "float32").row_major_dots  # asked for stays on
   monkeypatch.setenv("JAXTL_CPU_FLAGS", "0")  # the opt-out turns the choice off

@@ -103,7 +103,8 @@ class TransformerConfig:
   row_major_dots: bool = _field(False, "dense layers' matmuls as row-major dots with "
                                "float32 accumulation, backward included (XLA:CPU's "
                                "fast kernels; jaxtl.models.dense_dots); bfloat16 "
-                               "sets it on CPUs where it pays, float32 on an AMX Xeon")
+                               "sets it on CPUs where it pays, float32 on an AMX Xeon "
+                               "and a Zen 3 EPYC")
   attention_impl: str | None = _field(None, "attention kernel: xla | cudnn | einsum; "
                                       "None (\"\" in a config): automatic")
   # Parameter-efficient adaptation (0 = off); fine-tuning sets them from

@@ -159,7 +159,7 @@ class FinetuneTrainConfig:
                                     "accumulation, backward included "
                                     "(jaxtl.models.dense_dots); bfloat16, auto or asked "
                                     "for, sets it on CPUs where it pays, float32 on "
-                                    "an AMX Xeon")
+                                    "an AMX Xeon and a Zen 3 EPYC")
   log_every: int = key(50, "steps between train-loss lines")
   # The run's result is kept anyway (best/: the selected epoch), the last
   # state is saved at the end (a rerun only evaluates) and SIGTERM or
