@@ -143,6 +143,26 @@ def test_row_major_dots_leave_no_transposed_dense_dot(dtype):
     assert not widened, widened
 
 
+def test_float32_leaves_w_transposed_to_xla_where_a_rule_says_so(monkeypatch):
+  """On a CPU of FLOAT32_FOLDED_DX_RULES (a Zen 3 EPYC) the input's gradient
+  is XLA's ``g @ w.T``, with nothing written out; the gradients are the same."""
+  k = jax.random.split(jax.random.key(4), 2)
+  x, w = jax.random.normal(k[0], (16, 8)), jax.random.normal(k[1], (8, 6))
+  loss = lambda x, w: jnp.sin(dense_dots.dense_dot(x, w)).sum()
+  monkeypatch.delenv("JAXTL_CPU_FLAGS", raising=False)  # the suite opts out
+  forms = {}
+  for cpu in (None, xla_cpu.Cpu("AMD EPYC", "AuthenticAMD", frozenset({"avx2"}),
+                                "family 25 model 1")):
+    monkeypatch.setattr(xla_cpu, "read_cpu", lambda: cpu)
+    grad = jax.jit(jax.grad(loss, (0, 1)))
+    hlo = grad.lower(x, w).compile().as_text()
+    forms[cpu is not None] = ("lhs_contracting_dims={1}, rhs_contracting_dims={1}" in hlo,
+                              grad(x, w))
+  assert not forms[False][0] and forms[True][0]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               forms[False][1], forms[True][1])
+
+
 def test_row_major_dots_give_the_same_gradients_on_a_batch_sharded_over_8_devices():
   """The pinned layouts of the backward's transposes (dense_dots.written_out)
   hold under SPMD partitioning: a batch split over 8 devices gives the

@@ -57,6 +57,8 @@ def test_row_major_dots_for_bfloat16_where_it_pays_and_float32_where_measured(mo
     float32_pays = cpu in (INTEL_AMX, ZEN3)  # measured faster there alone
     assert xla_cpu.row_major_dots("cpu", "bfloat16") == pays
     assert xla_cpu.row_major_dots("cpu", "float32") == float32_pays
+    assert xla_cpu.folds_float32_dx("cpu") == (cpu is ZEN3)  # w.T left to XLA
+    assert not xla_cpu.folds_float32_dx("gpu")
     assert not xla_cpu.row_major_dots("gpu", "bfloat16")
     assert not xla_cpu.row_major_dots("gpu", "float32")
     cfg = TransformerConfig.from_mapping({"dtype": "bfloat16", "vocab_size": 64})
