@@ -8,9 +8,10 @@ precision reads the CPU (:func:`read_cpu`) and computes in bfloat16 with
 row-major dots where a rule of :data:`BF16_RULES` says it pays, float32
 elsewhere (:func:`auto_precision`); bfloat16 asked for by name gets the
 row-major dots there too, and so does float32 where a rule of
-:data:`FLOAT32_ROW_MAJOR_RULES` says it pays (:func:`row_major_dots`).
-``JAXTL_CPU_FLAGS=0`` turns the choices off. docs/studies/performance.md has
-the measurements behind each rule.
+:data:`FLOAT32_ROW_MAJOR_RULES` says it pays (:func:`row_major_dots`), their
+input's gradient folded as XLA likes where :data:`FLOAT32_FOLDED_DX_RULES`
+says so (:func:`folds_float32_dx`). ``JAXTL_CPU_FLAGS=0`` turns the choices
+off. docs/studies/performance.md has the measurements behind each rule.
 
 XLA's own flags are left at XLA's defaults on every CPU: an Intel rule that
 gave matmuls to oneDNN (issue 19) made an AMX Xeon's float32 MiniLM step
