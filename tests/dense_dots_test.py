@@ -11,6 +11,7 @@ import pytest
 from jaxtl.models import dense_dots
 from jaxtl.runtime import xla_cpu
 from models_test import init, make, run, tokens
+from xla_cpu_test import ZEN3
 
 
 def test_dense_dot_matches_matmul_with_its_gradients():
@@ -151,8 +152,7 @@ def test_float32_leaves_w_transposed_to_xla_where_a_rule_says_so(monkeypatch):
   loss = lambda x, w: jnp.sin(dense_dots.dense_dot(x, w)).sum()
   monkeypatch.delenv("JAXTL_CPU_FLAGS", raising=False)  # the suite opts out
   forms = {}
-  for cpu in (None, xla_cpu.Cpu("AMD EPYC", "AuthenticAMD", frozenset({"avx2"}),
-                                "family 25 model 1")):
+  for cpu in (None, ZEN3):
     monkeypatch.setattr(xla_cpu, "read_cpu", lambda: cpu)
     grad = jax.jit(jax.grad(loss, (0, 1)))
     hlo = grad.lower(x, w).compile().as_text()

@@ -128,6 +128,12 @@ def _rule_for(rules: tuple[Rule, ...], cpu: Cpu | None,
   return next((rule for rule in rules if rule.matches(cpu)), None)
 
 
+def _this_cpu_in(rules: tuple[Rule, ...], backend: str) -> bool:
+  """Whether ``backend`` is a CPU that one of ``rules`` matches (this
+  process's CPU, unless opted out)."""
+  return backend == "cpu" and _rule_for(rules, read_cpu(), os.environ) is not None
+
+
 def bf16_matmuls(cpu: Cpu | None, environ: Mapping[str, str] = os.environ) -> Rule | None:
   """The rule saying bf16 matmuls pay on ``cpu``, or None (also when opted
   out of per-CPU choices with ``JAXTL_CPU_FLAGS=0``)."""
@@ -176,10 +182,8 @@ def row_major_dots(backend: str, dtype: str) -> bool:
   AMX Xeon (family 6 model 207) a bf16 fine-tune of 9,000 SST-2 sentences
   trained its epoch in 179-190 s, against 95-101 s with row-major dots. The
   function computed is the same either way."""
-  if backend != "cpu":
-    return False
   rules = {"bfloat16": BF16_RULES, "float32": FLOAT32_ROW_MAJOR_RULES}.get(dtype, ())
-  return _rule_for(rules, read_cpu(), os.environ) is not None
+  return _this_cpu_in(rules, backend)
 
 
 def folds_float32_dx(backend: str) -> bool:
@@ -188,8 +192,7 @@ def folds_float32_dx(backend: str) -> bool:
   ``w.T`` out: on a CPU of :data:`FLOAT32_FOLDED_DX_RULES` only. Elsewhere
   (the AMX Xeon) writing it out was faster. The function computed is the
   same either way."""
-  return (backend == "cpu"
-          and _rule_for(FLOAT32_FOLDED_DX_RULES, read_cpu(), os.environ) is not None)
+  return _this_cpu_in(FLOAT32_FOLDED_DX_RULES, backend)
 
 
 def describe(environ: Mapping[str, str] = os.environ) -> str:
