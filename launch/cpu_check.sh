@@ -9,6 +9,10 @@
 #   launch/cpu_check.sh versus   # each flag of the flag stage against XLA's defaults in ONE
 #                                # process (jaxtl benchmark --versus): the noise-proof table;
 #                                # confirm the winner with the flag stage (XLA_FLAGS)
+#   launch/cpu_check.sh rules    # each per-CPU rule of jaxtl.runtime.xla_cpu flipped for this
+#                                # CPU against the step as configured, one step a round in ONE
+#                                # process (--versus=cpu_rule=TABLE): whether a rule should
+#                                # name this CPU, or stop naming it
 #   launch/cpu_check.sh step     # the same three beside PyTorch, alternated ($ROUNDS rounds)
 #   launch/cpu_check.sh accuracy # TREC and SST-2 (9,000 rows), 3 seeds, float32 against bfloat16
 #
@@ -80,6 +84,20 @@ xla_cpu_prefer_vector_width=512;xla_cpu_enable_fast_math=true}"
       done
     done
     ;;
+  rules)
+    # The float32 tables at float32, bf16's at auto (the table decides it).
+    for setting in "--dtype=float32 FLOAT32_ROW_MAJOR_RULES" \
+                   "--dtype=float32 FLOAT32_FOLDED_DX_RULES" "--dtype=auto BF16_RULES"; do
+      read -r dtype table <<<"$setting"
+      for shape in "--batch_size=10 --length=48" ""; do
+        python -m jaxtl benchmark --presets="${PRESET:-minilm_cls}" $dtype $shape \
+            --versus=cpu_rule=$table --steps=1 --warmup=3 --rounds="${ROUNDS:-40}" \
+            --results="$out/benchmark_results.md" 2>&1 \
+          | tee -a "$out/rules.log" | grep -E "^\| ${PRESET:-minilm_cls}|^jaxtl benchmark:" \
+          | tee -a "$out/rules.md"
+      done
+    done
+    ;;
   step)
     header | tee "$out/step.md"
     for _ in $(seq ${ROUNDS:-2}); do
@@ -101,5 +119,5 @@ xla_cpu_prefer_vector_width=512;xla_cpu_enable_fast_math=true}"
         2>&1 | tee -a "$out/accuracy.log" | grep -vE "^(I|W)[0-9]{4}" | tail -6
     done
     ;;
-  *) echo "usage: launch/cpu_check.sh dots|flags|step|accuracy"; exit 2;;
+  *) echo "usage: launch/cpu_check.sh dots|flags|versus|rules|step|accuracy"; exit 2;;
 esac

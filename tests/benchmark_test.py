@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxtl.runtime import xla_cpu
 from jaxtl.tools import benchmark, benchmark_generate, benchmark_keras, footprint, presets
 from jaxtl.train import perf
 from jaxtl.objectives import corruption
@@ -90,6 +91,28 @@ def test_a_change_is_timed_against_the_step_as_configured():
   assert [r["attention"] for r in rows][0] == "explicit (dropout)" != rows[1]["attention"]
   assert sum(int(r["faster in"].split()[0]) for r in rows) == 2
   assert all(float(r["step ms"]) > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_a_cpu_rule_is_timed_with_this_cpu_moved_into_or_out_of_its_table(monkeypatch):
+  monkeypatch.delenv("JAXTL_CPU_FLAGS", raising=False)  # the suite opts out
+  assert benchmark.parse_overrides(["cpu_rule=FLOAT32_FOLDED_DX_RULES"], "--versus",
+                                   xla_options=True) == {
+                                       "cpu_rule": "FLOAT32_FOLDED_DX_RULES"}
+  with pytest.raises(ValueError, match="--versus 'cpu_rule=NOPE': expected cpu_rule=TABLE"):
+    benchmark.parse_overrides(["cpu_rule=NOPE"], "--versus", xla_options=True)
+  tiny = {"num_layers": 1, "row_major_dots": True}
+  # float32 asked for by name: the bf16 table cannot reach the step.
+  with pytest.raises(ValueError, match="same program either way .* does not reach it"):
+    benchmark.versus(["tiny_cls"], {"cpu_rule": "BF16_RULES"}, warmup=1, steps=1,
+                     rounds=1, dtype="float32", overrides=tiny)
+  table = xla_cpu.FLOAT32_FOLDED_DX_RULES
+  rows = benchmark.versus(["tiny_cls"], {"cpu_rule": "FLOAT32_FOLDED_DX_RULES"},
+                          warmup=1, steps=1, rounds=1, dtype="float32", overrides=tiny)
+  inside = "in" if not xla_cpu.folds_float32_dx("cpu") else "out"
+  assert [r["change"] for r in rows] == [
+      "as configured", f"cpu_rule=FLOAT32_FOLDED_DX_RULES (this CPU {inside})"]
+  assert xla_cpu.FLOAT32_FOLDED_DX_RULES is table  # put back
 
 
 def test_a_win_count_comes_with_its_chance_under_equal_speeds():

@@ -77,6 +77,28 @@ def test_row_major_dots_for_bfloat16_where_it_pays_and_float32_where_measured(mo
   assert not xla_cpu.row_major_dots("cpu", "float32")
 
 
+def test_a_flipped_table_puts_this_cpu_in_or_out_for_the_block_alone(monkeypatch):
+  """What ``jaxtl benchmark --versus=cpu_rule=TABLE`` measures against."""
+  monkeypatch.delenv("JAXTL_CPU_FLAGS", raising=False)
+  for cpu, was_in in ((ZEN3, True), (ZEN2, False), (INTEL_AMX, False)):
+    monkeypatch.setattr(xla_cpu, "read_cpu", lambda: cpu)
+    with xla_cpu.flipped("FLOAT32_FOLDED_DX_RULES") as inside:
+      assert inside == (not was_in) == xla_cpu.folds_float32_dx("cpu")
+    assert xla_cpu.folds_float32_dx("cpu") == was_in
+  monkeypatch.setattr(xla_cpu, "read_cpu", lambda: ZEN3)  # auto's bf16, by its table too
+  with xla_cpu.flipped("BF16_RULES") as inside:
+    assert inside and xla_cpu.auto_precision("cpu", None) == "bfloat16"
+    assert xla_cpu.row_major_dots("cpu", "bfloat16")
+  assert xla_cpu.auto_precision("cpu", None) == "float32"
+  with pytest.raises(ValueError, match="no rule table 'NOPE'; tables: BF16_RULES"):
+    with xla_cpu.flipped("NOPE"):
+      pass
+  monkeypatch.setenv("JAXTL_CPU_FLAGS", "0")
+  with pytest.raises(ValueError, match="JAXTL_CPU_FLAGS=0.*nothing to flip"):
+    with xla_cpu.flipped("BF16_RULES"):
+      pass
+
+
 def test_a_recipes_model_computes_in_auto_precision(monkeypatch):
   from jaxtl.configs import models
   from jaxtl.models import TransformerConfig

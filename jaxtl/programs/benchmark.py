@@ -5,6 +5,7 @@ r"""``jaxtl benchmark``: time the train step, with PyTorch side by side.
   jaxtl benchmark --presets=minilm_cls --torch --keras
   jaxtl benchmark --generate=1,32 --presets=gpt2_small --torch --steps=3
   jaxtl benchmark --presets=minilm_cls --dtype=float32 --versus=row_major_dots=true --rounds=8
+  jaxtl benchmark --presets=minilm_cls --dtype=float32 --versus=cpu_rule=FLOAT32_FOLDED_DX_RULES --steps=1 --rounds=40
 
 What is measured and how: :mod:`jaxtl.tools.benchmark`; generation:
 :mod:`jaxtl.tools.benchmark_generate`.
@@ -42,9 +43,11 @@ flags.DEFINE_integer("length", 0, "Override every preset's (input) sequence leng
 flags.DEFINE_integer("devices", 0, "Devices jaxtl runs on, data parallel (0: all). "
                      "PyTorch always runs on one: compare at --devices=1.", lower_bound=0)
 flags.DEFINE_list("model", [], "TransformerConfig overrides, e.g. remat=full,scan_layers=true.")
-flags.DEFINE_list("versus", [], "TransformerConfig overrides (like --model) and XLA "
+flags.DEFINE_list("versus", [], "TransformerConfig overrides (like --model), XLA "
                   "options (xla_NAME=VALUE, enums by their full names, e.g. "
-                  "xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT) for a "
+                  "xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT) and "
+                  "cpu_rule=TABLE (this CPU put into, or taken out of, that rule table "
+                  "of jaxtl.runtime.xla_cpu, e.g. FLOAT32_FOLDED_DX_RULES) for a "
                   "second step, compiled in the same process and timed against the first "
                   "in alternating rounds: a change's effect, on a host whose runs vary.")
 flags.DEFINE_integer("rounds", 6, "--versus, and --torch on a CPU: rounds of --steps steps "

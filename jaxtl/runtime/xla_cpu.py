@@ -11,7 +11,9 @@ row-major dots there too, and so does float32 where a rule of
 :data:`FLOAT32_ROW_MAJOR_RULES` says it pays (:func:`row_major_dots`), their
 input's gradient folded as XLA likes where :data:`FLOAT32_FOLDED_DX_RULES`
 says so (:func:`folds_float32_dx`). ``JAXTL_CPU_FLAGS=0`` turns the choices
-off. docs/studies/performance.md has the measurements behind each rule.
+off. docs/studies/performance.md has the measurements behind each rule;
+``jaxtl benchmark --versus=cpu_rule=TABLE`` (:func:`flipped`) measures one
+on the CPU it runs on, before a rule names that CPU.
 
 XLA's own flags are left at XLA's defaults on every CPU: an Intel rule that
 gave matmuls to oneDNN (issue 19) made an AMX Xeon's float32 MiniLM step
@@ -20,11 +22,12 @@ gave matmuls to oneDNN (issue 19) made an AMX Xeon's float32 MiniLM step
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import os
-from typing import Mapping
+from typing import Iterator, Mapping
 
 CPUINFO = "/proc/cpuinfo"
 log = logging.getLogger(__name__)
@@ -119,6 +122,36 @@ FLOAT32_FOLDED_DX_RULES = (
          "a 2-core AVX2-only EPYC (Zen 3)",
          generation="family 25 model 1"),
 )
+
+
+# The tables a rule can be added to, by name (``jaxtl benchmark
+# --versus=cpu_rule=NAME``).
+RULE_TABLES = ("BF16_RULES", "FLOAT32_ROW_MAJOR_RULES", "FLOAT32_FOLDED_DX_RULES")
+
+
+@contextlib.contextmanager
+def flipped(table: str) -> Iterator[bool]:
+  """Within it, this process's CPU is out of the rule table named ``table``
+  if a rule there matches it, and in it if none does; yields whether it is
+  in. How a rule is measured before it is written: ``jaxtl benchmark
+  --versus=cpu_rule=NAME`` builds its second step inside (the choices are
+  read when a model is configured and traced). Not thread-safe: it swaps
+  the module's table for the block's length."""
+  if table not in RULE_TABLES:
+    raise ValueError(f"no rule table {table!r}; tables: {', '.join(RULE_TABLES)}")
+  cpu = read_cpu()
+  if cpu is None or os.environ.get("JAXTL_CPU_FLAGS") == "0":
+    raise ValueError(f"{table}: no per-CPU choices in this process (JAXTL_CPU_FLAGS=0, "
+                     "or no /proc/cpuinfo), so there is nothing to flip")
+  rules = globals()[table]
+  kept = tuple(rule for rule in rules if not rule.matches(cpu))
+  inside = len(kept) == len(rules)
+  globals()[table] = (kept + (Rule(cpu.vendor, frozenset(), "flipped to measure it",
+                                   cpu.generation),) if inside else kept)
+  try:
+    yield inside
+  finally:
+    globals()[table] = rules
 
 
 def _rule_for(rules: tuple[Rule, ...], cpu: Cpu | None,

@@ -32,11 +32,13 @@ bytes per device under data-parallel, FSDP and tensor-parallel meshes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import importlib.metadata
 import json
 import os
+import re
 import time
 from typing import Any, Callable
 
@@ -305,33 +307,43 @@ def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int
            num_devices: int = 0, overrides: dict[str, Any] | None = None,
            loss_chunk_len: int = objectives.LOSS_CHUNK_LEN) -> list[dict[str, str]]:
   """Each named preset's step as configured and with the ``changed``
-  TransformerConfig fields and XLA options (names starting ``xla_``, given
-  to this one compile: :func:`jaxtl_program`), both compiled in this
-  process and timed in alternating rounds
+  TransformerConfig fields, XLA options (names starting ``xla_``, given to
+  this one compile: :func:`jaxtl_program`) and ``cpu_rule`` (this CPU's
+  place in that :mod:`jaxtl.runtime.xla_cpu` rule table flipped:
+  :func:`~jaxtl.runtime.xla_cpu.flipped`), both compiled in this process
+  and timed in alternating rounds
   (:func:`~jaxtl.tools.presets.time_alternated`); two rows per preset, each
   saying in how many rounds it was the faster."""
   devices = chosen_devices(num_devices)
+  rule = changed.get(CPU_RULE)
   xla = {k: v for k, v in changed.items() if k.startswith(XLA_OPTION)}
-  fields = {**(overrides or {}), **{k: v for k, v in changed.items() if k not in xla}}
-  label = ", ".join(f"{k}={v}" for k, v in changed.items())
+  fields = {**(overrides or {}),
+            **{k: v for k, v in changed.items() if k not in xla and k != CPU_RULE}}
   rows = []
   for name, preset in zip(names, sized(lookup(names), batch_size, length, len(devices))):
-    base, changed_cfg = (model_config(preset, dtype, **model)
-                         for model in (overrides or {}, fields))
-    if base == changed_cfg and not xla:
-      raise ValueError(f"--versus {label}: the same model as configured (with "
-                       f"--dtype={dtype}, {changed_cfg.dtype} computes with "
-                       f"row_major_dots={changed_cfg.row_major_dots}); nothing to compare")
-    try:  # the change first: an option this XLA lacks, or a bad value, fails at once
-      changed_program = jaxtl_program(preset, changed_cfg, devices, compiler_options=xla,
-                                      loss_chunk_len=loss_chunk_len)
-    except jax.errors.JaxRuntimeError as e:
-      if not any(k in str(e) for k in xla):
-        raise
-      raise ValueError(f"--versus: {str(e).removeprefix('INVALID_ARGUMENT: ')}") from None
-    programs = {"as configured": (base, jaxtl_program(preset, base, devices,
-                                                      loss_chunk_len=loss_chunk_len)),
-                label: (changed_cfg, changed_program)}
+    base = model_config(preset, dtype, **(overrides or {}))
+    label = ", ".join(f"{k}={v}" for k, v in changed.items())
+    with xla_cpu.flipped(rule) if rule else contextlib.nullcontext() as inside:
+      changed_cfg = model_config(preset, dtype, **fields)
+      if base == changed_cfg and not xla and not rule:
+        raise ValueError(f"--versus {label}: the same model as configured (with "
+                         f"--dtype={dtype}, {changed_cfg.dtype} computes with "
+                         f"row_major_dots={changed_cfg.row_major_dots}); nothing to compare")
+      if rule:
+        label += f" (this CPU {'in' if inside else 'out'})"
+      try:  # the change first: an option this XLA lacks, or a bad value, fails at once
+        changed_program = jaxtl_program(preset, changed_cfg, devices, compiler_options=xla,
+                                        loss_chunk_len=loss_chunk_len)
+      except jax.errors.JaxRuntimeError as e:
+        if not any(k in str(e) for k in xla):
+          raise
+        raise ValueError(f"--versus: {str(e).removeprefix('INVALID_ARGUMENT: ')}") from None
+    base_program = jaxtl_program(preset, base, devices, loss_chunk_len=loss_chunk_len)
+    if rule and same_program(base_program.compiled, changed_program.compiled):
+      raise ValueError(f"--versus {label}: {name}'s step is the same program either way "
+                       f"({base.dtype}, row_major_dots={base.row_major_dots}): the rule "
+                       "does not reach it")
+    programs = {"as configured": (base, base_program), label: (changed_cfg, changed_program)}
     medians, wins = time_alternated([p.run_step for _, p in programs.values()],
                                     warmup, steps, rounds)
     for (side, (cfg, program)), step_s, won in zip(programs.items(), medians, wins):
@@ -345,25 +357,50 @@ def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int
   return rows
 
 
+# Where a compiled module says its ops came from: the lines that traced
+# them, which differ between two traces of the same program.
+_SOURCE_LOCATIONS = re.compile(
+    r", metadata=\{[^}]*\}|^\d+ [{\"].*$|^(FileNames|FunctionNames|FileLocations|StackFrames)$",
+    re.M)
+
+
+def same_program(a: Any, b: Any) -> bool:
+  """Whether two compiled steps are the same program, where they were
+  traced from makes no difference."""
+  def body(compiled: Any) -> list[str]:
+    return [line for line in _SOURCE_LOCATIONS.sub("", compiled.as_text()).splitlines()
+            if line.strip()]
+  return body(a) == body(b)
+
+
 XLA_OPTION = "xla_"  # a --versus item naming one of XLA's DebugOptions
+CPU_RULE = "cpu_rule"  # a --versus item naming a rule table of jaxtl.runtime.xla_cpu
 
 
 def parse_overrides(items: list[str], flag: str = "--model",
                     xla_options: bool = False) -> dict[str, Any]:
   """``["remat=full", "scan_layers=true"]`` -> TransformerConfig field values
-  (and, with ``xla_options``, ``xla_NAME=VALUE`` items as XLA options); a
-  bad item's error names ``flag``, where it came from."""
+  (and, with ``xla_options``, ``xla_NAME=VALUE`` items as XLA options and
+  ``cpu_rule=TABLE``, the rule table :func:`versus` flips); a bad item's
+  error names ``flag``, where it came from."""
   fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
   out = {}
   for item in items:
     key, sep, value = item.partition("=")
+    if sep and xla_options and key == CPU_RULE:
+      if value not in xla_cpu.RULE_TABLES:
+        raise ValueError(f"{flag} {item!r}: expected {CPU_RULE}=TABLE with TABLE one of "
+                         f"{', '.join(xla_cpu.RULE_TABLES)}")
+      out[key] = value
+      continue
     if sep and xla_options and key.startswith(XLA_OPTION):
       # Spelled as DebugOptions are (enums by their full names); bools from
       # text, the rest as text (XLA parses numbers from it).
       out[key] = {"true": True, "false": False}.get(value.lower(), value)
       continue
     if not sep or key not in fields:
-      also = " or an XLA option, xla_NAME=VALUE" if xla_options else ""
+      also = (f" or an XLA option, xla_NAME=VALUE, or {CPU_RULE}=TABLE"
+              if xla_options else "")
       raise ValueError(f"{flag} {item!r}: expected FIELD=VALUE with FIELD one of "
                        f"{sorted(fields)}{also}")
     default = fields[key].default
