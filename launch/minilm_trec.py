@@ -68,6 +68,8 @@ flags.DEFINE_integer("eval_examples", 0, "Score a fixed random subset of test (a
 flags.DEFINE_bool("row_major_dots", False, "jaxtl's dense layers as row-major dots "
                   "with float32 accumulation (config.train.row_major_dots; "
                   "bfloat16 sets it by itself on CPUs where it pays).")
+flags.DEFINE_string("init_from", "", "A Hugging Face BERT folder to fine-tune on both sides "
+                    "instead of all-MiniLM-L6-v2 (config.init_from); empty: MiniLM.")
 flags.DEFINE_string("pooling", "", "jaxtl's head: what it reads (config.task.pooling: "
                     "pooler is the anchor's [CLS] + pooler); empty: the config's.")
 FLAGS = flags.FLAGS
@@ -85,6 +87,7 @@ def _config(seed: int, epochs: int) -> Any:
   c.train.compute_dtype = FLAGS.compute_dtype
   c.train.row_major_dots = FLAGS.row_major_dots
   c.task.pooling = FLAGS.pooling or c.task.pooling
+  c.init_from = FLAGS.init_from or c.init_from
   return c
 
 

