@@ -72,10 +72,10 @@ def test_alternated_rounds_reverse_the_order_and_count_the_faster():
 def test_a_change_is_timed_against_the_step_as_configured():
   changed = benchmark.parse_overrides(
       ["attention_dropout_rate=0", "xla_cpu_enable_fast_math=true"], "--versus",
-      xla_options=True)
+      versus_items=True)
   assert changed == {"attention_dropout_rate": 0.0, "xla_cpu_enable_fast_math": True}
   with pytest.raises(ValueError, match="--versus 'nope=1'.*xla_NAME=VALUE"):
-    benchmark.parse_overrides(["nope=1"], "--versus", xla_options=True)
+    benchmark.parse_overrides(["nope=1"], "--versus", versus_items=True)
   with pytest.raises(ValueError, match="--versus num_layers=1: the same model"):
     benchmark.versus(["tiny_cls"], {"num_layers": 1}, warmup=1, steps=1, rounds=1,
                      overrides={"num_layers": 1})
@@ -97,10 +97,10 @@ def test_a_change_is_timed_against_the_step_as_configured():
 def test_a_cpu_rule_is_timed_with_this_cpu_moved_into_or_out_of_its_table(monkeypatch):
   monkeypatch.delenv("JAXTL_CPU_FLAGS", raising=False)  # the suite opts out
   assert benchmark.parse_overrides(["cpu_rule=FLOAT32_FOLDED_DX_RULES"], "--versus",
-                                   xla_options=True) == {
+                                   versus_items=True) == {
                                        "cpu_rule": "FLOAT32_FOLDED_DX_RULES"}
   with pytest.raises(ValueError, match="--versus 'cpu_rule=NOPE': expected cpu_rule=TABLE"):
-    benchmark.parse_overrides(["cpu_rule=NOPE"], "--versus", xla_options=True)
+    benchmark.parse_overrides(["cpu_rule=NOPE"], "--versus", versus_items=True)
   tiny = {"num_layers": 1, "row_major_dots": True}
   # float32 asked for by name: the bf16 table cannot reach the step.
   with pytest.raises(ValueError, match="same program either way .* does not reach it"):

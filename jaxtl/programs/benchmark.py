@@ -118,7 +118,7 @@ def main(argv: list[str]) -> None:
                            "--torch, --keras and --profile")
     if f.rounds < 1:
       raise app.UsageError("--versus needs --rounds of 1 or more")
-    changed = bench.parse_overrides(f.versus, "--versus", xla_options=True)
+    changed = bench.parse_overrides(f.versus, "--versus", versus_items=True)
     rows = bench.versus(f.presets, changed, warmup=f.warmup, steps=f.steps,
                         rounds=f.rounds, dtype=f.dtype, batch_size=f.batch_size,
                         length=f.length, num_devices=f.devices,

@@ -140,7 +140,7 @@ def flipped(table: str) -> Iterator[bool]:
   if table not in RULE_TABLES:
     raise ValueError(f"no rule table {table!r}; tables: {', '.join(RULE_TABLES)}")
   cpu = read_cpu()
-  if cpu is None or os.environ.get("JAXTL_CPU_FLAGS") == "0":
+  if _choices_off(cpu, os.environ):
     raise ValueError(f"{table}: no per-CPU choices in this process (JAXTL_CPU_FLAGS=0, "
                      "or no /proc/cpuinfo), so there is nothing to flip")
   rules = globals()[table]
@@ -154,9 +154,15 @@ def flipped(table: str) -> Iterator[bool]:
     globals()[table] = rules
 
 
+def _choices_off(cpu: Cpu | None, environ: Mapping[str, str]) -> bool:
+  """No per-CPU choice applies: the CPU is unknown, or opted out with
+  ``JAXTL_CPU_FLAGS=0``."""
+  return cpu is None or environ.get("JAXTL_CPU_FLAGS") == "0"
+
+
 def _rule_for(rules: tuple[Rule, ...], cpu: Cpu | None,
               environ: Mapping[str, str]) -> Rule | None:
-  if cpu is None or environ.get("JAXTL_CPU_FLAGS") == "0":
+  if _choices_off(cpu, environ):
     return None
   return next((rule for rule in rules if rule.matches(cpu)), None)
 

@@ -378,29 +378,29 @@ CPU_RULE = "cpu_rule"  # a --versus item naming a rule table of jaxtl.runtime.xl
 
 
 def parse_overrides(items: list[str], flag: str = "--model",
-                    xla_options: bool = False) -> dict[str, Any]:
+                    versus_items: bool = False) -> dict[str, Any]:
   """``["remat=full", "scan_layers=true"]`` -> TransformerConfig field values
-  (and, with ``xla_options``, ``xla_NAME=VALUE`` items as XLA options and
+  (and, with ``versus_items``, ``xla_NAME=VALUE`` items as XLA options and
   ``cpu_rule=TABLE``, the rule table :func:`versus` flips); a bad item's
   error names ``flag``, where it came from."""
   fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
   out = {}
   for item in items:
     key, sep, value = item.partition("=")
-    if sep and xla_options and key == CPU_RULE:
+    if sep and versus_items and key == CPU_RULE:
       if value not in xla_cpu.RULE_TABLES:
         raise ValueError(f"{flag} {item!r}: expected {CPU_RULE}=TABLE with TABLE one of "
                          f"{', '.join(xla_cpu.RULE_TABLES)}")
       out[key] = value
       continue
-    if sep and xla_options and key.startswith(XLA_OPTION):
+    if sep and versus_items and key.startswith(XLA_OPTION):
       # Spelled as DebugOptions are (enums by their full names); bools from
       # text, the rest as text (XLA parses numbers from it).
       out[key] = {"true": True, "false": False}.get(value.lower(), value)
       continue
     if not sep or key not in fields:
       also = (f" or an XLA option, xla_NAME=VALUE, or {CPU_RULE}=TABLE"
-              if xla_options else "")
+              if versus_items else "")
       raise ValueError(f"{flag} {item!r}: expected FIELD=VALUE with FIELD one of "
                        f"{sorted(fields)}{also}")
     default = fields[key].default
