@@ -24,9 +24,10 @@ the weights' gradient ``x.T @ g`` is left to XLA, which lays it out itself:
 on the AMX Xeon the float32 MiniLM step took 1,056 ms that way against
 1,218 with both transposes written out and 1,143 with plain einsums (32 x
 64; at 32 x 16: 287, 311 and 340), fastest in 6 of 6 alternated rounds.
-On a Zen 3 EPYC, whose YNNPACK takes ``g @ w.T`` as it is, even ``w.T``
-is left to XLA (:func:`jaxtl.runtime.xla_cpu.folds_float32_dx`): 280.2
-against 292.6 ms at 10 x 48.
+On a Zen 3 or Zen 4 EPYC, whose YNNPACK takes ``g @ w.T`` as it is, even
+``w.T`` is left to XLA (:func:`jaxtl.runtime.xla_cpu.folds_float32_dx`):
+280.2 against 292.6 ms at 10 x 48 on the Zen 3, 195.0 against 199.9 on
+the Zen 4.
 ``launch/cpu_dots.py`` shows which form reaches which kernel on the CPU it
 runs on.
 """
