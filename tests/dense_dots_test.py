@@ -25,6 +25,12 @@ def test_dense_dot_matches_matmul_with_its_gradients():
   kernel = jax.random.normal(k[2], (8, 3, 4))
   np.testing.assert_allclose(dense_dots.project(x, kernel, 1),
                              jnp.einsum("btd,dhk->bthk", x, kernel), rtol=1e-5, atol=1e-5)
+  table = jax.random.normal(k[1], (7, 8))  # a tied head's [V, E]: x @ table.T
+  for rows in (x, jnp.tile(x, (8, 1, 1))):  # w.T left to XLA, then written out
+    want = jax.grad(loss(lambda x, t: x @ t.T), (0, 1))(rows, table)
+    got = jax.grad(loss(dense_dots.dense_dot_t), (0, 1))(rows, table)
+    for a, b in zip(want, got):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
   heads = jnp.einsum("btd,dhk->bthk", x, kernel)
   np.testing.assert_allclose(dense_dots.project(heads, kernel.transpose(1, 2, 0), 2),
                              jnp.einsum("bthk,hkd->btd", heads, kernel.transpose(1, 2, 0)),
@@ -43,6 +49,20 @@ def test_a_bf16_dense_dot_returns_its_float32_weights_gradient_unrounded():
   want = x.astype(jnp.float32).T @ g.astype(jnp.float32)  # exact bf16 products
   np.testing.assert_allclose(dw, want, rtol=1e-6, atol=1e-5)
   assert np.any(dw != dw.astype(jnp.bfloat16).astype(jnp.float32))  # never bf16
+
+
+def test_a_bf16_tied_head_dot_returns_the_tables_float32_gradient_as_the_table_lies():
+  k = jax.random.split(jax.random.key(5), 3)
+  x = jax.random.normal(k[0], (2, 40, 16)).astype(jnp.bfloat16)  # 80 rows: w.T written
+  table = jax.random.normal(k[1], (24, 16))
+  g = jax.random.normal(k[2], (2, 40, 24)).astype(jnp.bfloat16)
+  y, vjp = jax.vjp(dense_dots.dense_dot_t, x, table)
+  assert y.shape == (2, 40, 24) and y.dtype == jnp.bfloat16
+  dx, dtable = vjp(g)
+  assert dx.dtype == jnp.bfloat16 and dtable.shape == table.shape
+  want = (g.astype(jnp.float32).reshape(80, 24).T @ x.astype(jnp.float32).reshape(80, 16))
+  np.testing.assert_allclose(dtable, want, rtol=1e-6, atol=1e-5)
+  assert dtable.dtype == jnp.float32
 
 
 def test_attention_dots_match_einsums_with_their_gradients():
@@ -83,9 +103,9 @@ def test_add_bias_sums_its_gradient_in_float32_without_a_reduce_window():
   assert "reduce-window" not in grad.lower(bias, y).compile().as_text()
 
 
-def _loss_and_grads(name, dtype, row_major):
-  _, model = make(name, row_major_dots=row_major, dtype=dtype, tie_embeddings=False)
-  x = tokens((2, 12))
+def _loss_and_grads(name, dtype, row_major, tie=False):
+  _, model = make(name, row_major_dots=row_major, dtype=dtype, tie_embeddings=tie)
+  x = tokens((8, 12) if tie else (2, 12))  # rows enough for a tied head's w.T
   params = init(model, x)  # the same float32 values whatever the dots and dtype
 
   def loss(p):
@@ -94,16 +114,17 @@ def _loss_and_grads(name, dtype, row_major):
   return jax.jit(jax.value_and_grad(loss))(params), (model, params, x)
 
 
-@pytest.mark.parametrize("name", ["bert", pytest.param("gpt2", marks=pytest.mark.slow),
-                                  pytest.param("t5", marks=pytest.mark.slow)])
-def test_row_major_dots_compute_the_same_model_and_gradients(name):
-  (want, grads), _ = _loss_and_grads(name, "float32", False)
-  (got, got_grads), _ = _loss_and_grads(name, "float32", True)
+@pytest.mark.parametrize("name,tie", [("bert", False), ("gpt2", True),
+                                      pytest.param("gpt2", False, marks=pytest.mark.slow),
+                                      pytest.param("t5", False, marks=pytest.mark.slow)])
+def test_row_major_dots_compute_the_same_model_and_gradients(name, tie):
+  (want, grads), _ = _loss_and_grads(name, "float32", False, tie)
+  (got, got_grads), _ = _loss_and_grads(name, "float32", True, tie)
   np.testing.assert_allclose(got, want, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                grads, got_grads)
   # In bfloat16 both round, differently: within bf16's few digits.
-  (half, half_grads), _ = _loss_and_grads(name, "bfloat16", True)
+  (half, half_grads), _ = _loss_and_grads(name, "bfloat16", True, tie)
   np.testing.assert_allclose(half, want, rtol=3e-2)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(
       b, a, atol=0.05 * float(np.abs(a).max()) + 1e-6), grads, half_grads)
@@ -120,14 +141,15 @@ def test_row_major_dots_leave_no_transposed_dense_dot(dtype):
   """After XLA's passes, every dense dot is ``[M, K] @ [K, N]`` and every
   per-head attention dot one of the two batched forms XLA:CPU's fast kernel
   takes (the embedder's one-hot token-type product aside); in float32 the
-  weights' gradients are XLA's ``x.T @ g``, as dense_dots leaves them."""
-  _, (model, params, x) = _loss_and_grads("bert", dtype, True)
+  weights' gradients are XLA's ``x.T @ g``, as dense_dots leaves them. The
+  MLM head is tied to the token table (``dense_dot_t``)."""
+  _, (model, params, x) = _loss_and_grads("bert", dtype, True, tie=True)
   grad = jax.jit(jax.grad(lambda p: run(model, p, x)["logits"].astype(jnp.float32).std()))
   hlo = grad.lower(params).compile().as_text()
   dots = [line for line in hlo.splitlines()
           if re.search(r"= \S+ dot\(", line) and "embedder" not in line]
   dense = [line for line in dots if "lhs_batch_dims" not in line]
-  assert len(dense) >= 3 * 6 * 2  # q, k, v, out, wi, wo: forward and two backward
+  assert len(dense) >= 3 * (6 * 2 + 1)  # q, k, v, out, wi, wo, the head: fwd + 2 bwd
   assert len(dots) - len(dense) >= 2 * 3 * 2  # scores, mix: forward and two backward
   weight_grad = "lhs_contracting_dims={0}, rhs_contracting_dims={0}"
   odd = [line.strip()[:160] for line in dots

@@ -58,8 +58,10 @@ def _naive_greedy(cfg, params, tokens, n, eos=None, pad=0):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cfg", [DECODER, T5, DECODER.replace(scan_layers=True),
-                                 T5.replace(scan_layers=True), BART],
-                         ids=["decoder", "t5", "decoder_scan", "t5_scan", "bart"])
+                                 T5.replace(scan_layers=True), BART,
+                                 DECODER.replace(row_major_dots=True)],
+                         ids=["decoder", "t5", "decoder_scan", "t5_scan", "bart",
+                              "decoder_row_major"])
 def test_cached_greedy_equals_recomputing_the_prefix(cfg):
   params = _params(cfg)
   tokens = np.random.RandomState(0).randint(2, 61, (3, 5))

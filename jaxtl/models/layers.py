@@ -451,7 +451,9 @@ class LMHead(nn.Module):
     if cfg.tie_embeddings:
       if cfg.scale_tied_logits:
         x_BTD = x_BTD * cfg.d_model**-0.5
-      logits_BTV = self.token_embed.attend(x_BTD)
+      logits_BTV = (dense_dots.dense_dot_t(x_BTD.astype(cfg.jnp_dtype),
+                                           self.token_embed.embedding)
+                    if cfg.row_major_dots else self.token_embed.attend(x_BTD))
     else:
       logits_BTV = dense(cfg, cfg.vocab_size, ("embed", "vocab"), paths.LOGITS,
                          cfg.jnp_dtype, use_bias=False)(x_BTD)
