@@ -98,19 +98,31 @@ def _bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
   x, w = res
   x_MK = x.reshape(-1, x.shape[-1])
   g_MN = g.reshape(-1, g.shape[-1]).astype(x.dtype)
-  w_KN = w.astype(x.dtype)
-  if x.dtype != jnp.float32:
-    return (_dot(g_MN, materialised_t(w_KN), x.dtype).reshape(x.shape),
-            _dot(materialised_t(x_MK), g_MN, w.dtype))
-  # float32: XLA's own x.T @ g, and w.T written out where that pays (see the
-  # module's docstring).
-  dx = (_dot(g_MN, w_KN, x.dtype, _RHS_TRANSPOSED)
-        if xla_cpu.folds_float32_dx(jax.default_backend())
-        else _dot(g_MN, materialised_t(w_KN), x.dtype))
-  return dx.reshape(x.shape), _dot(x_MK, g_MN, w.dtype, _LHS_TRANSPOSED)
+  return (_dot_t(g_MN, w.astype(x.dtype), x.dtype).reshape(x.shape),
+          _t_dot(x_MK, g_MN, w.dtype))
 
 
 dense_dot.defvjp(_fwd, _bwd)
+
+
+def _dot_t(a: Array, b: Array, out_dtype: Any, min_rows: int = 0) -> Array:
+  """``a @ b.T`` for ``a [M, K]`` and ``b [N, K]``: ``b.T`` written out,
+  except where XLA's folded form pays (float32 on a CPU of
+  :func:`jaxtl.runtime.xla_cpu.folds_float32_dx`; fewer rows than
+  ``min_rows``, too few to pay for writing ``b.T``)."""
+  if a.shape[0] < min_rows or (
+      a.dtype == jnp.float32 and xla_cpu.folds_float32_dx(jax.default_backend())):
+    return _dot(a, b, out_dtype, _RHS_TRANSPOSED)
+  return _dot(a, materialised_t(b), out_dtype)
+
+
+def _t_dot(a: Array, b: Array, out_dtype: Any) -> Array:
+  """``a.T @ b`` for ``a [M, K]`` and ``b [M, N]`` (a weight's gradient):
+  ``a.T`` written out in bf16; in float32, XLA's own ``a.T @ b``, which it
+  lays out itself (see the module's docstring)."""
+  if a.dtype == jnp.float32:
+    return _dot(a, b, out_dtype, _LHS_TRANSPOSED)
+  return _dot(materialised_t(a), b, out_dtype)
 
 
 # Rows below which :func:`dense_dot_t` leaves ``w.T`` to XLA: writing out a
@@ -132,13 +144,7 @@ def dense_dot_t(x: Array, w: Array) -> Array:
   the table's gradient comes back [N, K] as ``g.T @ x``. In float32 the
   forward is the form of :func:`dense_dot`'s input gradient, and takes the
   same rule."""
-  x_MK = x.reshape(-1, x.shape[-1])
-  w_NK = w.astype(x.dtype)
-  if x_MK.shape[0] < MIN_ROWS_TO_WRITE_T or (
-      x.dtype == jnp.float32 and xla_cpu.folds_float32_dx(jax.default_backend())):
-    y = _dot(x_MK, w_NK, x.dtype, _RHS_TRANSPOSED)
-  else:
-    y = _dot(x_MK, materialised_t(w_NK), x.dtype)
+  y = _dot_t(x.reshape(-1, x.shape[-1]), w.astype(x.dtype), x.dtype, MIN_ROWS_TO_WRITE_T)
   return y.reshape(*x.shape[:-1], w.shape[0])
 
 
@@ -148,12 +154,9 @@ def _t_fwd(x: Array, w: Array) -> tuple[Array, tuple[Array, Array]]:
 
 def _t_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
   x, w = res
-  x_MK = x.reshape(-1, x.shape[-1])
   g_MN = g.reshape(-1, g.shape[-1]).astype(x.dtype)
-  dx = _dot(g_MN, w.astype(x.dtype), x.dtype).reshape(x.shape)
-  if x.dtype == jnp.float32:  # as dense_dot's: XLA lays out g.T itself
-    return dx, _dot(g_MN, x_MK, w.dtype, _LHS_TRANSPOSED)
-  return dx, _dot(materialised_t(g_MN), x_MK, w.dtype)
+  return (_dot(g_MN, w.astype(x.dtype), x.dtype).reshape(x.shape),
+          _t_dot(g_MN, x.reshape(-1, x.shape[-1]), w.dtype))
 
 
 dense_dot_t.defvjp(_t_fwd, _t_bwd)
