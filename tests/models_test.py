@@ -343,3 +343,45 @@ def test_attention_dropout_cost_is_said_only_where_cudnn_would_run(monkeypatch):
   assert "attention_dropout_rate=0.0" in layers.attention_dropout_cost(cfg)
   assert layers.attention_dropout_cost(cfg.replace(attention_dropout_rate=0.0)) is None
   assert layers.attention_dropout_cost(cfg.replace(dtype="float32")) is None
+
+
+def test_causal_spans_cover_the_row_in_at_most_the_cap():
+  assert layers.causal_spans(1023) == [(0, 1023)]  # below two blocks: whole
+  assert layers.causal_spans(1024) == [(0, 512), (512, 1024)]
+  assert layers.causal_spans(1500) == [(0, 750), (750, 1500)]
+  assert layers.causal_spans(8192) == [(0, 2048), (2048, 4096), (4096, 6144),
+                                       (6144, 8192)]
+
+
+@pytest.mark.parametrize("name,row_major", [("gpt2", False), ("gpt2", True),
+                                            ("t5", False)])
+def test_causal_blocks_give_whole_attentions_outputs_and_gradients(
+    name, row_major, monkeypatch):
+  """Queries in blocks, each against the keys up to its last, are the
+  whole causal attention: on packed segments with padding (GPT-2) and with
+  a relative-position bias (T5's decoder), with their gradients."""
+  _, model = make(name, row_major_dots=row_major)
+  x = tokens((2, 16))
+  params = init(model, x)
+  seg = jnp.array([[1] * 9 + [2] * 5 + [0] * 2, [1] * 16])
+  pos = jnp.array([list(range(9)) + list(range(5)) + [0, 0], list(range(16))])
+  kw = (dict(decoder_segment_ids_BT=seg, decoder_positions_BT=pos) if name == "t5"
+        else dict(segment_ids_BT=seg, positions_BT=pos))
+
+  def loss(p):
+    out = model.apply({"params": p}, *((x, x) if name == "t5" else (x,)), **kw)["logits"]
+    return jnp.sum(jnp.where(seg[..., None] > 0, out, 0.0) ** 2), out
+
+  def value_and_grad(block):
+    monkeypatch.setattr(layers, "CAUSAL_BLOCK", block)  # read when traced
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+  assert len(layers.causal_spans(16)) == 1
+  (whole, whole_out), whole_grad = value_and_grad(layers.CAUSAL_BLOCK)
+  monkeypatch.setattr(layers, "CAUSAL_BLOCK", 4)
+  assert len(layers.causal_spans(16)) == 4
+  (blocked, blocked_out), blocked_grad = value_and_grad(4)
+  np.testing.assert_allclose(blocked_out, whole_out, atol=2e-5)
+  np.testing.assert_allclose(blocked, whole, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4),
+               blocked_grad, whole_grad)
