@@ -28,3 +28,14 @@ def test_rows_are_independent_and_shapes_follow_the_logits():
   logits = jnp.where(jnp.eye(300, dtype=bool), 0.0, -jnp.inf).reshape(3, 100, 300)
   draws = sampling.sample(jax.random.key(1), logits.astype(jnp.bfloat16))
   np.testing.assert_array_equal(draws, np.arange(300).reshape(3, 100))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_argmax_is_jnps_first_index_of_the_max(dtype):
+  # Few distinct values, so most rows have ties: the first index must win.
+  logits = jax.random.randint(jax.random.key(0), (3, 40, 97), -3, 4).astype(dtype)
+  logits = logits.at[0, 0].set(-jnp.inf).at[0, 1, 5].set(jnp.inf)
+  got = sampling.argmax(logits)
+  assert got.dtype == jnp.int32 and got.shape == (3, 40)
+  np.testing.assert_array_equal(got, jnp.argmax(logits, -1))
+  assert int(sampling.argmax(jnp.array([1.0, jnp.nan, 2.0]))) == 2  # NaN: the last

@@ -103,7 +103,7 @@ def process_logits(logits_BV: Array, seen_BV: Array, gen: GenerationConfig) -> A
 def _choose(logits_BV: Array, rng: Array, gen: GenerationConfig) -> Array:
   if gen.temperature > 0:
     return sampling.sample(rng, logits_BV)  # one uniform per row, not one per entry
-  return jnp.argmax(logits_BV, -1).astype(jnp.int32)
+  return sampling.argmax(logits_BV)
 
 
 def _empty_cache(model: nn.Module, *args: Any, method: Any = None) -> Any:

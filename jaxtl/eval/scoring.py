@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxtl.decoding import sampling
 from jaxtl.models import TransformerConfig, build_model, family_of
 from jaxtl.models.transformer import apply_lm_head, lm_head_params
 
@@ -129,7 +130,7 @@ def _score_batch(cfg: TransformerConfig, params: Any, batch: dict[str, jax.Array
   targets_BC, real_BC = batch["target_tokens"], batch["target_weights"] > 0
   logp_BC = jnp.take_along_axis(jax.nn.log_softmax(logits_BCV), targets_BC[..., None],
                                 axis=-1)[..., 0]
-  greedy_BC = jnp.argmax(logits_BCV, -1) == targets_BC
+  greedy_BC = sampling.argmax(logits_BCV) == targets_BC
   # where, not a product: a padded position's -inf must not make 0 * -inf = nan.
   return (jnp.sum(jnp.where(real_BC, logp_BC, 0.0), -1),
           jnp.all(greedy_BC | ~real_BC, -1))

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxtl.decoding import sampling
 from jaxtl.models import transformer
 from jaxtl.models.config import target_side
 from jaxtl.models.family import family_of
@@ -74,7 +75,7 @@ def token_cross_entropy(logits_BTV: Array, targets_BT: Array,
                                         axis=-1)[..., 0]
   nll_BT = log_z_BT - target_logit_BT
   weights_BT = weights_BT.astype(jnp.float32)
-  correct_BT = (jnp.argmax(logits_BTV, axis=-1) == targets_BT)
+  correct_BT = sampling.argmax(logits_BTV) == targets_BT
   return {
       "loss_sum": jnp.sum(nll_BT * weights_BT),
       "correct_sum": jnp.sum(correct_BT * weights_BT),
