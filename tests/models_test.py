@@ -345,10 +345,10 @@ def test_attention_dropout_cost_is_said_only_where_cudnn_would_run(monkeypatch):
   assert layers.attention_dropout_cost(cfg.replace(dtype="float32")) is None
 
 
-def test_causal_spans_cover_the_row_in_at_most_the_cap():
-  assert layers.causal_spans(1023) == [(0, 1023)]  # below two blocks: whole
-  assert layers.causal_spans(1024) == [(0, 512), (512, 1024)]
-  assert layers.causal_spans(1500) == [(0, 750), (750, 1500)]
+def test_causal_spans_split_long_rows_into_equal_blocks():
+  assert layers.causal_spans(511) == [(0, 511)]  # short rows: whole
+  assert layers.causal_spans(512) == [(0, 256), (256, 512)]
+  assert layers.causal_spans(1501) == [(0, 751), (751, 1501)]
   assert layers.causal_spans(8192) == [(0, 2048), (2048, 4096), (4096, 6144),
                                        (6144, 8192)]
 
@@ -372,15 +372,14 @@ def test_causal_blocks_give_whole_attentions_outputs_and_gradients(
     out = model.apply({"params": p}, *((x, x) if name == "t5" else (x,)), **kw)["logits"]
     return jnp.sum(jnp.where(seg[..., None] > 0, out, 0.0) ** 2), out
 
-  def value_and_grad(block):
-    monkeypatch.setattr(layers, "CAUSAL_BLOCK", block)  # read when traced
+  def value_and_grad(blocks):
+    monkeypatch.setattr(layers, "CAUSAL_BLOCKS", blocks)  # read when traced
     return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
 
   assert len(layers.causal_spans(16)) == 1
-  (whole, whole_out), whole_grad = value_and_grad(layers.CAUSAL_BLOCK)
-  monkeypatch.setattr(layers, "CAUSAL_BLOCK", 4)
+  (whole, whole_out), whole_grad = value_and_grad(layers.CAUSAL_BLOCKS)
+  (blocked, blocked_out), blocked_grad = value_and_grad(((8, 4),))
   assert len(layers.causal_spans(16)) == 4
-  (blocked, blocked_out), blocked_grad = value_and_grad(4)
   np.testing.assert_allclose(blocked_out, whole_out, atol=2e-5)
   np.testing.assert_allclose(blocked, whole, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4),
