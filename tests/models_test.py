@@ -384,3 +384,24 @@ def test_causal_blocks_give_whole_attentions_outputs_and_gradients(
   np.testing.assert_allclose(blocked, whole, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4),
                blocked_grad, whole_grad)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+def test_a_batch_of_one_row_is_that_row_of_a_larger_batch(name):
+  """Norms and softmaxes run a one-row batch on the row alone
+  (layers.without_unit_batch); outputs and gradients stay the row's."""
+  _, model = make(name)
+  x = tokens((2, 10))
+  params = init(model, x)
+
+  def loss(p, toks):
+    out = model.apply({"params": p}, *((toks, toks) if name == "t5" else (toks,)))
+    return jnp.sum(out["logits"][0] ** 2), out["logits"]
+
+  step = jax.jit(jax.value_and_grad(loss, has_aux=True))
+  (one, one_out), one_grad = step(params, x[:1])
+  (two, two_out), two_grad = step(params, x)
+  np.testing.assert_allclose(one_out[0], two_out[0], atol=2e-5)
+  np.testing.assert_allclose(one, two, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4),
+               one_grad, two_grad)
