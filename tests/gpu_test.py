@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxtl.decoding import generate as G
-from jaxtl.models import layers
+from jaxtl.models import attention
 
 from models_test import init, make, tokens  # the tiny families
 
@@ -53,9 +53,9 @@ def _loss_and_grads(name, impl):
 
 
 def test_auto_picks_cudnn_for_16_bit_and_xla_for_float32():
-  assert layers.attention_impl(make("gpt2", **BF16)[0], jnp.bfloat16) == "cudnn"
-  assert layers.attention_impl(make("gpt2")[0], jnp.float32) == "xla"
-  assert layers.attention_impl(make("gpt2", head_dim=12)[0], jnp.bfloat16) == "xla"
+  assert attention.attention_impl(make("gpt2", **BF16)[0], jnp.bfloat16) == "cudnn"
+  assert attention.attention_impl(make("gpt2")[0], jnp.float32) == "xla"
+  assert attention.attention_impl(make("gpt2", head_dim=12)[0], jnp.bfloat16) == "xla"
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])

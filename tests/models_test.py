@@ -10,7 +10,7 @@ import pytest
 from flax import traverse_util
 
 from jaxtl.models import TransformerConfig, build_model
-from jaxtl.models import dropout, layers, masks, transformer
+from jaxtl.models import attention, dropout, layers, masks, transformer
 
 TINY = dict(vocab_size=97, d_model=32, num_heads=4, head_dim=8, mlp_dim=64,
             num_layers=2, max_len=32, dropout_rate=0.0)
@@ -336,20 +336,19 @@ def test_bad_config_values_name_the_field():
 def test_attention_dropout_cost_is_said_only_where_cudnn_would_run(monkeypatch):
   """Training with attention dropout leaves cuDNN's fused attention unused;
   the run says so where that kernel would otherwise run (a GPU, 16 bits)."""
-  from jaxtl.models import layers  # pylint: disable=g-import-not-at-top
   cfg, _ = make("bert", dtype="bfloat16", head_dim=16, attention_dropout_rate=0.1)
-  assert layers.attention_dropout_cost(cfg) is None  # a CPU: the einsums anyway
+  assert attention.attention_dropout_cost(cfg) is None  # a CPU: the einsums anyway
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert "attention_dropout_rate=0.0" in layers.attention_dropout_cost(cfg)
-  assert layers.attention_dropout_cost(cfg.replace(attention_dropout_rate=0.0)) is None
-  assert layers.attention_dropout_cost(cfg.replace(dtype="float32")) is None
+  assert "attention_dropout_rate=0.0" in attention.attention_dropout_cost(cfg)
+  assert attention.attention_dropout_cost(cfg.replace(attention_dropout_rate=0.0)) is None
+  assert attention.attention_dropout_cost(cfg.replace(dtype="float32")) is None
 
 
 def test_causal_spans_split_long_rows_into_equal_blocks():
-  assert layers.causal_spans(511) == [(0, 511)]  # short rows: whole
-  assert layers.causal_spans(512) == [(0, 256), (256, 512)]
-  assert layers.causal_spans(1501) == [(0, 751), (751, 1501)]
-  assert layers.causal_spans(8192) == [(0, 2048), (2048, 4096), (4096, 6144),
+  assert attention.causal_spans(511) == [(0, 511)]  # short rows: whole
+  assert attention.causal_spans(512) == [(0, 256), (256, 512)]
+  assert attention.causal_spans(1501) == [(0, 751), (751, 1501)]
+  assert attention.causal_spans(8192) == [(0, 2048), (2048, 4096), (4096, 6144),
                                        (6144, 8192)]
 
 
@@ -373,13 +372,13 @@ def test_causal_blocks_give_whole_attentions_outputs_and_gradients(
     return jnp.sum(jnp.where(seg[..., None] > 0, out, 0.0) ** 2), out
 
   def value_and_grad(blocks):
-    monkeypatch.setattr(layers, "CAUSAL_BLOCKS", blocks)  # read when traced
+    monkeypatch.setattr(attention, "CAUSAL_BLOCKS", blocks)  # read when traced
     return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
 
-  assert len(layers.causal_spans(16)) == 1
-  (whole, whole_out), whole_grad = value_and_grad(layers.CAUSAL_BLOCKS)
+  assert len(attention.causal_spans(16)) == 1
+  (whole, whole_out), whole_grad = value_and_grad(attention.CAUSAL_BLOCKS)
   (blocked, blocked_out), blocked_grad = value_and_grad(((8, 4),))
-  assert len(layers.causal_spans(16)) == 4
+  assert len(attention.causal_spans(16)) == 4
   np.testing.assert_allclose(blocked_out, whole_out, atol=2e-5)
   np.testing.assert_allclose(blocked, whole, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4),

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxtl.models import layers, masks, paths
+from jaxtl.models import attention, layers, masks, paths
 from jaxtl.models.config import TransformerConfig
 from jaxtl.models.dropout import Dropout
 from jaxtl.models.family import family_of
@@ -75,7 +75,7 @@ class TransformerBlock(nn.Module):
     so the block answers [N, 1, D]: its queries, MLP and norms run at those
     positions alone, its keys and values over the whole rows."""
     cfg = self.config
-    attn = functools.partial(layers.MultiHeadAttention, cfg,
+    attn = functools.partial(attention.MultiHeadAttention, cfg,
                              deterministic=self.deterministic,
                              return_weights=self.return_attention, decode=self.decode)
     # A lone query per row: the fused kernel's causal mask would be the

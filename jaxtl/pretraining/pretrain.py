@@ -22,7 +22,7 @@ import ml_collections
 
 from jaxtl import objectives
 from jaxtl.pretraining import pipeline
-from jaxtl.models import TransformerConfig, electra, layers, paths
+from jaxtl.models import TransformerConfig, attention, electra, paths
 from jaxtl.models import config as model_config
 from jaxtl.train import identity as identity_lib
 from jaxtl.train import loop, optim, perf, sharding
@@ -246,7 +246,7 @@ def train_and_evaluate(config: PretrainConfig | ml_collections.ConfigDict, workd
                "entropy of training tokens %.3f nats", model_cfg.family,
                n_params, data.num_rows(data.train_split),
                data.num_rows(data.eval_split), data.unigram_entropy)
-  if (cost := layers.attention_dropout_cost(model_cfg)) is not None:
+  if (cost := attention.attention_dropout_cost(model_cfg)) is not None:
     logging.warning(cost)
   load_params = source_loader(params_shape, source, config.init_from)
   where = lambda k: f"config.stages[{k}]" if config.stages else "config"

@@ -31,7 +31,7 @@ from jaxtl.data import tokenizer_files
 from jaxtl.data import sources
 from jaxtl.data.tokenizer_files import get_tokenizer
 from jaxtl.data.tokenizers import Tokenizer
-from jaxtl.models import TransformerConfig, layers, paths
+from jaxtl.models import TransformerConfig, attention, paths
 from jaxtl.models.config import input_side, precision, with_row_major_dots
 from jaxtl.models.heads import TaskModel
 from jaxtl.tasks import config as tasks_config
@@ -407,7 +407,7 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
   trainable, n_params = optim.count_trainable(abstract, freeze)
   logging.info("trainable parameters: %d of %d (%.2f%%)", trainable, n_params,
                100 * trainable / n_params)
-  if (cost := layers.attention_dropout_cost(cfg)) is not None:
+  if (cost := attention.attention_dropout_cost(cfg)) is not None:
     logging.warning(cost)
   load_pretrained, report = pretrained.params_loader(abstract, init_params,
                                                      config.init_from, dropped)

@@ -48,7 +48,7 @@ import jax
 
 from jaxtl.runtime import malloc, xla_cpu
 from jaxtl import objectives, train
-from jaxtl.models import TransformerConfig, layers, paths
+from jaxtl.models import TransformerConfig, attention, paths
 from jaxtl.tools.presets import (Measurement, Preset, init_inputs,
                                  jaxtl_step, lookup, make_batch, max_predictions,
                                  model_config, on_accelerator, optimizer_config,
@@ -151,10 +151,10 @@ def _mfu(flops_per_s: float, peak: float | None) -> str:
 def attention_kernel(cfg: TransformerConfig) -> str:
   """How the train step computes attention: attention dropout needs the
   probabilities, so it takes the explicit einsum path; else what
-  :func:`jaxtl.models.layers.attention_impl` picks."""
+  :func:`jaxtl.models.attention.attention_impl` picks."""
   if cfg.attention_dropout_rate > 0:
     return "explicit (dropout)"
-  return layers.attention_impl(cfg, cfg.jnp_dtype)
+  return attention.attention_impl(cfg, cfg.jnp_dtype)
 
 
 def row(name: str, preset: Preset, cfg: TransformerConfig, ours: Measurement,
