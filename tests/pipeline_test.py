@@ -2,6 +2,8 @@
 
 import dataclasses
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -318,3 +320,56 @@ def test_segment_positions_of_stacked_rows_are_each_rows():
   np.testing.assert_array_equal(row_store.segment_positions(segments), expected)
   for row, want in zip(segments, expected):
     np.testing.assert_array_equal(row_store.segment_positions(row), want)
+
+
+def test_peek_leaves_the_batch_for_next_and_says_none_at_the_end_or_on_errors():
+  it = batches.BatchIterator(_rows(), _noisy, batch_size=8, seed=0)
+  expected = _take(batches.BatchIterator(_rows(), _noisy, batch_size=8, seed=0), 2)
+  pre = batches.Prefetcher(it, size=1)
+  np.testing.assert_array_equal(pre.peek()["noise"], expected[0]["noise"])
+  np.testing.assert_array_equal(pre.peek()["noise"], expected[0]["noise"])
+  assert pre.get_state() == {"epoch": 0, "index": 0}  # the consumer has taken none
+  np.testing.assert_array_equal(next(pre)["noise"], expected[0]["noise"])
+  np.testing.assert_array_equal(next(pre)["noise"], expected[1]["noise"])
+  pre.close()
+
+  def broken():
+    yield {"x": np.zeros(2)}
+    raise ValueError("line 7 of rows.txt: not a number")
+
+  class Plain:  # an iterator as the loop needs one: next and get_state
+    def __init__(self, gen):
+      self.gen = gen
+
+    def __next__(self):
+      return next(self.gen)
+
+    def get_state(self):
+      return {}
+
+  pre = batches.Prefetcher(Plain(broken()), size=1)
+  assert next(pre)["x"].shape == (2,)
+  assert pre.peek() is None
+  with pytest.raises(ValueError, match="line 7 of rows.txt"):
+    next(pre)  # the error is next's to raise, as without peek
+  pre = batches.Prefetcher(Plain(iter([])), size=1)
+  assert pre.peek() is None
+  with pytest.raises(StopIteration):
+    next(pre)
+
+
+def test_closing_wakes_a_peek_that_waits_for_a_batch():
+  class Slow:
+    def __next__(self):
+      time.sleep(0.2)
+      return {"x": np.zeros(2)}
+
+    def get_state(self):
+      return {}
+
+  pre = batches.Prefetcher(Slow(), size=1)
+  pre.close()
+  waiter = threading.Thread(target=pre.peek, daemon=True)
+  waiter.start()
+  waiter.join(timeout=5)
+  assert not waiter.is_alive()

@@ -449,3 +449,22 @@ def test_chunked_cross_entropy_holds_one_chunk_of_logits():
   # 8 chunks. XLA:CPU frees each chunk's logits before the next; XLA:GPU's
   # scheduler keeps more alive (38 of 71 MB measured on an H100).
   assert temp_bytes(64) < whole / (4 if jax.default_backend() == "cpu" else 1.5)
+
+
+def test_a_fresh_run_compiles_its_step_once_while_the_state_is_made(tmp_path, caplog):
+  import runs  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrain  # pylint: disable=g-import-not-at-top
+  config = runs.tiny_mlm_config()
+  config.train.update(steps=2, eval_every=0, eval_batches=1)
+  config.model.update(mlp_dim=48)  # a step no other test compiles: no cache hit
+  jax.config.update("jax_log_compiles", True)  # for every thread, not this one alone
+  try:
+    with caplog.at_level("WARNING"):
+      pretrain.train_and_evaluate(config, str(tmp_path))
+  finally:
+    jax.config.update("jax_log_compiles", False)
+  compiles = [r for r in caplog.records
+              if r.getMessage().startswith("Finished XLA compilation of jit(train_step)")]
+  # Compiled ahead, in the background, and found in jit's cache by the first step.
+  assert [r.threadName for r in compiles] == ["compile_ahead"], [
+      r.getMessage()[:80] for r in compiles]

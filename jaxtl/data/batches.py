@@ -12,6 +12,7 @@ exactly from its ``(epoch, index)``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import queue
@@ -243,6 +244,9 @@ class BatchIterator:
     self._it = None
 
 
+_NOTHING = object()
+
+
 class Prefetcher:
   """Makes batches in a background thread, ahead of the training step.
 
@@ -254,6 +258,7 @@ class Prefetcher:
     self.iterator = iterator
     self._queue: queue.Queue = queue.Queue(maxsize=max(size, 1))
     self._state = iterator.get_state()
+    self._held: Any = _NOTHING  # an item peek took from the queue, for next
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._produce, daemon=True)
     self._thread.start()
@@ -275,13 +280,23 @@ class Prefetcher:
     return self
 
   def __next__(self) -> Example:
-    item = self._queue.get()
+    item = self._queue.get() if self._held is _NOTHING else self._held
+    self._held = _NOTHING
     if item is None:
       raise StopIteration
     if isinstance(item, Exception):
       raise item
     batch, self._state = item
     return batch
+
+  def peek(self) -> Example | None:
+    """The batch ``next`` will return, waiting for it, and left for
+    ``next`` (None at the end of the batches or when making it failed:
+    ``next`` raises then). For one other thread (the loop's step compiled
+    ahead) while the consumer does not take batches yet."""
+    if self._held is _NOTHING:
+      self._held = self._queue.get()
+    return None if self._held is None or isinstance(self._held, Exception) else self._held[0]
 
   def close(self) -> None:
     """Stops the thread, then the iterator's own workers (Grain's)."""
@@ -290,5 +305,7 @@ class Prefetcher:
       while not self._queue.empty():
         self._queue.get_nowait()
       self._thread.join(timeout=0.05)
+    with contextlib.suppress(queue.Full):  # wakes a peek still waiting: no batch comes
+      self._queue.put_nowait(None)
     if hasattr(self.iterator, "close"):
       self.iterator.close()

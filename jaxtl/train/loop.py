@@ -269,6 +269,22 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
   history, best, window_since = [], None, []
   stages = stages_of(work, loop)
   ends = list(itertools.accumulate(s.steps for s in stages))  # each's last step
+  rates = jax.device_put(schedule, sharding.replicated(mesh))  # a step input
+  shard = sharding.shard_whole_batch if work.whole_batches else sharding.shard_batch
+
+  def open_stage(i: int) -> tuple[batches.Prefetcher, Callable]:
+    """Stage ``i``'s batches, being made from now on, and its jitted step."""
+    return (batches.Prefetcher(stages[i].batches, loop.prefetch),
+            step_lib.jit_train_step(stages[i].loss_fn, work.weight_fn, tx, shardings,
+                                    mesh, loop.accum_steps))
+
+  def first_batch(prefetch: batches.Prefetcher) -> Any:
+    batch = prefetch.peek()
+    if batch is not None and work.prepare is not None:
+      batch = work.prepare(batch)
+    return None if batch is None else shard(batch, mesh)
+
+  ahead = None  # (first stage's batches, its step, the thread compiling it)
   # A resumed run is initialised by its checkpoint alone: no init is compiled.
   restored = ckpt.restore_latest(abstract)
   if restored is not None:
@@ -282,9 +298,18 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
     if (moved := schedule_moved(extra, loop.steps, schedule, at)) is not None:
       logging.warning("%s", moved)
   else:
-    state = step_lib.init_sharded_state(
-        work.model, tx, work.init_inputs, init_rng, mesh, rules, shardings,
-        loaded=work.init_params() if work.init_params is not None else None)
+    if loop.steps:  # the first stage's step compiles while the state is made
+      batches_0, step_0 = open_stage(bisect.bisect_left(ends, 1))
+      ahead = (batches_0, step_0, step_lib.compile_ahead(
+          step_0, abstract, lambda: first_batch(batches_0), step_rng, rates, mesh, rules))
+    try:
+      state = step_lib.init_sharded_state(
+          work.model, tx, work.init_inputs, init_rng, mesh, rules, shardings,
+          loaded=work.init_params() if work.init_params is not None else None)
+    except BaseException:
+      if ahead is not None:
+        ahead[0].close()
+      raise
 
   writer = metrics_lib.MetricsWriter(  # a finish record belongs to a run's end
       workdir, enabled=jax.process_index() == 0,
@@ -292,7 +317,6 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
   peak = loop.peak_flops or perf.peak_flops_per_device(dtype=work.model.config.dtype)
   start = int(state.step)
   rng_data = np.asarray(jax.random.key_data(step_rng)).tolist()
-  rates = jax.device_put(schedule, sharding.replicated(mesh))  # a step input
   eval_metrics: dict[str, float] = {}
 
   def run_eval(at: int) -> dict[str, float]:
@@ -307,7 +331,6 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
                           "steps": loop.steps, "lr": float(schedule(at))},
               force=force)
 
-  shard = sharding.shard_whole_batch if work.whole_batches else sharding.shard_batch
   prefetch = bar = p_step = final = None
   window, k, stop = [], 0, None
   try:
@@ -327,9 +350,12 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
           stage = stages[k]
           if prefetch is not None:
             prefetch.close()
-          prefetch = batches.Prefetcher(stage.batches, loop.prefetch)
-          p_step = step_lib.jit_train_step(stage.loss_fn, work.weight_fn, tx,
-                                           shardings, mesh, loop.accum_steps)
+          if ahead is not None:  # the run's first stage, opened before the init
+            prefetch, p_step, compiling = ahead
+            compiling.join()  # else this step would compile a second time
+            ahead = None
+          else:
+            prefetch, p_step = open_stage(k)
           if len(stages) > 1 and at == ends[k] - stage.steps + 1:
             _announce(writer, k, stage, at - 1)
         batch = next(prefetch)
@@ -407,6 +433,8 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
       closing.callback(ckpt.close)
       if prefetch is not None:
         closing.callback(prefetch.close)
+      if ahead is not None:  # opened, never reached (an error before the first step)
+        closing.callback(ahead[0].close)
       if bar is not None:  # also puts the console log handlers back
         closing.callback(bar.close)
   if stop is not None:  # callers (the transfer study) must not go on as if done

@@ -10,6 +10,8 @@ shardings -> jitted init, so the full state never has to fit on one device.
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 from typing import Any, Callable, Iterator, Mapping
 
 import flax.linen as nn
@@ -246,3 +248,33 @@ def jit_train_step(loss_fn: Callable, weight_fn: Callable,
       in_shardings=(state_shardings, sharding.batch_sharding(mesh),
                     sharding.replicated(mesh), sharding.replicated(mesh)),
       out_shardings=(state_shardings, None), donate_argnums=0)
+
+
+def compile_ahead(step: Callable, abstract: Any, first_batch: Callable[[], Any],
+                  rng: Array, rates: Any, mesh: jax.sharding.Mesh, rules: Any
+                  ) -> threading.Thread:
+  """Compiles the jitted ``step`` in a background thread for a state shaped
+  as ``abstract`` and the batch ``first_batch()`` returns (None: nothing to
+  compile for), while the caller initialises the state; ``join`` the thread
+  before the first step. The step's call then finds its executable in jit's
+  cache and does not compile again.
+
+  Any error is left for that call to raise, where it did before: the thread
+  only saves time. Fine-tuning MiniLM on TREC on a 2-core EPYC, the step's
+  trace and compile (5.9 s) overlap the pretrained load and the init (about
+  2 s).
+  """
+  def compile_step() -> None:
+    try:
+      batch = first_batch()
+      if batch is not None:
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+          step.lower(abstract, batch, rng, rates).compile()
+    except Exception as e:  # pylint: disable=broad-except
+      logging.debug("compiling the train step ahead failed (%s); it compiles at "
+                    "its first call", e)
+
+  thread = threading.Thread(target=compile_step, name="compile_ahead", daemon=True)
+  thread.start()
+  return thread
+
