@@ -191,3 +191,21 @@ def test_a_resumed_rate_that_moved_says_why():
   assert "the run now has 200 steps, not the 100" in loop.schedule_moved(saved, 200, longer, 50)
   assert loop.schedule_moved(saved, 100, optax.linear_schedule(2.0, 0.0, 100), 50).endswith(
       "the learning-rate settings changed (config.optim)")
+
+
+def test_frozen_parameters_cost_no_gradient_and_stay_out_of_the_norm():
+  params = {"backbone": {"w": jnp.full((3, 3), 0.5)}, "head": {"w": jnp.full((3, 2), 0.3)}}
+  x = jnp.arange(12.0).reshape(4, 3)
+
+  def loss_fn(p, x):
+    return jnp.sum(jnp.tanh(x @ p["backbone"]["w"]) @ p["head"]["w"])
+
+  frozen_fn = optim.frozen_without_gradients(loss_fn, params, [r"^backbone/"])
+  full, part = jax.grad(loss_fn)(params, x), jax.grad(frozen_fn)(params, x)
+  np.testing.assert_array_equal(part["head"]["w"], full["head"]["w"])
+  np.testing.assert_array_equal(part["backbone"]["w"], 0)  # so the global norm is the head's
+  assert float(optax.tree.norm(part)) == pytest.approx(float(jnp.linalg.norm(full["head"]["w"])))
+  # The backbone's weight gradient (and the input gradient it needs) is not computed.
+  dots = lambda f: str(jax.make_jaxpr(jax.grad(f))(params, x)).count("dot_general")
+  assert dots(frozen_fn) == dots(loss_fn) - 2
+  assert optim.frozen_without_gradients(loss_fn, params, []) is loss_fn

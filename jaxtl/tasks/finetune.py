@@ -437,7 +437,8 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
   train_batches, cut = train_plan.train_batches(feats["train"].arrays, config, side,
                                                  cfg.dtype, sharding.batch_devices(mesh))
   work = train.Workload(
-      model=model, loss_fn=make_task_loss_fn(model),
+      model=model, loss_fn=optim.frozen_without_gradients(make_task_loss_fn(model),
+                                                          abstract, freeze),
       weight_fn=lambda b: jnp.sum(b[kind.weights]), init_inputs=init_inputs,
       batches=train_batches,
       # No dev split: nothing to select on, the last epoch is the model.

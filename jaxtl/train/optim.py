@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -287,3 +287,30 @@ def count_trainable(params: Any, freeze: Sequence[str] = ()) -> tuple[int, int]:
   trainable = sum(int(x.size) for x, f in zip(jax.tree.leaves(params),
                                               jax.tree.leaves(frozen)) if not f)
   return trainable, total
+
+
+def frozen_without_gradients(loss_fn: Callable, params: Any, freeze: Sequence[str]
+                             ) -> Callable:
+  """``loss_fn(params, ...)`` with the parameters ``freeze`` matches behind
+  ``stop_gradient`` (``params``: a tree shaped as the ones it will take).
+
+  A frozen parameter never trains (:func:`make_finetune_optimizer`), but
+  differentiated it still cost its gradient: every frozen kernel's weight
+  gradient, and for a frozen backbone under a probe the whole backward
+  through it. Those gradients also entered the global norm that clips the
+  update, the non-finite check and the logged ``grad_norm``, so LoRA's or
+  adapters' updates were clipped by the norm of the backbone's gradients.
+  Stopped, their gradients are zeros XLA never computes, and the norm is
+  the trained parameters' alone, as PyTorch's ``clip_grad_norm_`` over the
+  parameters that require gradients has it.
+  """
+  frozen = frozen_mask(params, freeze)
+  if not any(jax.tree.leaves(frozen)):
+    return loss_fn
+
+  def stopped(params: Any, *args: Any, **kwargs: Any) -> Any:
+    params = jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p, params, frozen)
+    return loss_fn(params, *args, **kwargs)
+
+  return stopped
+
