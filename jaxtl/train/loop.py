@@ -28,7 +28,6 @@ import flax.linen as nn
 import jax
 import numpy as np
 import optax
-import tqdm
 
 from jaxtl import layout
 from jaxtl.data import batches
@@ -325,7 +324,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
     return out
 
   def save(at: int, force: bool) -> None:  # the window is fetched only to save
-    since = loss_totals(window_since + jax.device_get(window))
+    since = metrics_lib.loss_totals(window_since + jax.device_get(window))
     ckpt.save(at, state, {"data": prefetch.get_state(), "stage": k, "rng": rng_data,
                           "history": history, "best": best, "train_since": since,
                           "steps": loop.steps, "lr": float(schedule(at))},
@@ -339,7 +338,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
         writer.write(0, "info", work.info)
       if start == 0 and loop.eval_at_start and work.evaluate is not None:
         eval_metrics = run_eval(0)
-      bar = _progress(loop.steps, start, work.steps_per_epoch,
+      bar = metrics_lib.train_progress(loop.steps, start, work.steps_per_epoch,
                       enabled=writer.enabled)
       eta = metrics_lib.Eta(loop.steps, start)
       prev_bad, at, stage = None, start, None
@@ -367,7 +366,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
         if prev_bad is not None:  # the previous step's: keeps dispatch async
           check_bad_steps(prev_bad, loop.max_bad_steps, at - 1)
         prev_bad = m["bad_steps"]
-        _advance(bar, at, work.steps_per_epoch, loop.steps)
+        metrics_lib.advance(bar, at, work.steps_per_epoch, loop.steps)
         if at % loop.log_every == 0 or at == ends[k]:  # a window never spans stages
           # Timed to when the window's results are on the host, not to when its
           # steps were dispatched (which runs ahead of the device).
@@ -383,7 +382,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
         if (loop.eval_every and at % loop.eval_every == 0) or at == loop.steps:
           window_since.extend(jax.device_get(window))
           seconds = time.perf_counter() - t_since
-          entry = {"step": at, "train_loss": mean_loss(window_since),
+          entry = {"step": at, "train_loss": metrics_lib.mean_loss(window_since),
                    "train_seconds": round(seconds, 2)}
           improved = work.evaluate is None and at == loop.steps
           if work.evaluate is not None:
@@ -485,34 +484,3 @@ def _announce(writer: metrics_lib.MetricsWriter, k: int, stage: Stage,
   """Writes (and logs) that stage ``k`` (config.stages[k]) starts after ``step``."""
   writer.write(step, "stage", {"stage": k, "steps": stage.steps,
                                "batch_size": stage.batch_size, **(stage.info or {})})
-
-
-def loss_totals(window: list[Mapping[str, Any]]) -> dict[str, float]:
-  """Loss and weight summed over a window of steps (JSON: for checkpoints)."""
-  return {k: sum(float(m[k]) for m in window) for k in ("loss_sum", "weight_sum")}
-
-
-def mean_loss(window: list[Mapping[str, Any]]) -> float | None:
-  """Mean training loss (per unit of loss weight) over a window of steps."""
-  if not window:
-    return None
-  totals = loss_totals(window)
-  return totals["loss_sum"] / max(totals["weight_sum"], 1.0)
-
-
-def _progress(total: int, start: int, steps_per_epoch: int, enabled: bool) -> tqdm.tqdm:
-  """A progress bar on a terminal; nothing when output goes to a file (the
-  log lines say the step, the loss and the ETA there)."""
-  bar = metrics_lib.progress_bar(total=total, initial=start, unit="step",
-                                 desc="train", enabled=enabled)
-  _advance(bar, start, steps_per_epoch, total, update=False)
-  return bar
-
-
-def _advance(bar: tqdm.tqdm, at: int, steps_per_epoch: int, total: int,
-             update: bool = True) -> None:
-  if update:
-    bar.update(1)
-  if steps_per_epoch:
-    epoch = min(at // steps_per_epoch + 1, -(-total // steps_per_epoch))
-    bar.set_description(f"epoch {epoch}/{-(-total // steps_per_epoch)}", refresh=False)

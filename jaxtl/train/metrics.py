@@ -229,3 +229,36 @@ def _restore_handlers(swapped: list[tuple[logging.Handler, logging.Handler]]) ->
   root = logging.getLogger()
   original = {new: old for old, new in swapped}
   root.handlers = [original.get(h, h) for h in root.handlers]
+
+
+def loss_totals(window: list[Mapping[str, Any]]) -> dict[str, float]:
+  """Loss and weight summed over a window of steps (JSON: for checkpoints)."""
+  return {k: sum(float(m[k]) for m in window) for k in ("loss_sum", "weight_sum")}
+
+
+def mean_loss(window: list[Mapping[str, Any]]) -> float | None:
+  """Mean training loss (per unit of loss weight) over a window of steps."""
+  if not window:
+    return None
+  totals = loss_totals(window)
+  return totals["loss_sum"] / max(totals["weight_sum"], 1.0)
+
+
+def train_progress(total: int, start: int, steps_per_epoch: int, enabled: bool) -> tqdm.tqdm:
+  """The training loop's bar of steps (and epochs, where it has them) on a
+  terminal; nothing when output goes to a file (the log lines say the
+  step, the loss and the ETA there)."""
+  bar = progress_bar(total=total, initial=start, unit="step", desc="train",
+                     enabled=enabled)
+  advance(bar, start, steps_per_epoch, total, update=False)
+  return bar
+
+
+def advance(bar: tqdm.tqdm, at: int, steps_per_epoch: int, total: int,
+            update: bool = True) -> None:
+  """Moves :func:`train_progress`'s bar to step ``at`` and names its epoch."""
+  if update:
+    bar.update(1)
+  if steps_per_epoch:
+    epoch = min(at // steps_per_epoch + 1, -(-total // steps_per_epoch))
+    bar.set_description(f"epoch {epoch}/{-(-total // steps_per_epoch)}", refresh=False)
