@@ -339,7 +339,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
       if start == 0 and loop.eval_at_start and work.evaluate is not None:
         eval_metrics = run_eval(0)
       bar = metrics_lib.train_progress(loop.steps, start, work.steps_per_epoch,
-                      enabled=writer.enabled)
+                                       enabled=writer.enabled)
       eta = metrics_lib.Eta(loop.steps, start)
       prev_bad, at, stage = None, start, None
       t_last = t_since = time.perf_counter()
