@@ -4,6 +4,8 @@ r"""MiniLM on TREC-6: jaxtl against the `transformers` (PyTorch) anchor, in one 
     --workdir=/tmp/minilm_trec
   # the same on 9,000 SST-2 sentences, one epoch:
   python launch/minilm_trec.py --task=sst2 --train_examples=9000 --epochs=1
+  # a LoRA fine-tune against PEFT's (pip install peft accelerate):
+  python launch/minilm_trec.py --scheme=lora --seeds=0
 
 Both fine-tune all-MiniLM-L6-v2 on the same examples with the same recipe:
 batch 32, AdamW lr 5e-5 and weight decay 0.01, 10% warmup then linear decay,
@@ -35,7 +37,7 @@ import statistics
 import time
 from typing import Any
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from jaxtl.runtime import startup
 
@@ -72,12 +74,17 @@ flags.DEFINE_string("init_from", "", "A Hugging Face BERT folder to fine-tune on
                     "instead of all-MiniLM-L6-v2 (config.init_from); empty: MiniLM.")
 flags.DEFINE_string("pooling", "", "jaxtl's head: what it reads (config.task.pooling: "
                     "pooler is the anchor's [CLS] + pooler); empty: the config's.")
+flags.DEFINE_enum("scheme", "full", ["full", "features", "lora"],
+                  "What trains (the recipe's scheme=...): full; features, a probe "
+                  "on the frozen backbone (PyTorch: the backbone's parameters "
+                  "without gradients); lora (PyTorch: PEFT's LoRA with jaxtl's "
+                  "rank, alpha and targets; needs `pip install peft accelerate`).")
 FLAGS = flags.FLAGS
 
 
 def _config(seed: int, epochs: int) -> Any:
   from jaxtl.configs import finetune_minilm  # pylint: disable=g-import-not-at-top
-  c = finetune_minilm.get_config(f"task={FLAGS.task}")
+  c = finetune_minilm.get_config(f"task={FLAGS.task},scheme={FLAGS.scheme}")
   c.seed, c.train.epochs, c.train.checkpoint_every = seed, epochs, 0
   c.task.dev_fraction = FLAGS.dev_fraction
   c.task.num_train_examples = FLAGS.train_examples
@@ -114,11 +121,23 @@ def run_torch(seed: int, epochs: int) -> dict[str, Any]:
   tok = transformers.AutoTokenizer.from_pretrained(c.init_from)
   model = transformers.AutoModelForSequenceClassification.from_pretrained(
       c.init_from, num_labels=len(splits["train"].label_names)).to(device)
+  # jaxtl's head, which these schemes train, holds the pooler and the classifier.
+  if FLAGS.scheme == "features":
+    for name, p in model.named_parameters():
+      p.requires_grad = name.startswith(("bert.pooler.", "classifier."))
+  elif FLAGS.scheme == "lora":
+    import peft  # pylint: disable=g-import-not-at-top
+    model = peft.get_peft_model(model, peft.LoraConfig(
+        task_type="SEQ_CLS", r=c.adapt.lora_rank, lora_alpha=c.adapt.lora_alpha,
+        target_modules=list(c.adapt.lora_targets), lora_dropout=c.adapt.lora_dropout,
+        modules_to_save=["pooler"]))
   bs = c.train.batch_size
   steps = epochs * (len(splits["train"]) // bs)
-  decay = [p for n, p in model.named_parameters() if not any(
-      k in n for k in ("bias", "LayerNorm"))]
-  rest = [p for n, p in model.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]
+  trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+  logging.info("PyTorch trains %d of %d parameters", sum(p.numel() for _, p in trained),
+               sum(p.numel() for p in model.parameters()))
+  decay = [p for n, p in trained if not any(k in n for k in ("bias", "LayerNorm"))]
+  rest = [p for n, p in trained if any(k in n for k in ("bias", "LayerNorm"))]
   # Fused, as transformers' Trainer runs it by default (adamw_torch_fused).
   opt = torch.optim.AdamW([{"params": decay, "weight_decay": c.optim.weight_decay},
                            {"params": rest, "weight_decay": 0.0}], lr=c.optim.lr,
@@ -159,7 +178,7 @@ def run_torch(seed: int, epochs: int) -> dict[str, Any]:
       with autocast():
         loss = model(**enc, labels=labels).loss
       loss.backward()
-      torch.nn.utils.clip_grad_norm_(model.parameters(), c.optim.clip_norm)
+      torch.nn.utils.clip_grad_norm_([p for _, p in trained], c.optim.clip_norm)
       opt.step()
       sched.step()
       opt.zero_grad()
