@@ -313,4 +313,3 @@ def frozen_without_gradients(loss_fn: Callable, params: Any, freeze: Sequence[st
     return loss_fn(params, *args, **kwargs)
 
   return stopped
-

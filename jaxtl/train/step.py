@@ -277,4 +277,3 @@ def compile_ahead(step: Callable, abstract: Any, first_batch: Callable[[], Any],
   thread = threading.Thread(target=compile_step, name="compile_ahead", daemon=True)
   thread.start()
   return thread
-
