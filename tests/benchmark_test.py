@@ -4,6 +4,9 @@ FLOPs by hand."""
 import gzip
 import importlib.util
 import json
+import pathlib
+import shutil
+import sys
 import time
 
 import flax.linen as nn
@@ -12,12 +15,15 @@ import numpy as np
 import pytest
 
 from jaxtl.runtime import xla_cpu
-from jaxtl.tools import benchmark, benchmark_generate, benchmark_keras, footprint, presets
+from jaxtl.tools import (benchmark, benchmark_generate, benchmark_keras, footprint,
+                         other_checkout, presets)
 from jaxtl.train import perf
 from jaxtl.objectives import corruption
 from jaxtl.models import build_model
 
 import datadir
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
@@ -91,6 +97,45 @@ def test_a_change_is_timed_against_the_step_as_configured():
   assert [r["attention"] for r in rows][0] == "explicit (dropout)" != rows[1]["attention"]
   assert sum(int(r["faster in"].split()[0]) for r in rows) == 2
   assert all(float(r["step ms"]) > 0 for r in rows)
+
+
+def test_another_checkout_is_timed_against_this_one_in_one_process(tmp_path):
+  """tree=PATH builds the step from that checkout's own modules, and leaves
+  this checkout's in place; a tree holding this very code builds the same
+  program. commit=REV reads a commit with git archive."""
+  assert benchmark.parse_overrides(["tree=/x"], "--versus", versus_items=True) == {
+      "tree": "/x"}
+  with pytest.raises(ValueError, match="'commit=': expected commit=REV"):
+    benchmark.parse_overrides(["commit="], "--versus", versus_items=True)
+  with pytest.raises(ValueError, match="give it alone"):
+    benchmark.versus(["tiny_cls"], {"tree": "/x", "num_layers": 1}, warmup=1, steps=1,
+                     rounds=1)
+  with pytest.raises(ValueError, match=f"tree={tmp_path}: no jaxtl package there"):
+    benchmark.versus(["tiny_cls"], {"tree": str(tmp_path)}, warmup=1, steps=1, rounds=1)
+  shutil.copytree(REPO / "jaxtl", tmp_path / "jaxtl",
+                  ignore=shutil.ignore_patterns("__pycache__"))
+  ours = sys.modules["jaxtl.tools.benchmark"]
+  rows = benchmark.versus(["tiny_cls"], {"tree": str(tmp_path)}, warmup=1, steps=1,
+                          rounds=2, dtype="float32", overrides={"num_layers": 1})
+  assert sys.modules["jaxtl.tools.benchmark"] is ours
+  assert [r["change"] for r in rows] == ["as configured", f"tree {tmp_path}"]
+  assert rows[0]["attention"] == rows[1]["attention"] and rows[1]["dtype"] == "float32"
+  assert sum(int(r["faster in"].split()[0]) for r in rows) == 2
+  with other_checkout.imported(str(tmp_path)) as theirs:
+    assert theirs.__file__.startswith(str(tmp_path))
+    preset, = theirs.sized(theirs.lookup(["tiny_cls"]), 0, 0, 1)
+    program = theirs.jaxtl_program(preset, theirs.model_config(
+        preset, "float32", num_layers=1), jax.devices()[:1])
+  mine = benchmark.jaxtl_program(preset, benchmark.model_config(
+      preset, "float32", num_layers=1), jax.devices()[:1])
+  assert benchmark.same_program(program.compiled, mine.compiled)
+  if shutil.which("git") and (REPO / ".git").exists():
+    with pytest.raises(ValueError, match="commit=no-such-rev: git archive .* failed"):
+      benchmark.versus(["tiny_cls"], {"commit": "no-such-rev"}, warmup=1, steps=1,
+                       rounds=1)
+    with other_checkout.commit_tree("HEAD") as tree:
+      assert (pathlib.Path(tree) / "jaxtl" / "tools" / "benchmark.py").is_file()
+    assert not pathlib.Path(tree).exists()
 
 
 @pytest.mark.slow

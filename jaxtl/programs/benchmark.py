@@ -6,6 +6,7 @@ r"""``jaxtl benchmark``: time the train step, with PyTorch side by side.
   jaxtl benchmark --generate=1,32 --presets=gpt2_small --torch --steps=3
   jaxtl benchmark --presets=minilm_cls --dtype=float32 --versus=row_major_dots=true --rounds=8
   jaxtl benchmark --presets=minilm_cls --dtype=float32 --versus=cpu_rule=FLOAT32_FOLDED_DX_RULES --steps=1 --rounds=40
+  jaxtl benchmark --presets=minilm_cls,gpt2_small --versus=commit=1d4cd75 --steps=1 --rounds=20
 
 What is measured and how: :mod:`jaxtl.tools.benchmark`; generation:
 :mod:`jaxtl.tools.benchmark_generate`.
@@ -48,8 +49,11 @@ flags.DEFINE_list("versus", [], "TransformerConfig overrides (like --model), XLA
                   "xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT) and "
                   "cpu_rule=TABLE (this CPU put into, or taken out of, that rule table "
                   "of jaxtl.runtime.xla_cpu, e.g. FLOAT32_FOLDED_DX_RULES) for a "
-                  "second step, compiled in the same process and timed against the first "
-                  "in alternating rounds: a change's effect, on a host whose runs vary.")
+                  "second step, or commit=REV (this git repository's jaxtl at that "
+                  "commit) or tree=PATH (another checkout) alone for the step as that "
+                  "code builds it; compiled in the same process and timed against the "
+                  "first in alternating rounds: a change's effect, on a host whose runs "
+                  "vary.")
 flags.DEFINE_integer("rounds", 6, "--versus, and --torch on a CPU: rounds of --steps steps "
                      "per side, the sides taking turns (0 with --torch: PyTorch's "
                      "steps after jaxtl's). Rows say how many rounds each side won, "

@@ -54,7 +54,7 @@ from jaxtl.tools.presets import (Measurement, Preset, init_inputs,
                                  model_config, on_accelerator, optimizer_config,
                                  faster_in, peak_memory, time_alternated,
                                  time_steps)
-from jaxtl.tools import benchmark_keras, benchmark_torch, profiling
+from jaxtl.tools import benchmark_keras, benchmark_torch, other_checkout, profiling
 from jaxtl.train import optim, perf, sharding
 
 @dataclasses.dataclass
@@ -64,6 +64,8 @@ class Program:
   compiled: Any
   compile_s: float
   flops_per_row: float
+  dtype: str = ""  # what it computes in, and how it computes attention
+  attention: str = ""
 
   def measurement(self, step_s: float) -> Measurement:
     return Measurement(step_s, self.compile_s, *peak_memory(self.compiled))
@@ -105,7 +107,7 @@ def jaxtl_program(preset: Preset, cfg: TransformerConfig, devices: list[jax.Devi
       head_positions=(max_predictions(preset) if preset.objective == "mlm"
                       else 0 if preset.objective == "classify" else None),
       pooled=preset.objective == "classify")
-  return Program(run_step, compiled, compile_s, flops)
+  return Program(run_step, compiled, compile_s, flops, cfg.dtype, attention_kernel(cfg))
 
 
 def _profile(run_step: Callable[[], Any], steps: int, logdir: str,
@@ -310,51 +312,100 @@ def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int
   TransformerConfig fields, XLA options (names starting ``xla_``, given to
   this one compile: :func:`jaxtl_program`) and ``cpu_rule`` (this CPU's
   place in that :mod:`jaxtl.runtime.xla_cpu` rule table flipped:
-  :func:`~jaxtl.runtime.xla_cpu.flipped`), both compiled in this process
-  and timed in alternating rounds
+  :func:`~jaxtl.runtime.xla_cpu.flipped`), or as another checkout builds
+  it (``commit=REV`` of this git repository, or ``tree=PATH``, a directory
+  holding a ``jaxtl`` package: :mod:`jaxtl.tools.other_checkout`); both
+  compiled in this process and timed in alternating rounds
   (:func:`~jaxtl.tools.presets.time_alternated`); two rows per preset, each
   saying in how many rounds it was the faster."""
   devices = chosen_devices(num_devices)
+  checkout = {k: v for k, v in changed.items() if k in CHECKOUT}
+  if checkout and len(changed) > 1:
+    raise ValueError(f"--versus {', '.join(f'{k}={v}' for k, v in changed.items())}: "
+                     f"{' or '.join(CHECKOUT)} times another checkout's step as it "
+                     "stands; give it alone")
+  rows = []
+  with (other_checkout.commit_tree(checkout["commit"]) if "commit" in checkout
+        else contextlib.nullcontext(checkout.get("tree"))) as tree:
+    for name, preset in zip(names, sized(lookup(names), batch_size, length, len(devices))):
+      base = model_config(preset, dtype, **(overrides or {}))
+      if checkout:
+        label = " ".join(f"{k} {v}" for k, v in checkout.items())
+        other = _checkout_program(tree, label, name, devices, dtype=dtype,
+                                  batch_size=batch_size, length=length,
+                                  overrides=overrides or {}, loss_chunk_len=loss_chunk_len)
+      else:
+        label, other = _changed_program(preset, base, changed, devices, dtype=dtype,
+                                        overrides=overrides or {},
+                                        loss_chunk_len=loss_chunk_len)
+      base_program = jaxtl_program(preset, base, devices, loss_chunk_len=loss_chunk_len)
+      if CPU_RULE in changed and same_program(base_program.compiled, other.compiled):
+        raise ValueError(f"--versus {label}: {name}'s step is the same program either "
+                         f"way ({base.dtype}, row_major_dots={base.row_major_dots}): the "
+                         "rule does not reach it")
+      programs = {"as configured": base_program, label: other}
+      medians, wins = time_alternated([p.run_step for p in programs.values()],
+                                      warmup, steps, rounds)
+      for (side, program), step_s, won in zip(programs.items(), medians, wins):
+        m = program.measurement(step_s)
+        rows.append({"preset": name, "change": side,
+                     "batch x tokens": f"{preset.batch_size} x {preset.length}" + (
+                         f"+{preset.target_length}" if preset.target_length else ""),
+                     "dtype": program.dtype, "attention": program.attention,
+                     "step ms": f"{1e3 * step_s:.1f}",
+                     "tokens/s": f"{m.tokens_per_s(preset):,.0f}",
+                     "compile s": f"{m.compile_s:.1f}", "peak GiB": _gib(m),
+                     "faster in": faster_in(won, rounds)})
+        print(json.dumps(rows[-1]), flush=True)
+  return rows
+
+
+def _changed_program(preset: Preset, base: TransformerConfig, changed: dict[str, Any],
+                     devices: list[jax.Device], *, dtype: str, overrides: dict[str, Any],
+                     loss_chunk_len: int) -> tuple[str, Program]:
+  """:func:`versus`'s second step for config fields, XLA options and a CPU
+  rule, compiled first: an option this XLA lacks, or a bad value, fails at
+  once."""
   rule = changed.get(CPU_RULE)
   xla = {k: v for k, v in changed.items() if k.startswith(XLA_OPTION)}
-  fields = {**(overrides or {}),
+  fields = {**overrides,
             **{k: v for k, v in changed.items() if k not in xla and k != CPU_RULE}}
-  rows = []
-  for name, preset in zip(names, sized(lookup(names), batch_size, length, len(devices))):
-    base = model_config(preset, dtype, **(overrides or {}))
-    label = ", ".join(f"{k}={v}" for k, v in changed.items())
-    with xla_cpu.flipped(rule) if rule else contextlib.nullcontext() as inside:
-      changed_cfg = model_config(preset, dtype, **fields)
-      if base == changed_cfg and not xla and not rule:
-        raise ValueError(f"--versus {label}: the same model as configured (with "
-                         f"--dtype={dtype}, {changed_cfg.dtype} computes with "
-                         f"row_major_dots={changed_cfg.row_major_dots}); nothing to compare")
-      if rule:
-        label += f" (this CPU {'in' if inside else 'out'})"
-      try:  # the change first: an option this XLA lacks, or a bad value, fails at once
-        changed_program = jaxtl_program(preset, changed_cfg, devices, compiler_options=xla,
-                                        loss_chunk_len=loss_chunk_len)
-      except jax.errors.JaxRuntimeError as e:
-        if not any(k in str(e) for k in xla):
-          raise
-        raise ValueError(f"--versus: {str(e).removeprefix('INVALID_ARGUMENT: ')}") from None
-    base_program = jaxtl_program(preset, base, devices, loss_chunk_len=loss_chunk_len)
-    if rule and same_program(base_program.compiled, changed_program.compiled):
-      raise ValueError(f"--versus {label}: {name}'s step is the same program either way "
-                       f"({base.dtype}, row_major_dots={base.row_major_dots}): the rule "
-                       "does not reach it")
-    programs = {"as configured": (base, base_program), label: (changed_cfg, changed_program)}
-    medians, wins = time_alternated([p.run_step for _, p in programs.values()],
-                                    warmup, steps, rounds)
-    for (side, (cfg, program)), step_s, won in zip(programs.items(), medians, wins):
-      full = row(name, preset, cfg, program.measurement(step_s), program.flops_per_row,
-                 None, None)
-      rows.append({"preset": name, "change": side, **{
-          k: full[k] for k in ("batch x tokens", "dtype", "attention", "step ms",
-                               "tokens/s", "compile s", "peak GiB")},
-                   "faster in": faster_in(won, rounds)})
-      print(json.dumps(rows[-1]), flush=True)
-  return rows
+  label = ", ".join(f"{k}={v}" for k, v in changed.items())
+  with xla_cpu.flipped(rule) if rule else contextlib.nullcontext() as inside:
+    cfg = model_config(preset, dtype, **fields)
+    if base == cfg and not xla and not rule:
+      raise ValueError(f"--versus {label}: the same model as configured (with "
+                       f"--dtype={dtype}, {cfg.dtype} computes with "
+                       f"row_major_dots={cfg.row_major_dots}); nothing to compare")
+    if rule:
+      label += f" (this CPU {'in' if inside else 'out'})"
+    try:
+      return label, jaxtl_program(preset, cfg, devices, compiler_options=xla,
+                                  loss_chunk_len=loss_chunk_len)
+    except jax.errors.JaxRuntimeError as e:
+      if not any(k in str(e) for k in xla):
+        raise
+      raise ValueError(f"--versus: {str(e).removeprefix('INVALID_ARGUMENT: ')}") from None
+
+
+def _checkout_program(tree: str, label: str, name: str, devices: list[jax.Device], *,
+                      dtype: str, batch_size: int, length: int, overrides: dict[str, Any],
+                      loss_chunk_len: int) -> Program:
+  """Preset ``name``'s step as the checkout at ``tree`` builds it, with its
+  own presets, config rules and train step (the ``--model`` overrides
+  applied to its config)."""
+  with other_checkout.imported(tree) as theirs:
+    try:
+      preset, = theirs.sized(theirs.lookup([name]), batch_size, length, len(devices))
+      cfg = theirs.model_config(preset, dtype, **overrides)
+      program = theirs.jaxtl_program(preset, cfg, devices, loss_chunk_len=loss_chunk_len)
+      attention = theirs.attention_kernel(cfg)
+    except (AttributeError, TypeError) as e:
+      raise ValueError(f"--versus {label}: its jaxtl.tools.benchmark does not build "
+                       f"a step as this one's does ({e}); compare with a later "
+                       "commit") from None
+  return Program(program.run_step, program.compiled, program.compile_s,
+                 program.flops_per_row, cfg.dtype, attention)
 
 
 # Where a compiled module says its ops came from: the lines that traced
@@ -375,6 +426,7 @@ def same_program(a: Any, b: Any) -> bool:
 
 XLA_OPTION = "xla_"  # a --versus item naming one of XLA's DebugOptions
 CPU_RULE = "cpu_rule"  # a --versus item naming a rule table of jaxtl.runtime.xla_cpu
+CHECKOUT = ("commit", "tree")  # --versus items naming another checkout of jaxtl
 
 
 def parse_overrides(items: list[str], flag: str = "--model",
@@ -393,14 +445,21 @@ def parse_overrides(items: list[str], flag: str = "--model",
                          f"{', '.join(xla_cpu.RULE_TABLES)}")
       out[key] = value
       continue
+    if sep and versus_items and key in CHECKOUT:
+      if not value:
+        raise ValueError(f"{flag} {item!r}: expected {key}=" + (
+            "REV, a commit of this git repository" if key == "commit" else
+            "PATH, a directory holding a jaxtl package"))
+      out[key] = value
+      continue
     if sep and versus_items and key.startswith(XLA_OPTION):
       # Spelled as DebugOptions are (enums by their full names); bools from
       # text, the rest as text (XLA parses numbers from it).
       out[key] = {"true": True, "false": False}.get(value.lower(), value)
       continue
     if not sep or key not in fields:
-      also = (f" or an XLA option, xla_NAME=VALUE, or {CPU_RULE}=TABLE"
-              if versus_items else "")
+      also = (f", an XLA option, xla_NAME=VALUE, {CPU_RULE}=TABLE, commit=REV "
+              "or tree=PATH" if versus_items else "")
       raise ValueError(f"{flag} {item!r}: expected FIELD=VALUE with FIELD one of "
                        f"{sorted(fields)}{also}")
     default = fields[key].default
