@@ -24,9 +24,8 @@ import tempfile
 import types
 from typing import Iterator
 
-import jaxtl
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(jaxtl.__file__)))
+# This checkout: the directory above the jaxtl package (jaxtl/tools/ here).
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _ours(name: str) -> bool:
