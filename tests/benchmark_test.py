@@ -99,6 +99,14 @@ def test_a_change_is_timed_against_the_step_as_configured():
   assert all(float(r["step ms"]) > 0 for r in rows)
 
 
+def test_row_major_dots_off_where_a_cpu_rule_turns_them_on_names_the_rule(monkeypatch):
+  monkeypatch.setattr(xla_cpu, "row_major_dots", lambda backend, dtype: True)
+  with pytest.raises(ValueError, match="rule turns them on: time it off with "
+                     "--versus=cpu_rule=FLOAT32_ROW_MAJOR_RULES"):
+    benchmark.versus(["tiny_cls"], {"row_major_dots": False}, warmup=1, steps=1,
+                     rounds=1, dtype="float32")
+
+
 def test_another_checkout_is_timed_against_this_one_in_one_process(tmp_path):
   """tree=PATH builds the step from that checkout's own modules, and leaves
   this checkout's in place; a tree holding this very code builds the same

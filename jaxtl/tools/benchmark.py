@@ -374,9 +374,13 @@ def _changed_program(preset: Preset, base: TransformerConfig, changed: dict[str,
   with xla_cpu.flipped(rule) if rule else contextlib.nullcontext() as inside:
     cfg = model_config(preset, dtype, **fields)
     if base == cfg and not xla and not rule:
+      # row_major_dots=false cannot undo a CPU rule that turns them on.
+      hint = ("; this CPU's rule turns them on: time it off with --versus=cpu_rule="
+              + ("BF16_RULES" if cfg.dtype == "bfloat16" else "FLOAT32_ROW_MAJOR_RULES")
+              if fields.get("row_major_dots") is False and cfg.row_major_dots else "")
       raise ValueError(f"--versus {label}: the same model as configured (with "
                        f"--dtype={dtype}, {cfg.dtype} computes with "
-                       f"row_major_dots={cfg.row_major_dots}); nothing to compare")
+                       f"row_major_dots={cfg.row_major_dots}{hint}); nothing to compare")
     if rule:
       label += f" (this CPU {'in' if inside else 'out'})"
     try:
