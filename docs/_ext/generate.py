@@ -89,33 +89,38 @@ def config_page(name: str) -> str:
 # The command line.
 
 
-def _help(module: str, args: list[str]) -> str:
-  """What ``python -m MODULE ARGS`` prints, without absl's footer and file
-  headers."""
-  out = subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
+# A command's flags as ``jaxtl COMMAND --helpshort`` would print them, for
+# every command: the train commands' own --helpshort answers with their
+# recipes, so the program is started the way ``jaxtl`` starts it.
+_HELPSHORT = ("import sys; from jaxtl.programs import cli; c = cli.COMMANDS[sys.argv[1]]; "
+              "cli.start(c, [f'jaxtl {sys.argv[1]}', *c.preset, '--helpshort'])")
+
+
+def _flags(command: str) -> str:
+  """The flag block of ``jaxtl COMMAND --helpshort``, without absl's footer
+  and file headers."""
+  out = subprocess.run([sys.executable, "-c", _HELPSHORT, command], capture_output=True,
                        text=True, cwd=ROOT, timeout=300, check=False).stdout
   keep = [line.rstrip() for line in out.splitlines()
           if not line.startswith("Try --helpfull") and not line.rstrip().endswith(".py:")]
-  return "\n".join(keep).strip()
-
-
-def _flags(module: str) -> str:
-  """The flag block of a command's ``--helpshort``."""
-  text = _help(module, ["--helpshort"])
+  text = "\n".join(keep).strip()
   block = text.split("\nflags:\n", 1)[1] if "\nflags:\n" in text else ""
   return textwrap.dedent(block).strip("\n")
 
 
 def cli_page() -> str:
   from jaxtl.programs import cli  # pylint: disable=g-import-not-at-top
-  modules = sorted({spec.module for spec in cli.COMMANDS.values()
-                    if spec.module and spec.module != "jaxtl.eval.lm_eval_adapter"})
+  # lm_eval takes EleutherAI's flags, said in words below; finetune and
+  # study take pretrain's.
+  own = [name for name, spec in cli.COMMANDS.items() if spec.module and name != "lm_eval"
+         and (name not in cli.MODE_RECIPES or name == "pretrain")]
   with futures.ThreadPoolExecutor(4) as pool:
-    flag_blocks = dict(zip(modules, pool.map(_flags, modules)))
+    flag_blocks = dict(zip(own, pool.map(_flags, own)))
   lines = ["# Command line", "",
            "Every command of `jaxtl`, with the flags it takes, as the commands print",
-           "them. `jaxtl COMMAND --help` shows the same; each command is also",
-           "`python -m MODULE`.", "", "```text", cli.usage(), "```", ""]
+           "them: `jaxtl COMMAND --helpshort` shows the same (`--help`: with what",
+           "the command is for). `python -m jaxtl COMMAND` runs it too.", "",
+           "```text", cli.usage(), "```", ""]
   for command, spec in cli.COMMANDS.items():
     lines += [f"## jaxtl {command}", "", f"{spec.summary[0].upper()}{spec.summary[1:]}.", ""]
     if spec.module is None:
@@ -127,13 +132,13 @@ def cli_page() -> str:
         continue
       lines += ["Flags (`pretrain`, `finetune` and `study` share them; the command sets",
                 "`--mode`):", ""]
-    else:
-      lines += [f"Module: `python -m {spec.module}`.", ""]
     if command == "lm_eval":
       lines += ["Takes the flags of EleutherAI's `lm_eval` (`lm_eval --help`); jaxtl",
                 "sets `--model=jaxtl` and reads `--model_args=checkpoint=WORKDIR`.", ""]
       continue
-    lines += ["```text", flag_blocks[spec.module] or "(no flags)", "```", ""]
+    if not flag_blocks[command]:
+      raise RuntimeError(f"jaxtl {command} --helpshort printed no flags")
+    lines += ["```text", flag_blocks[command], "```", ""]
   return "\n".join(lines)
 
 
