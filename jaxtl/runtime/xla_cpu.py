@@ -137,6 +137,8 @@ FLOAT32_FOLDED_DX_RULES = (
 # The tables a rule can be added to, by name (``jaxtl benchmark
 # --versus=cpu_rule=NAME``).
 RULE_TABLES = ("BF16_RULES", "FLOAT32_ROW_MAJOR_RULES", "FLOAT32_FOLDED_DX_RULES")
+# The table that gives a model computing in each dtype row-major dots.
+ROW_MAJOR_TABLES = {"bfloat16": "BF16_RULES", "float32": "FLOAT32_ROW_MAJOR_RULES"}
 
 
 @contextlib.contextmanager
@@ -231,8 +233,8 @@ def row_major_dots(backend: str, dtype: str) -> bool:
   AMX Xeon (family 6 model 207) a bf16 fine-tune of 9,000 SST-2 sentences
   trained its epoch in 179-190 s, against 95-101 s with row-major dots. The
   function computed is the same either way."""
-  rules = {"bfloat16": BF16_RULES, "float32": FLOAT32_ROW_MAJOR_RULES}.get(dtype, ())
-  return _this_cpu_in(rules, backend)
+  table = ROW_MAJOR_TABLES.get(dtype)
+  return table is not None and _this_cpu_in(globals()[table], backend)
 
 
 def folds_float32_dx(backend: str) -> bool:

@@ -64,8 +64,8 @@ class Program:
   compiled: Any
   compile_s: float
   flops_per_row: float
-  dtype: str = ""  # what it computes in, and how it computes attention
-  attention: str = ""
+  dtype: str  # what it computes in
+  attention: str  # how it computes attention (attention_kernel)
 
   def measurement(self, step_s: float) -> Measurement:
     return Measurement(step_s, self.compile_s, *peak_memory(self.compiled))
@@ -159,16 +159,17 @@ def attention_kernel(cfg: TransformerConfig) -> str:
   return attention.attention_impl(cfg, cfg.jnp_dtype)
 
 
-def row(name: str, preset: Preset, cfg: TransformerConfig, ours: Measurement,
-        flops_per_row: float, theirs: Measurement | None,
-        peak_flops: float | None, keras: Measurement | None = None) -> dict[str, str]:
-  """One results-table row (strings, in COLUMNS order; KerasHub's figures
-  after them where it was timed)."""
+def row(name: str, preset: Preset, program: Program, ours: Measurement,
+        theirs: Measurement | None, peak_flops: float | None,
+        keras: Measurement | None = None) -> dict[str, str]:
+  """One results-table row for ``program`` measured as ``ours`` (strings, in
+  COLUMNS order; KerasHub's figures after them where it was timed)."""
+  flops_per_row = program.flops_per_row
   shape = f"{preset.batch_size} x {preset.length}" + (
       f"+{preset.target_length}" if preset.target_length else "")
   flops_per_s = lambda m: flops_per_row * preset.batch_size / m.step_s
-  out = {"preset": name, "batch x tokens": shape, "dtype": cfg.dtype,
-         "attention": attention_kernel(cfg),
+  out = {"preset": name, "batch x tokens": shape, "dtype": program.dtype,
+         "attention": program.attention,
          "step ms": f"{1e3 * ours.step_s:.1f}",
          "tokens/s": f"{ours.tokens_per_s(preset):,.0f}",
          "GFLOP/token": f"{flops_per_row / preset.tokens_per_row / 1e9:.3f}",
@@ -296,8 +297,8 @@ def benchmark(names: list[str], *, torch_side: bool, warmup: int, steps: int,
     if profile_dir:  # ``steps`` more steps traced, their op breakdown printed
       _profile(program.run_step, steps, os.path.join(profile_dir, name),
                program.compiled.as_text())
-    rows.append(row(name, preset, cfg, program.measurement(ours_s), program.flops_per_row,
-                    theirs, peak_flops, theirs_keras))
+    rows.append(row(name, preset, program, program.measurement(ours_s), theirs,
+                    peak_flops, theirs_keras))
     if in_turns:
       rows[-1]["jaxtl faster in"] = faster_in(wins[0], rounds)
     print(json.dumps(rows[-1]), flush=True)
@@ -325,12 +326,12 @@ def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int
                      f"{' or '.join(CHECKOUT)} times another checkout's step as it "
                      "stands; give it alone")
   rows = []
+  label = " ".join(f"{k} {v}" for k, v in checkout.items())
   with (other_checkout.commit_tree(checkout["commit"]) if "commit" in checkout
         else contextlib.nullcontext(checkout.get("tree"))) as tree:
     for name, preset in zip(names, sized(lookup(names), batch_size, length, len(devices))):
       base = model_config(preset, dtype, **(overrides or {}))
       if checkout:
-        label = " ".join(f"{k} {v}" for k, v in checkout.items())
         other = _checkout_program(tree, label, name, devices, dtype=dtype,
                                   batch_size=batch_size, length=length,
                                   overrides=overrides or {}, loss_chunk_len=loss_chunk_len)
@@ -347,14 +348,10 @@ def versus(names: list[str], changed: dict[str, Any], *, warmup: int, steps: int
       medians, wins = time_alternated([p.run_step for p in programs.values()],
                                       warmup, steps, rounds)
       for (side, program), step_s, won in zip(programs.items(), medians, wins):
-        m = program.measurement(step_s)
-        rows.append({"preset": name, "change": side,
-                     "batch x tokens": f"{preset.batch_size} x {preset.length}" + (
-                         f"+{preset.target_length}" if preset.target_length else ""),
-                     "dtype": program.dtype, "attention": program.attention,
-                     "step ms": f"{1e3 * step_s:.1f}",
-                     "tokens/s": f"{m.tokens_per_s(preset):,.0f}",
-                     "compile s": f"{m.compile_s:.1f}", "peak GiB": _gib(m),
+        full = row(name, preset, program, program.measurement(step_s), None, None)
+        rows.append({"preset": name, "change": side, **{
+            k: full[k] for k in ("batch x tokens", "dtype", "attention", "step ms",
+                                 "tokens/s", "compile s", "peak GiB")},
                      "faster in": faster_in(won, rounds)})
         print(json.dumps(rows[-1]), flush=True)
   return rows
@@ -376,7 +373,7 @@ def _changed_program(preset: Preset, base: TransformerConfig, changed: dict[str,
     if base == cfg and not xla and not rule:
       # row_major_dots=false cannot undo a CPU rule that turns them on.
       hint = ("; this CPU's rule turns them on: time it off with --versus=cpu_rule="
-              + ("BF16_RULES" if cfg.dtype == "bfloat16" else "FLOAT32_ROW_MAJOR_RULES")
+              + xla_cpu.ROW_MAJOR_TABLES[cfg.dtype]
               if fields.get("row_major_dots") is False and cfg.row_major_dots else "")
       raise ValueError(f"--versus {label}: the same model as configured (with "
                        f"--dtype={dtype}, {cfg.dtype} computes with "
