@@ -4,6 +4,7 @@ import functools
 
 import flax.linen as nn
 import jax
+from jax.ad_checkpoint import print_saved_residuals
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -306,6 +307,21 @@ def test_activations_match_jax_and_keep_their_dtype(name, reference):
   exact = reference(x16.astype(jnp.float32))
   assert np.all(np.abs(act(x16).astype(jnp.float32) - exact)
                 <= np.abs(exact) * 2.0**-8 + 1e-6)
+
+
+@pytest.mark.parametrize("name", ["gelu", "gelu_new", "silu"])
+def test_on_accelerators_a_16_bit_activation_keeps_only_its_input(name, monkeypatch, capsys):
+  """Off the CPU, the backward pass recomputes the float32 activation from
+  the bf16 input instead of keeping float32 intermediates, with the same
+  gradient."""
+  act = layers.activation_fn(name)
+  x = jnp.linspace(-8.0, 8.0, 4001).astype(jnp.bfloat16)
+  cpu_grad = jax.grad(lambda x: jnp.sum(act(x)))(x)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  print_saved_residuals(lambda x: jnp.sum(act(x)), x)
+  saved = [line for line in capsys.readouterr().out.splitlines() if "literal" not in line]
+  assert len(saved) == 1 and saved[0].startswith("bf16[4001] from the argument")
+  np.testing.assert_array_equal(jax.grad(lambda x: jnp.sum(act(x)))(x), cpu_grad)
 
 
 @pytest.mark.slow

@@ -431,6 +431,25 @@ def test_chunked_cross_entropy_equals_the_whole_logits_one(family, kw):
                                  err_msg=f"{chunk_len} {jax.tree_util.keystr(path)}")
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_one_pass_cross_entropy_gradient_is_autodiffs(dtype):
+  """Accelerators' hand-written gradient of the token cross-entropy (CPUs
+  take autodiff's) equals autodiff's: every row, every vocabulary edge."""
+  from jaxtl.objectives import losses  # pylint: disable=import-outside-toplevel
+  k = jax.random.split(jax.random.key(0), 3)
+  logits = (4 * jax.random.normal(k[0], (3, 7, 50))).astype(dtype)
+  targets = jax.random.randint(k[1], (3, 7), 0, 50).at[0, :2].set(jnp.array([0, 49]))
+  g = jax.random.uniform(k[2], (3, 7)).at[1].set(0.0)  # a row without loss weight
+  loss = lambda nll: lambda z: jnp.sum(nll(z, targets) * g)
+  want = jax.grad(loss(lambda z, t: losses._nll_fwd(z, t)[0]))(logits)
+  got = jax.grad(loss(losses._nll_one_pass))(logits)
+  assert got.dtype == dtype
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                             atol=1e-6 if dtype == jnp.float32 else 2**-8)
+  np.testing.assert_array_equal(losses._nll_one_pass(logits, targets),
+                                losses._nll_fwd(logits, targets)[0])
+
+
 def test_chunked_cross_entropy_holds_one_chunk_of_logits():
   b, t, d, v = 4, 512, 64, 4096  # float32 logits: 32 MiB at once
   logits_fn = lambda p, h: h @ p["w"].T

@@ -66,16 +66,61 @@ def forward(model: nn.Module, params: Any, batch: Batch, *,
       deterministic=deterministic, rngs=rngs, **kwargs)
 
 
+def _nll(logits_BTV: Array, targets_BT: Array) -> Array:
+  """[B, T] float32 ``logsumexp(logits) - logits[target]``.
+
+  Differentiated by autodiff on a CPU and by :func:`_nll_one_pass` on
+  accelerators. Autodiff keeps ``exp(z - max)`` from the forward pass in
+  float32 for the backward: on a CPU, where the exponentials cost more
+  than the memory, that is the fast way (the gradient over 256 x 50,304
+  logits: 18.1 ms against 30.5 recomputing them, Zen 3 EPYC). On a GPU the
+  same kernels are bound by memory, and the float32 copies it writes and
+  reads are the cost.
+  """
+  if jax.default_backend() == "cpu":
+    return _nll_fwd(logits_BTV, targets_BT)[0]
+  return _nll_one_pass(logits_BTV, targets_BT)
+
+
+def _nll_fwd(logits_BTV, targets_BT):
+  z_BTV = logits_BTV.astype(jnp.float32)
+  log_z_BT = jax.nn.logsumexp(z_BTV, axis=-1)
+  target_logit_BT = jnp.take_along_axis(z_BTV, targets_BT[..., None], axis=-1)[..., 0]
+  return log_z_BT - target_logit_BT, (logits_BTV, targets_BT, log_z_BT)
+
+
+@jax.custom_vjp
+def _nll_one_pass(logits_BTV: Array, targets_BT: Array) -> Array:
+  return _nll_fwd(logits_BTV, targets_BT)[0]
+
+
+def _nll_bwd(residuals, g_BT):
+  """``(softmax(z) - onehot(target)) * g`` in one elementwise pass that
+  reads the logits and writes their gradient in the logits' dtype.
+  Autodiff's gradient wrote the probabilities in float32, added the
+  target's -1 by a scatter and cast them in another pass: for GPT-2 small
+  at 16 x 1024 on an H100, about 6 GB a step more (docs: studies/performance)."""
+  logits_BTV, targets_BT, log_z_BT = residuals
+  z_BTV = logits_BTV.astype(jnp.float32)
+  vocab_BTV = jax.lax.broadcasted_iota(targets_BT.dtype, logits_BTV.shape, logits_BTV.ndim - 1)
+  onehot_BTV = (vocab_BTV == targets_BT[..., None]).astype(jnp.float32)
+  d_BTV = (jnp.exp(z_BTV - log_z_BT[..., None]) - onehot_BTV) * g_BT[..., None]
+  return d_BTV.astype(logits_BTV.dtype), None
+
+
+_nll_one_pass.defvjp(_nll_fwd, _nll_bwd)
+
+
 def token_cross_entropy(logits_BTV: Array, targets_BT: Array,
                         weights_BT: Array) -> dict[str, Array]:
-  """Weighted cross-entropy and accuracy, as sums over the batch (float32)."""
-  logits_BTV = logits_BTV.astype(jnp.float32)
-  log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
-  target_logit_BT = jnp.take_along_axis(logits_BTV, targets_BT[..., None],
-                                        axis=-1)[..., 0]
-  nll_BT = log_z_BT - target_logit_BT
+  """Weighted cross-entropy and accuracy, as sums over the batch (float32).
+
+  Differentiable in ``logits_BTV`` (on accelerators by a gradient written
+  out: :func:`_nll`).
+  """
+  nll_BT = _nll(logits_BTV, targets_BT)
   weights_BT = weights_BT.astype(jnp.float32)
-  correct_BT = sampling.argmax(logits_BTV) == targets_BT
+  correct_BT = sampling.argmax(logits_BTV.astype(jnp.float32)) == targets_BT
   return {
       "loss_sum": jnp.sum(nll_BT * weights_BT),
       "correct_sum": jnp.sum(correct_BT * weights_BT),
