@@ -118,6 +118,14 @@ def side_by_side(theirs: list[dict[str, str]], ours: list[dict[str, str]],
            "est. ms": now.get(p, blank)["est. ms"]} for p in parts]
 
 
+def save(filename: str, hlo: str) -> None:
+  """Writes ``hlo`` into --hlo_dir, if one was given."""
+  if FLAGS.hlo_dir:
+    os.makedirs(FLAGS.hlo_dir, exist_ok=True)
+    with open(os.path.join(FLAGS.hlo_dir, filename), "w", encoding="utf-8") as f:
+      f.write(hlo)
+
+
 def main(argv: list[str]) -> None:
   del argv
   devices = gpu_devices()
@@ -127,16 +135,14 @@ def main(argv: list[str]) -> None:
   for name in FLAGS.presets:
     hlo, heading = compile_step(benchmark, name, devices)
     print(f"\n## {heading}\n")
-    if FLAGS.hlo_dir:
-      os.makedirs(FLAGS.hlo_dir, exist_ok=True)
-      with open(os.path.join(FLAGS.hlo_dir, f"{name}.hlo"), "w", encoding="utf-8") as f:
-        f.write(hlo)
+    save(f"{name}.hlo", hlo)
     found = hlo_traffic.kernels(hlo)
     parts = hlo_traffic.by_part(found, hlo_traffic.H100)
     if FLAGS.commit:
       with other_checkout.commit_tree(FLAGS.commit) as tree, \
           other_checkout.imported(tree) as theirs:
         old_hlo, _ = compile_step(theirs, name, devices)
+      save(f"{name}.{FLAGS.commit}.hlo", old_hlo)
       parts = side_by_side(hlo_traffic.by_part(hlo_traffic.kernels(old_hlo), hlo_traffic.H100),
                            parts, FLAGS.commit)
     print(hlo_traffic.markdown(parts))

@@ -4,7 +4,6 @@ import functools
 
 import flax.linen as nn
 import jax
-from jax.ad_checkpoint import print_saved_residuals
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -298,8 +297,10 @@ def test_activations_match_jax_and_keep_their_dtype(name, reference):
   act = layers.activation_fn(name)
   x = jnp.linspace(-8.0, 8.0, 4001)
   np.testing.assert_allclose(act(x), reference(x), atol=2e-6)
+  # 1e-5: jax.nn's own tanh-GELU gradient is up to 9e-6 off float64's at
+  # x < -7, where gelu_tanh's is within 1e-6 of it (the test below).
   np.testing.assert_allclose(jax.vmap(jax.grad(act))(x),
-                             jax.vmap(jax.grad(reference))(x), atol=2e-6)
+                             jax.vmap(jax.grad(reference))(x), atol=1e-5)
   x16 = x.astype(jnp.bfloat16)
   assert act(x16).dtype == jnp.bfloat16
   # Rounded once from float32: within half a bf16 ulp of the exact value
@@ -309,19 +310,17 @@ def test_activations_match_jax_and_keep_their_dtype(name, reference):
                 <= np.abs(exact) * 2.0**-8 + 1e-6)
 
 
-@pytest.mark.parametrize("name", ["gelu", "gelu_new", "silu"])
-def test_on_accelerators_a_16_bit_activation_keeps_only_its_input(name, monkeypatch, capsys):
-  """Off the CPU, the backward pass recomputes the float32 activation from
-  the bf16 input instead of keeping float32 intermediates, with the same
-  gradient."""
-  act = layers.activation_fn(name)
-  x = jnp.linspace(-8.0, 8.0, 4001).astype(jnp.bfloat16)
-  cpu_grad = jax.grad(lambda x: jnp.sum(act(x)))(x)
-  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  print_saved_residuals(lambda x: jnp.sum(act(x)), x)
-  saved = [line for line in capsys.readouterr().out.splitlines() if "literal" not in line]
-  assert len(saved) == 1 and saved[0].startswith("bf16[4001] from the argument")
-  np.testing.assert_array_equal(jax.grad(lambda x: jnp.sum(act(x)))(x), cpu_grad)
+def test_the_tanh_gelus_derivative_is_computed_without_the_forwards_tanh():
+  """So a GPU keeps no float32 tanh between the passes (gelu_tanh's
+  docstring), and within 1e-6 of the exact derivative (float64)."""
+  x = jnp.linspace(-8.0, 8.0, 64)
+  tangent = jax.jit(lambda x: jax.jvp(layers.gelu_tanh, (x,), (jnp.ones_like(x),))[1])
+  assert "tanh(" not in tangent.lower(x).compile().as_text()
+  x64 = np.asarray(x, np.float64)
+  c = np.sqrt(2 / np.pi)
+  t = np.tanh(c * (x64 + 0.044715 * x64**3))
+  exact = 0.5 * (1 + t) + 0.5 * x64 * (1 - t * t) * c * (1 + 3 * 0.044715 * x64**2)
+  np.testing.assert_allclose(tangent(x), exact, atol=1e-6)
 
 
 @pytest.mark.slow

@@ -75,39 +75,53 @@ def gelu_exact(x: Array) -> Array:
   return x * (0.5 + 0.5 * jax.lax.erf(x * math.sqrt(0.5)))
 
 
+_TANH_GELU_C = math.sqrt(2 / math.pi)
+
+
+@jax.custom_jvp
+def gelu_tanh(x: Array) -> Array:
+  """``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, GPT-2's GELU
+  (``jax.nn.gelu(approximate=True)``), with a derivative of its own.
+
+  Autodiff's derivative reuses the forward's tanh, so XLA:GPU writes that
+  tanh out in float32 for the backward pass, next to the bf16 activation:
+  twice the bytes of the activation itself. This derivative computes its
+  own from ``x`` (by ``exp``, not ``tanh``), and XLA recomputes it inside
+  the backward kernel instead, as it does for the exact GELU: GPT-2 small's
+  MLP traffic at 16 x 1024 on an H100 12.2 -> 7.3 GB a step
+  (``launch/gpu_traffic.py``). On a CPU the recompute costs 1.5 ms per
+  [1024, 3072] (Zen 3), about 0.3% of GPT-2 small's step.
+  """
+  return 0.5 * x * (1 + jnp.tanh(_TANH_GELU_C * (x + 0.044715 * x**3)))
+
+
+@gelu_tanh.defjvp
+def _gelu_tanh_jvp(primals: tuple[Array], tangents: tuple[Array]) -> tuple[Array, Array]:
+  x, = primals
+  u = _TANH_GELU_C * (x + 0.044715 * x**3)
+  e = jnp.exp(-2 * jnp.abs(u))  # in (0, 1]: tanh and sech^2 of u without overflow
+  tanh_u = jnp.sign(u) * (1 - e) / (1 + e)
+  sech2_u = 4 * e / (1 + e) ** 2
+  du = _TANH_GELU_C * (1 + 3 * 0.044715 * x * x)
+  return gelu_tanh(x), (0.5 * (1 + tanh_u) + 0.5 * x * sech2_u * du) * tangents[0]
+
+
 def _in_float32(fn: Callable[[Array], Array]) -> Callable[[Array], Array]:
   """``fn`` computed in float32 and rounded once to its input's dtype.
 
   XLA:CPU evaluates bf16 transcendentals by widening every op, converts
   and all: the GELUs' forward and backward in a bf16 MiniLM step took
   about 9% of it on a Zen 4 EPYC that way (docs: studies/performance).
-
-  On an accelerator a 16-bit input is all the backward pass keeps: it
-  widens the input and recomputes ``fn`` itself. Autodiff kept a float32
-  intermediate instead (GPT-2's tanh), written by the forward pass and
-  read by the backward, four bytes an element each way where the MLP's
-  activations take two: for GPT-2 small at 16 x 1024 on an H100, 4.8 GB
-  of the step's memory traffic. The recompute is free there, as elementwise
-  work in a memory-bound kernel; on a CPU it is not (erf and tanh are most
-  of the cost), so CPUs keep autodiff's way.
-  """
-  def widened(x: Array) -> Array:
-    return fn(x.astype(jnp.float32)).astype(x.dtype)
-
-  recomputed = jax.checkpoint(widened)  # keeps x only; its barrier stops CSE
-
-  def apply(x: Array) -> Array:
-    if x.dtype == jnp.float32 or jax.default_backend() == "cpu":
-      return widened(x)
-    return recomputed(x)
-  return apply
+  On GPUs the widening is free inside the fused kernel, as long as no
+  float32 intermediate is kept for the backward pass (:func:`gelu_tanh`)."""
+  return lambda x: fn(x.astype(jnp.float32)).astype(x.dtype)
 
 
 def activation_fn(name: str) -> Callable[[Array], Array]:
   """The MLP non-linearity by name (HF names: gelu is exact, gelu_new is tanh)."""
   table = {
       "gelu": _in_float32(gelu_exact),
-      "gelu_new": _in_float32(lambda x: nn.gelu(x, approximate=True)),
+      "gelu_new": _in_float32(gelu_tanh),
       "relu": nn.relu,
       "silu": _in_float32(nn.silu),
   }
