@@ -10,6 +10,8 @@
 #   91 MB float32 file exceeds the 64 MiB a call carries); gpu_check.sh casts
 #   them back to float32 there, so both sides of `trec` load the same weights.
 # .gpu_carry/data: TREC-6 from $JAXTL_DATA_DIR (default ../shared/data).
+# .gpu_carry/base: with BASE=REV, commit REV's jaxtl package, the step that
+#   `gpu_check.sh versus` times this tree's against (the device has no git).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
@@ -34,4 +36,8 @@ weights = load_file(str(src / "model.safetensors"))
 save_file({k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in weights.items()},
           str(dst / "model.fp16.safetensors"))
 PY
+if [[ -n ${BASE:-} ]]; then
+  rm -rf .gpu_carry/base && mkdir -p .gpu_carry/base
+  git archive "$BASE" jaxtl | tar -x -C .gpu_carry/base
+fi
 du -sh .whl .gpu_carry

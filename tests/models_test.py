@@ -103,6 +103,30 @@ def test_causal_gradient_is_zero_for_future_positions():
   assert np.all(norms[:t + 1] > 0.0)
 
 
+def test_off_the_cpu_rows_counted_from_0_share_one_relative_bias(monkeypatch):
+  """Without positions given, a GPU computes T5's bias once for the batch
+  ([1, H, T, T]); outputs and gradients are those of the per-row bias
+  (positions passed), the last layer at chosen positions included."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  _, model = make("bert", position="relative", relative_buckets=8)
+  x = tokens((3, 8))
+  at = (jnp.array([0, 1, 2]), jnp.array([0, 7, 5]))
+  params = nn.unbox(model.init(jax.random.key(1), x)["params"])
+  counted = jnp.broadcast_to(jnp.arange(8), x.shape)
+
+  def out(p, positions, chosen):
+    h = model.apply({"params": p}, x, None, positions, lm_head=False,
+                    outputs_at=at if chosen else None)["last_hidden"]
+    return jnp.sum(jnp.sin(h))
+
+  for chosen in (False, True):
+    shared, per_row = (jax.jit(jax.value_and_grad(out), static_argnums=2)(params, pos, chosen)
+                       for pos in (None, counted))
+    for u, v in zip(*map(jax.tree.leaves, (shared, per_row))):
+      np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
+  assert "f32[1,4,8,8]" in str(jax.make_jaxpr(lambda p: out(p, None, False))(params))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
 def test_padding_does_not_change_unpadded_outputs(name):

@@ -4,9 +4,9 @@ its matmuls and attention, attributed to the model part that made it.
 
 On a GPU the elementwise kernels between the matmuls are bound by memory
 bandwidth, so their bytes are their time; matmuls and attention are bound
-by FLOPs. ``estimate`` turns both into milliseconds with a device's
-figures: not a profile, but the same program's kernels, and a change to
-the model shows its effect here before a device measures it. The HLO can
+by FLOPs. :func:`seconds` turns both into time with a device's figures:
+not a profile, but the same program's kernels, so a change to the model
+shows its effect here before a device measures it. The HLO can
 come from a GPU compile on a machine without one (``launch/gpu_traffic.py``).
 
 Bytes are each kernel's operands and results, with operands a fusion only
@@ -210,8 +210,8 @@ def kernels(hlo: str) -> list[Kernel]:
 # loss's (its chunks run in a loop, a closed call), the model's parts by
 # their module names, then what only the optimizer makes.
 _PARTS = (("closed_call", "loss"), ("LMHead", "loss"), ("cross_entropy", "loss"),
-          ("norm/", "norms"), ("attention", "attention"), ("mlp", "mlp"),
-          ("ropout", "dropout"), ("embedder", "embedding"),
+          ("norm/", "norms"), ("ropout", "dropout"), ("attention", "attention"),
+          ("mlp", "mlp"), ("embedder", "embedding"),
           ("_sublayer/add", "residual adds"), ("select_n", "optimizer"),
           ("adam", "optimizer"), ("optax", "optimizer"))
 
