@@ -17,6 +17,11 @@ def test_a_matmul_counts_its_flops_and_an_elementwise_pass_its_bytes():
   found = hlo_traffic.kernels(compiled_text(lambda x, w: jnp.tanh(x @ w) * 3.0, x, w))
   matmuls = [k for k in found if k.kind == "matmul"]
   assert sum(k.flops for k in matmuls) == 2 * 64 * 32 * 48
+  # Two contracted axes: both count.
+  a, b = jnp.ones((8, 4, 16), jnp.float32), jnp.ones((4, 16, 24), jnp.float32)
+  pair = hlo_traffic.kernels(compiled_text(
+      lambda a, b: jnp.einsum("xij,ijy->xy", a, b), a, b))
+  assert sum(k.flops for k in pair if k.kind == "matmul") == 2 * 8 * 4 * 16 * 24
   # Every launch reads and writes at least the result it makes.
   assert all(k.bytes >= hlo_traffic.shape_bytes(k.shape) for k in found)
   assert sum(k.bytes for k in found) >= (64 * 32 + 32 * 48 + 64 * 48) * 4

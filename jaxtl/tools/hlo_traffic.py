@@ -88,7 +88,7 @@ def computations(hlo: str) -> dict[str, list[Instruction]]:
 
 
 def _attribute(inst: Instruction, key: str) -> str | None:
-  match = re.search(rf'{key}=(?:%)?("[^"]*"|[^,\s]+)', inst.attributes)
+  match = re.search(rf'{key}=(?:%)?("[^"]*"|{{[^}}]*}}|[^,\s]+)', inst.attributes)
   return match.group(1).strip('"') if match else None
 
 
@@ -136,13 +136,14 @@ def _plain_bytes(inst: Instruction, shapes: dict[str, str]) -> int:
 def _dot_flops(inst: Instruction, shapes: dict[str, str]) -> int:
   """2 x result elements x contracted size of a dot, or of a cuBLAS call
   (whose dimension numbers are in its backend config)."""
-  contracting = (_attribute(inst, "lhs_contracting_dims")
-                 or re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', inst.attributes))
+  contracting = _attribute(inst, "lhs_contracting_dims")
+  if contracting is None:
+    config = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', inst.attributes)
+    contracting = config.group(1) if config else None
   lhs = _dims(shapes.get(inst.operands[0], "")) if inst.operands else []
-  if not contracting or not lhs:
+  if contracting is None or not lhs:
     return 0
-  text = contracting if isinstance(contracting, str) else contracting.group(1)
-  k = math.prod(lhs[0][1][int(c)] for c in re.findall(r"\d+", text))
+  k = math.prod(lhs[0][1][int(c)] for c in re.findall(r"\d+", contracting))
   return 2 * math.prod(_dims(inst.shape)[0][1]) * k
 
 
