@@ -41,12 +41,19 @@ def test_a_loop_body_counts_once_per_trip():
 
 
 # A hand-made module: a fusion that reads a slice of a big buffer, one that
-# updates a buffer in place, a scatter (in place too) and a cuDNN attention
+# gathers rows of a widened one, one that updates a buffer in place, a scatter (in place too) and a cuDNN attention
 # call under a causal mask.
 MODULE = """
 %sliced (p0: f32[1000,64]) -> f32[10,64] {
   %p0 = f32[1000,64]{1,0} parameter(0)
   ROOT %s = f32[10,64]{1,0} slice(%p0), slice={[0:10], [0:64]}
+}
+
+%gathered (g0: bf16[1000,64], g1: s32[5,1]) -> f32[5,64] {
+  %g0 = bf16[1000,64]{1,0} parameter(0)
+  %g1 = s32[5,1]{1,0} parameter(1)
+  %wide = f32[1000,64]{1,0} convert(%g0)
+  ROOT %g = f32[5,64]{1,0} gather(%wide, %g1), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,64}
 }
 
 %update (q0: f32[1000,64], q1: f32[10,64], q2: s32[]) -> f32[1000,64] {
@@ -63,7 +70,7 @@ MODULE = """
   ROOT %s = f32[] add(%x, %y)
 }
 
-ENTRY %main (a: f32[1000,64], i: s32[], q: bf16[2,128,4,32], k: bf16[2,128,4,32], j: s32[5,1], v: f32[5,64]) -> f32[1000,64] {
+ENTRY %main (a: f32[1000,64], i: s32[], q: bf16[2,128,4,32], k: bf16[2,128,4,32], j: s32[5,1], v: f32[5,64], b: bf16[1000,64]) -> f32[1000,64] {
   %a = f32[1000,64]{1,0} parameter(0)
   %j = s32[5,1]{1,0} parameter(4)
   %v = f32[5,64]{1,0} parameter(5)
@@ -72,6 +79,8 @@ ENTRY %main (a: f32[1000,64], i: s32[], q: bf16[2,128,4,32], k: bf16[2,128,4,32]
   %q = bf16[2,128,4,32]{3,2,1,0} parameter(2)
   %k = bf16[2,128,4,32]{3,2,1,0} parameter(3)
   %f = f32[10,64]{1,0} fusion(%a), kind=kLoop, calls=%sliced, metadata={op_name="jit(f)/stack/layer_0/mlp/slice"}
+  %b = bf16[1000,64]{1,0} parameter(6)
+  %gt = f32[5,64]{1,0} fusion(%b, %j), kind=kLoop, calls=%gathered
   %att = (bf16[2,4,128,32]{3,1,2,0}, u8[0]{0}) custom-call(%q, %k, %k), custom_call_target="__cudnn$fmhaSoftmax", backend_config={"cudnn_fmha_backend_config": {"mask_type": "CAUSAL"}}
   ROOT %u = f32[1000,64]{1,0} fusion(%a, %f, %i), kind=kLoop, calls=%update
 }
@@ -82,13 +91,14 @@ def test_slices_in_place_updates_and_fused_attention_are_counted_as_they_move():
   found = {k.name: k for k in hlo_traffic.kernels(MODULE)}
   assert found["f"].bytes == 2 * 10 * 64 * 4  # the slice read, the slice written
   assert found["u"].bytes == 10 * 64 * 4 + 4 + 10 * 64 * 4  # update, index; written
+  assert found["gt"].bytes == 5 * 64 * 2 + 5 * 4 + 5 * 64 * 4  # gathered rows (bf16)
   assert found["sc"].bytes == 5 * 4 + 2 * 5 * 64 * 4  # indices; updates read, written
   assert found["att"].kind == "attention"
   assert found["att"].flops == 4 * 2 * 128 * 4 * 32 * 128 // 2  # causal: half
   assert hlo_traffic.part(found["f"]) == "mlp"
   assert hlo_traffic.part(found["att"]) == "attention (fused)"
   rows = hlo_traffic.by_part(found.values(), hlo_traffic.H100)
-  assert rows[-1]["part"] == "**step**" and rows[-1]["kernels"] == "4"
+  assert rows[-1]["part"] == "**step**" and rows[-1]["kernels"] == "5"
 
 
 def test_text_that_is_not_a_compiled_module_is_refused():

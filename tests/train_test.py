@@ -14,6 +14,7 @@ from flax import traverse_util
 from jax.sharding import PartitionSpec as P
 
 from jaxtl import objectives, train
+from jaxtl.decoding import sampling
 from jaxtl.train import optim, sharding
 from jaxtl.models import TransformerConfig, build_model
 from jaxtl.models.config import target_side
@@ -432,22 +433,27 @@ def test_chunked_cross_entropy_equals_the_whole_logits_one(family, kw):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_the_one_pass_cross_entropy_gradient_is_autodiffs(dtype):
-  """Accelerators' hand-written gradient of the token cross-entropy (CPUs
-  take autodiff's) equals autodiff's: every row, every vocabulary edge."""
+def test_the_one_pass_cross_entropy_is_autodiffs_and_argmaxs(dtype):
+  """Accelerators' cross-entropy (one reduction for the sum and the argmax,
+  a gradient written out; CPUs take autodiff's and sampling.argmax) gives
+  the same losses, argmaxes (ties: the first index) and gradients, at every
+  vocabulary edge and for a row without loss weight."""
   from jaxtl.objectives import losses  # pylint: disable=import-outside-toplevel
   k = jax.random.split(jax.random.key(0), 3)
   logits = (4 * jax.random.normal(k[0], (3, 7, 50))).astype(dtype)
+  logits = logits.at[2, 0].set(1.0)  # a row of ties
   targets = jax.random.randint(k[1], (3, 7), 0, 50).at[0, :2].set(jnp.array([0, 49]))
-  g = jax.random.uniform(k[2], (3, 7)).at[1].set(0.0)  # a row without loss weight
+  g = jax.random.uniform(k[2], (3, 7)).at[1].set(0.0)
+  nll, argmax = losses._one_pass(logits, targets)
+  np.testing.assert_allclose(nll, losses._nll_fwd(logits, targets)[0], rtol=1e-6)
+  np.testing.assert_array_equal(argmax, sampling.argmax(logits.astype(jnp.float32)))
+  assert argmax[2, 0] == 0
   loss = lambda nll: lambda z: jnp.sum(nll(z, targets) * g)
   want = jax.grad(loss(lambda z, t: losses._nll_fwd(z, t)[0]))(logits)
-  got = jax.grad(loss(losses._nll_one_pass))(logits)
+  got = jax.grad(loss(lambda z, t: losses._one_pass(z, t)[0]))(logits)
   assert got.dtype == dtype
   np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                              atol=1e-6 if dtype == jnp.float32 else 2**-8)
-  np.testing.assert_array_equal(losses._nll_one_pass(logits, targets),
-                                losses._nll_fwd(logits, targets)[0])
 
 
 def test_chunked_cross_entropy_holds_one_chunk_of_logits():

@@ -33,7 +33,10 @@ _OPERAND = re.compile(r"%([\w.\-]+)")
 _FREE = {"parameter", "bitcast", "get-tuple-element", "tuple", "constant",
          "after-all", "partition-id", "replica-id", "opt-barrier", "copy-start",
          "copy-done", "add-dependency"}
-_SLICES = {"slice", "dynamic-slice"}
+# Ops that read only part of their first operand, and ops a fusion may put
+# between a parameter and them without reading more of it.
+_SLICES = {"slice", "dynamic-slice", "gather"}
+_PASS_THROUGH = {"bitcast", "convert", "reshape", "copy"}
 
 
 def _dims(shape: str) -> list[tuple[str, list[int]]]:
@@ -112,15 +115,37 @@ def _fusion_bytes(inst: Instruction, shapes: dict[str, str],
   for i in body:
     if i.op != "parameter" or i.name == in_place:
       continue
-    uses = users.get(i.name, [])
-    if uses and all(u.op in _SLICES and u.operands[0] == i.name for u in uses):
-      read += sum(shape_bytes(u.shape) for u in uses)
+    whole = shapes.get(inst.operands[int(i.args)], "")
+    elements = _sliced_elements(i.name, users)
+    if elements is None:
+      read += shape_bytes(whole)
     else:
-      read += shape_bytes(shapes.get(inst.operands[int(i.args)], ""))
+      read += elements * _WIDTH[_dims(whole)[0][0]] if _dims(whole) else 0
   if in_place is not None:
     update = root.operands[_IN_PLACE[root.op]]
     return read + shape_bytes(next(i.shape for i in body if i.name == update))
   return read + shape_bytes(inst.shape)
+
+
+def _sliced_elements(name: str, users: dict[str, list[Instruction]]) -> int | None:
+  """Elements of ``name`` a fusion reads when every use of it is a slice or
+  a gather (through bitcasts and converts): the slices' sizes; None when
+  some use reads it whole."""
+  uses = users.get(name, [])
+  if not uses:
+    return None
+  total = 0
+  for u in uses:
+    if u.op in _SLICES and u.operands[0] == name:
+      total += sum(math.prod(d) for _, d in _dims(u.shape))
+    elif u.op in _PASS_THROUGH:
+      inner = _sliced_elements(u.name, users)
+      if inner is None:
+        return None
+      total += inner
+    else:
+      return None
+  return total
 
 
 def _plain_bytes(inst: Instruction, shapes: dict[str, str]) -> int:
