@@ -41,7 +41,8 @@ def test_a_loop_body_counts_once_per_trip():
 
 
 # A hand-made module: a fusion that reads a slice of a big buffer, one that
-# gathers rows of a widened one, one that updates a buffer in place, a scatter (in place too) and a cuDNN attention
+# gathers rows of a widened one, one that updates a buffer in place, a cuBLAS
+# matmul, a scatter (in place too) and a cuDNN attention
 # call under a causal mask.
 MODULE = """
 %sliced (p0: f32[1000,64]) -> f32[10,64] {
@@ -70,7 +71,7 @@ MODULE = """
   ROOT %s = f32[] add(%x, %y)
 }
 
-ENTRY %main (a: f32[1000,64], i: s32[], q: bf16[2,128,4,32], k: bf16[2,128,4,32], j: s32[5,1], v: f32[5,64], b: bf16[1000,64]) -> f32[1000,64] {
+ENTRY %main (a: f32[1000,64], i: s32[], q: bf16[2,128,4,32], k: bf16[2,128,4,32], j: s32[5,1], v: f32[5,64], b: bf16[1000,64], q2d: bf16[10,32], w2d: bf16[32,64]) -> f32[1000,64] {
   %a = f32[1000,64]{1,0} parameter(0)
   %j = s32[5,1]{1,0} parameter(4)
   %v = f32[5,64]{1,0} parameter(5)
@@ -80,7 +81,10 @@ ENTRY %main (a: f32[1000,64], i: s32[], q: bf16[2,128,4,32], k: bf16[2,128,4,32]
   %k = bf16[2,128,4,32]{3,2,1,0} parameter(3)
   %f = f32[10,64]{1,0} fusion(%a), kind=kLoop, calls=%sliced, metadata={op_name="jit(f)/stack/layer_0/mlp/slice"}
   %b = bf16[1000,64]{1,0} parameter(6)
+  %q2d = bf16[10,32]{1,0} parameter(7)
+  %w2d = bf16[32,64]{1,0} parameter(8)
   %gt = f32[5,64]{1,0} fusion(%b, %j), kind=kLoop, calls=%gathered
+  %mm = (bf16[10,64]{1,0}, s8[1024]{0}) custom-call(%q2d, %w2d), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
   %att = (bf16[2,4,128,32]{3,1,2,0}, u8[0]{0}) custom-call(%q, %k, %k), custom_call_target="__cudnn$fmhaSoftmax", backend_config={"cudnn_fmha_backend_config": {"mask_type": "CAUSAL"}}
   ROOT %u = f32[1000,64]{1,0} fusion(%a, %f, %i), kind=kLoop, calls=%update
 }
@@ -91,6 +95,7 @@ def test_slices_in_place_updates_and_fused_attention_are_counted_as_they_move():
   found = {k.name: k for k in hlo_traffic.kernels(MODULE)}
   assert found["f"].bytes == 2 * 10 * 64 * 4  # the slice read, the slice written
   assert found["u"].bytes == 10 * 64 * 4 + 4 + 10 * 64 * 4  # update, index; written
+  assert found["mm"].kind == "matmul" and found["mm"].flops == 2 * 10 * 32 * 64  # cuBLAS
   assert found["gt"].bytes == 5 * 64 * 2 + 5 * 4 + 5 * 64 * 4  # gathered rows (bf16)
   assert found["sc"].bytes == 5 * 4 + 2 * 5 * 64 * 4  # indices; updates read, written
   assert found["att"].kind == "attention"
@@ -98,7 +103,7 @@ def test_slices_in_place_updates_and_fused_attention_are_counted_as_they_move():
   assert hlo_traffic.part(found["f"]) == "mlp"
   assert hlo_traffic.part(found["att"]) == "attention (fused)"
   rows = hlo_traffic.by_part(found.values(), hlo_traffic.H100)
-  assert rows[-1]["part"] == "**step**" and rows[-1]["kernels"] == "5"
+  assert rows[-1]["part"] == "**step**" and rows[-1]["kernels"] == "6"
 
 
 def test_text_that_is_not_a_compiled_module_is_refused():

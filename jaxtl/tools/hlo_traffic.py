@@ -217,7 +217,7 @@ def kernels(hlo: str) -> list[Kernel]:
       elif called in comps and inst.op == "fusion":
         flops = _fused_dot_flops(comps[called])
         kind = "matmul" if flops else (_attribute(inst, "kind") or "fusion")
-      elif inst.op == "dot" or (target and "gemm" in target.group(1)):
+      elif inst.op == "dot" or (target and re.search("gemm|matmul", target.group(1))):
         kind, flops = "matmul", _dot_flops(inst, shapes)
       else:
         kind = target.group(1) if target else inst.op
