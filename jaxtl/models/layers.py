@@ -89,8 +89,8 @@ def gelu_tanh(x: Array) -> Array:
   own from ``x`` (by ``exp``, not ``tanh``), and XLA recomputes it inside
   the backward kernel instead, as it does for the exact GELU: GPT-2 small's
   MLP traffic at 16 x 1024 on an H100 11.5 -> 6.7 GB a step
-  (``launch/gpu_traffic.py``). On a CPU the recompute costs 1.5 ms per
-  [1024, 3072] (Zen 3): 12 of them in GPT-2 small's 6.7 s step at 1 x 1024.
+  (``launch/gpu_traffic.py``). CPUs, bound by arithmetic rather than
+  memory, keep autodiff's (:func:`activation_fn`).
   """
   return 0.5 * x * (1 + jnp.tanh(_TANH_GELU_C * (x + 0.044715 * x**3)))
 
@@ -117,11 +117,21 @@ def _in_float32(fn: Callable[[Array], Array]) -> Callable[[Array], Array]:
   return lambda x: fn(x.astype(jnp.float32)).astype(x.dtype)
 
 
+def _tanh_gelu(x: Array) -> Array:
+  """GPT-2's GELU, differentiated as suits the backend: on a CPU autodiff's
+  derivative, which reuses the forward's tanh, is the cheaper (GPT-2
+  small's float32 step at 1 x 1024 took 11.1 s with :func:`gelu_tanh`'s
+  against 10.5, Zen 3); elsewhere :func:`gelu_tanh`'s."""
+  if jax.default_backend() == "cpu":
+    return nn.gelu(x, approximate=True)
+  return gelu_tanh(x)
+
+
 def activation_fn(name: str) -> Callable[[Array], Array]:
   """The MLP non-linearity by name (HF names: gelu is exact, gelu_new is tanh)."""
   table = {
       "gelu": _in_float32(gelu_exact),
-      "gelu_new": _in_float32(gelu_tanh),
+      "gelu_new": _in_float32(_tanh_gelu),
       "relu": nn.relu,
       "silu": _in_float32(nn.silu),
   }
