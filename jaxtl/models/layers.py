@@ -119,9 +119,10 @@ def _in_float32(fn: Callable[[Array], Array]) -> Callable[[Array], Array]:
 
 def _tanh_gelu(x: Array) -> Array:
   """GPT-2's GELU, differentiated as suits the backend: on a CPU autodiff's
-  derivative, which reuses the forward's tanh, is the cheaper (GPT-2
-  small's float32 step at 1 x 1024 took 11.1 s with :func:`gelu_tanh`'s
-  against 10.5, Zen 3); elsewhere :func:`gelu_tanh`'s."""
+  derivative, which reuses the forward's tanh, is the cheaper (over
+  [1024, 3072] float32, forward and backward 2.46 ms against 3.93 with
+  :func:`gelu_tanh`'s, 40 rounds in turns, Zen 3); elsewhere
+  :func:`gelu_tanh`'s."""
   if jax.default_backend() == "cpu":
     return nn.gelu(x, approximate=True)
   return gelu_tanh(x)
