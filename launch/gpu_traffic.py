@@ -43,7 +43,8 @@ from absl import app, flags  # noqa: E402
 flags.DEFINE_list("presets", ["gpt2_small"], "Benchmark presets to compile.")
 flags.DEFINE_integer("batch_size", 0, "Rows per step (0: the preset's accelerator batch).")
 flags.DEFINE_list("model", [], "TransformerConfig overrides, as jaxtl benchmark's --model.")
-flags.DEFINE_integer("top", 15, "Heaviest kernels listed per preset.")
+flags.DEFINE_integer("top", 15, "Heaviest kernels listed per preset (0: none).",
+                     lower_bound=0)
 flags.DEFINE_string("hlo_dir", "", "Where to write each compiled step's HLO text.")
 flags.DEFINE_string("commit", "", "Also compile the step as this commit builds it and "
                     "print both side by side: a change's effect before device time.")
@@ -146,8 +147,9 @@ def main(argv: list[str]) -> None:
       parts = side_by_side(hlo_traffic.by_part(hlo_traffic.kernels(old_hlo), hlo_traffic.H100),
                            parts, FLAGS.commit)
     print(hlo_traffic.markdown(parts))
-    print()
-    print(hlo_traffic.markdown(hlo_traffic.heaviest(found, hlo_traffic.H100, FLAGS.top)))
+    if FLAGS.top:
+      print()
+      print(hlo_traffic.markdown(hlo_traffic.heaviest(found, hlo_traffic.H100, FLAGS.top)))
 
 
 if __name__ == "__main__":
