@@ -146,10 +146,10 @@ def main(argv: list[str]) -> None:
       save(f"{name}.{FLAGS.commit}.hlo", old_hlo)
       parts = side_by_side(hlo_traffic.by_part(hlo_traffic.kernels(old_hlo), hlo_traffic.H100),
                            parts, FLAGS.commit)
-    print(hlo_traffic.markdown(parts))
+    print(benchmark.markdown(parts))
     if FLAGS.top:
       print()
-      print(hlo_traffic.markdown(hlo_traffic.heaviest(found, hlo_traffic.H100, FLAGS.top)))
+      print(benchmark.markdown(hlo_traffic.heaviest(found, hlo_traffic.H100, FLAGS.top)))
 
 
 if __name__ == "__main__":

@@ -242,10 +242,14 @@ _PARTS = (("closed_call", "loss"), ("LMHead", "loss"), ("cross_entropy", "loss")
           ("adam", "optimizer"), ("optax", "optimizer"))
 
 
+# Kernels whose kind names their part, whatever made them.
+_KIND_PARTS = {"matmul": "matmuls", "attention": "attention (fused)"}
+
+
 def part(kernel: Kernel) -> str:
   """Which part of a train step a kernel belongs to, by its op name."""
-  if kernel.kind in ("matmul", "attention"):
-    return kernel.kind + "s" if kernel.kind == "matmul" else "attention (fused)"
+  if kernel.kind in _KIND_PARTS:
+    return _KIND_PARTS[kernel.kind]
   for key, name in _PARTS:
     if key in kernel.op_name:
       return name
@@ -255,7 +259,6 @@ def part(kernel: Kernel) -> str:
 @dataclasses.dataclass(frozen=True)
 class Device:
   """What a kernel's time is estimated from."""
-  name: str
   bandwidth: float  # bytes/s a memory-bound kernel reaches
   matmul_flops: float  # FLOP/s a large bf16 matmul reaches
   attention_flops: float  # FLOP/s fused attention reaches
@@ -263,8 +266,8 @@ class Device:
 
 # Rates measured kernels reach, not data-sheet peaks: an H100 SXM's
 # matmuls ran at about 800 TFLOP/s in jaxtl's profiles (989 peak), and
-# elementwise kernels near 3.0 of its 3.35 TB/s.
-H100 = Device("H100 SXM (bf16)", bandwidth=3.0e12, matmul_flops=750e12,
+# elementwise kernels near 3.0 of its 3.35 TB/s (bf16 steps).
+H100 = Device(bandwidth=3.0e12, matmul_flops=750e12,
               attention_flops=450e12)
 
 
@@ -306,11 +309,3 @@ def heaviest(found: Iterable[Kernel], device: Device, top: int) -> list[dict[str
   return [{"part": p, "kernels": str(n), "GB": f"{b / 1e9:.2f}", "est. ms": f"{s * 1e3:.2f}",
            "result": f"`{shape}`", "op": f"`{op[-80:]}`"}
           for (p, shape, op), (n, b, s) in rows]
-
-
-def markdown(rows: list[dict[str, str]]) -> str:
-  """A markdown table of ``rows`` (dicts with the same keys)."""
-  head = list(rows[0])
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  lines += ["| " + " | ".join(r[h] for h in head) + " |" for r in rows]
-  return "\n".join(lines)
