@@ -12,6 +12,7 @@ when the run ends, so no test sees a cache from an earlier run.
 """
 
 import atexit
+import gc
 import math
 import os
 import pathlib
@@ -82,6 +83,21 @@ def _mesh_marker(request, whole_mesh, monkeypatch):
   if request.node.get_closest_marker("mesh"):
     from jaxtl.train import sharding  # pylint: disable=g-import-not-at-top
     monkeypatch.setattr(sharding, "make_mesh", whole_mesh)
+
+
+@pytest.fixture(autouse=True)
+def _old_objects_frozen():
+  """Each test starts with what earlier tests left collected, the rest frozen.
+
+  A full collection of Python's cyclic GC visits every tracked object, and a
+  worker that has imported JAX, TensorFlow, PyTorch and transformers holds
+  about 900,000: 0.45 s a collection, about 16 per worker in a third of the
+  suite, 6.5% of its CPU time. Frozen objects are skipped, so collections
+  (this one included) visit only what a test made. Cyclic garbage is
+  collected before each freeze, so none is frozen.
+  """
+  gc.collect()
+  gc.freeze()
 
 
 @pytest.fixture(scope="module")
