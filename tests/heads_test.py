@@ -71,7 +71,7 @@ def test_every_head_on_every_family(family, kind, shape):
   # the LM head: a pretraining checkpoint maps straight in.
   lm = build_model(cfg)
   lm_args = (toks, toks) if family == "encoder_decoder" else (toks,)
-  lm_params = nn.unbox(lm.init(jax.random.key(0), *lm_args))["params"]
+  lm_params = nn.unbox(jax.eval_shape(lm.init, jax.random.key(0), *lm_args))["params"]
   backbone = jax.tree_util.tree_flatten_with_path(params["backbone"])[0]
   pretrained = dict(jax.tree_util.tree_flatten_with_path(lm_params)[0])
   for path, leaf in backbone:
@@ -86,7 +86,7 @@ def test_scalar_mix_starts_uniform_and_learns():
   model = heads.TaskModel(cfg, kind="classification", num_labels=2,
                           scalar_mix=True)
   toks = jax.random.randint(jax.random.key(1), (4, 6), 1, 64)
-  params = nn.unbox(model.init(jax.random.key(0), toks))["params"]
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), toks))["params"]
   np.testing.assert_allclose(params["scalar_mix"]["weights"], 0.0)
   labels = jnp.array([0, 1, 0, 1])
 
@@ -94,7 +94,7 @@ def test_scalar_mix_starts_uniform_and_learns():
     logits = model.apply({"params": p}, toks)
     return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(4), labels])
 
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)  # one program: op by op compiled 274
   assert np.abs(np.asarray(grads["scalar_mix"]["weights"])).sum() > 0
   assert np.abs(np.asarray(grads["scalar_mix"]["gamma"])) > 0
 
@@ -117,18 +117,18 @@ def test_text_to_text_scores_each_label_text_with_the_lm():
   labels = ((5, 7, 1), (9, 1, 0))  # two label texts + EOS (1), padded with 0
   model = heads.TaskModel(cfg, kind="text_to_text", num_labels=2, label_tokens=labels)
   toks = jax.random.randint(jax.random.key(1), (3, 6), 2, 64)
-  params = nn.unbox(model.init(jax.random.key(0), toks))["params"]
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), toks))["params"]
   # No new parameters: the whole T5 (decoder and LM head too) is reused.
   assert set(params) == {"backbone"}
   lm = build_model(cfg)
-  lm_params = nn.unbox(lm.init(jax.random.key(0), toks, toks))["params"]
+  lm_params = nn.unbox(jax.jit(lm.init)(jax.random.key(0), toks, toks))["params"]
   assert (jax.tree.map(jnp.shape, params["backbone"]) == jax.tree.map(jnp.shape, lm_params))
-  scores = model.apply({"params": params}, toks)
+  scores = jax.jit(model.apply)({"params": params}, toks)
   assert scores.shape == (3, 2)
   for c, label in enumerate(labels):  # teacher-forced log-likelihood, label by label
     target = np.array([t for t in label if t])
     dec_in = jnp.asarray(np.concatenate([[0], target[:-1]]))[None].repeat(3, 0)
-    logits = lm.apply({"params": params["backbone"]}, toks, dec_in)["logits"]
+    logits = jax.jit(lm.apply)({"params": params["backbone"]}, toks, dec_in)["logits"]
     ll = jax.nn.log_softmax(logits)[:, np.arange(len(target)), target].sum(-1)
     np.testing.assert_allclose(scores[:, c], ll, rtol=1e-5, atol=1e-5)
 
