@@ -391,9 +391,9 @@ def test_mlm_logits_only_at_masked_positions_give_the_same_loss():
   for row in w:
     row[rng.choice(16, 3, replace=False)] = 1.0
   b["encoder_loss_weights"] = w
-  params = nn.unbox(model.init(jax.random.key(0), b["encoder_input_tokens"]))["params"]
-  full = objectives.make_loss_fn(model)(params, b, None)
-  sparse = objectives.make_loss_fn(model, max_predictions=4)(params, b, None)
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), b["encoder_input_tokens"]))["params"]
+  full = jax.jit(objectives.make_loss_fn(model))(params, b, None)
+  sparse = jax.jit(objectives.make_loss_fn(model, max_predictions=4))(params, b, None)
   np.testing.assert_allclose(sparse[0], full[0], rtol=1e-6)
   for k in full[1]:
     np.testing.assert_allclose(sparse[1][k], full[1][k], rtol=1e-6)
@@ -408,7 +408,7 @@ def test_chunked_cross_entropy_equals_the_whole_logits_one(family, kw):
   cfg = tiny(family, **kw)
   model = build_model(cfg)
   b = batches(family, 1, batch=4)[0]
-  params = nn.unbox(model.init(jax.random.key(0), **train.lm_init_inputs(model, b)))["params"]
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), **train.lm_init_inputs(model, b)))["params"]
   p = target_side(family)
 
   def direct(params):  # the plain way: every logit at once
@@ -417,7 +417,7 @@ def test_chunked_cross_entropy_equals_the_whole_logits_one(family, kw):
                                           b[f"{p}_loss_weights"])
     return objectives.normalized_loss(sums, None), sums
 
-  (ref, ref_sums), ref_grads = jax.value_and_grad(direct, has_aux=True)(params)
+  (ref, ref_sums), ref_grads = jax.jit(jax.value_and_grad(direct, has_aux=True))(params)
   for chunk_len in (0, 5):  # one chunk; 4 uneven ones (T=16)
     loss_fn = objectives.make_loss_fn(model, chunk_len=chunk_len)
     (loss, sums), grads = jax.jit(jax.value_and_grad(
