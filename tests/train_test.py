@@ -493,3 +493,25 @@ def test_a_fresh_run_compiles_its_step_once_while_the_state_is_made(tmp_path, ca
   # Compiled ahead, in the background, and found in jit's cache by the first step.
   assert [r.threadName for r in compiles] == ["compile_ahead"], [
       r.getMessage()[:80] for r in compiles]
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_compile_running(tmp_path,
+                                                                         monkeypatch):
+  """An error while the state is made (a bad checkpoint, out of memory)
+  waits for the step compiling ahead: a process that exits while XLA
+  compiles on another thread aborts instead of reporting the error."""
+  import threading  # pylint: disable=g-import-not-at-top
+  import runs  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pretrain  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import step as step_lib  # pylint: disable=g-import-not-at-top
+
+  def failing_init(*args, **kwargs):
+    raise ValueError("no memory for the state")
+
+  monkeypatch.setattr(step_lib, "init_sharded_state", failing_init)
+  config = runs.tiny_mlm_config()
+  config.train.update(steps=2, eval_every=0, eval_batches=1)
+  config.model.update(mlp_dim=40)  # a step no other test compiles: no cache hit
+  with pytest.raises(ValueError, match="no memory for the state"):
+    pretrain.train_and_evaluate(config, str(tmp_path))
+  assert not [t for t in threading.enumerate() if t.name == "compile_ahead"]

@@ -206,6 +206,15 @@ class BatchIterator:
     self.epoch, self.index = int(state["epoch"]), int(state["index"])
     self.close()
 
+  def open(self) -> None:
+    """Makes Grain's iterator now, on the calling thread, where ``next``
+    would make it at its first call. A :class:`Prefetcher` calls it before
+    its thread starts: importing Grain (and the JAX modules it loads) there,
+    while the training loop's other threads trace and import, once failed a
+    run's first batch with a ModuleNotFoundError."""
+    if self._it is None:
+      self._it = self._start()
+
   def _start(self) -> Iterator[Example]:
     """Grain's iterator from the current position on."""
     # heavy: Grain imports JAX (~1 s); the data layer loads without it
@@ -260,6 +269,8 @@ class Prefetcher:
     self._state = iterator.get_state()
     self._held: Any = _NOTHING  # an item peek took from the queue, for next
     self._stop = threading.Event()
+    if hasattr(iterator, "open"):  # Grain's iterator made on this thread (open)
+      iterator.open()
     self._thread = threading.Thread(target=self._produce, daemon=True)
     self._thread.start()
 

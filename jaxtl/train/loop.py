@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import threading
 import time
 from typing import Any, Callable, Mapping
 
@@ -307,7 +308,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
           loaded=work.init_params() if work.init_params is not None else None)
     except BaseException:
       if ahead is not None:
-        ahead[0].close()
+        _abandon(ahead)
       raise
 
   writer = metrics_lib.MetricsWriter(  # a finish record belongs to a run's end
@@ -433,7 +434,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
       if prefetch is not None:
         closing.callback(prefetch.close)
       if ahead is not None:  # opened, never reached (an error before the first step)
-        closing.callback(ahead[0].close)
+        closing.callback(_abandon, ahead)
       if bar is not None:  # also puts the console log handlers back
         closing.callback(bar.close)
   if stop is not None:  # callers (the transfer study) must not go on as if done
@@ -442,6 +443,16 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
                     "resume", stop)
   return Outcome(state, shardings, history, best, eval_metrics,
                  best_ckpt.directory if keep_best else None, final)
+
+
+def _abandon(ahead: tuple[batches.Prefetcher, Callable, threading.Thread]) -> None:
+  """Closes the first stage's batches (a peek waiting for one wakes) and
+  waits for its step's compile, when the run ends before its first step. A
+  process that exits while XLA compiles on another thread aborts ("FATAL:
+  exception not rethrown") instead of reporting the error that ended it."""
+  batches_0, _, compiling = ahead
+  batches_0.close()
+  compiling.join()
 
 
 def _restore_position(stages: tuple[Stage, ...], ends: list[int], saved_stage: int,
