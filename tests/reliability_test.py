@@ -49,6 +49,19 @@ def test_a_second_run_on_a_workdir_fails_at_once_naming_the_holder(tmp_path):
     assert f"pid {os.getpid()} " in (tmp_path / layout.LOCK_FILE).read_text()
 
 
+def test_a_file_where_the_workdir_should_be_is_a_mistake_named_in_one_line(tmp_path):
+  from jaxtl.runtime import console  # pylint: disable=g-import-not-at-top
+  (tmp_path / "notes").write_text("")
+  for path, says in ((tmp_path / "notes", rf"^--workdir {tmp_path}/notes"),
+                     (tmp_path / "notes" / "run", rf"^--workdir {tmp_path}/notes/run "
+                                                  rf"cannot be made: {tmp_path}/notes")):
+    with pytest.raises(NotADirectoryError, match=says + " is a file, not a folder; pass "
+                       "another --workdir$") as raised:
+      with workdir.owned(str(path)):
+        pass
+    assert isinstance(raised.value, console.MISTAKES)  # one line, exit 2
+
+
 def test_a_workdir_refuses_a_run_of_another_model(tmp_path):
   from jaxtl.models import TransformerConfig  # pylint: disable=g-import-not-at-top
   from jaxtl.pretraining import pretrained  # pylint: disable=g-import-not-at-top

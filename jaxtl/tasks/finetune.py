@@ -383,27 +383,28 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
                                getattr(splits["train"], "label_names", None),
                                getattr(splits["train"], "text_pairs", None) is not None)
   model = task_spec.task_model(cfg, spec, tok)
-  bound = jax.process_index() == 0 and check_loadable(workdir, tok, spec)
-  on_start()
-  if jax.process_index() == 0:
-    keep_loadable(workdir, cfg, tok, spec, bound)
-  side = input_side(cfg.family)
   bs, multiple = config.train.batch_size, config.train.length_multiple
   steps_per_epoch = len(feats["train"]) // bs
   if not steps_per_epoch:
     raise ValueError(f"{task.name}: {len(feats['train'])} training examples, fewer "
                      f"than one batch (config.train.batch_size={bs})")
-  total = config.train.epochs * steps_per_epoch
+  mesh = sharding.make_mesh(config.mesh.shape)
+  rules = sharding.make_rules(config.mesh.rules)
+  # The loop's numbers checked before anything is written or built.
+  numbers = loop_config(config, steps_per_epoch, sharding.batch_devices(mesh))
+  bound = jax.process_index() == 0 and check_loadable(workdir, tok, spec)
+  on_start()
+  if jax.process_index() == 0:
+    keep_loadable(workdir, cfg, tok, spec, bound)
+  side = input_side(cfg.family)
   init_inputs = {"tokens_BT": feats["train"].arrays[f"{side}_input_tokens"][:1]}
   abstract = nn.unbox(jax.eval_shape(model.init, jax.random.key(0),
                                      **init_inputs))["params"]
   freeze = SCHEMES[adapt.scheme] + tuple(adapt.freeze)
   tx, schedule = optim.make_finetune_optimizer(
-      config.optim, total, abstract, cfg.num_layers, freeze=freeze,
+      config.optim, numbers.steps, abstract, cfg.num_layers, freeze=freeze,
       layer_decay=adapt.layer_decay,
       unfreeze_every=int(round(adapt.unfreeze_epochs * steps_per_epoch)))
-  mesh = sharding.make_mesh(config.mesh.shape)
-  rules = sharding.make_rules(config.mesh.rules)
   trainable, n_params = optim.count_trainable(abstract, freeze)
   logging.info("trainable parameters: %d of %d (%.2f%%)", trainable, n_params,
                100 * trainable / n_params)
@@ -451,7 +452,6 @@ def finetune_and_evaluate(config: FinetuneConfig | Mapping[str, Any], workdir: s
       # A head's metrics; generation's are an LM's (perplexity included).
       summarize=(objectives.summarize if kind.make_loss is not None
                  else functools.partial(task_summary, counts=kind.counts)))
-  numbers = loop_config(config, steps_per_epoch, sharding.batch_devices(mesh))
   out = train.run(work, numbers, tx, schedule, mesh, rules, workdir)
   history = [{"epoch": h.pop("step") // steps_per_epoch, **h} for h in out.history]
   test = out.final

@@ -34,6 +34,9 @@ def probe_writable(directory: str, why: str = "checkpoints cannot be saved there
   filesystem and knows nothing of a full disk.
   """
   error = write_error(directory)
+  if error is not None and (file := file_in_the_way(directory)) is not None:
+    raise SaveFailed(f"{file} is a file, not a folder: {why}; pass another "
+                     "--workdir") from error
   if error is not None:
     raise SaveFailed(f"{directory} is not writable ({describe(error)}): {why}; free "
                      "space or fix its permissions, or pass another --workdir") from error
@@ -60,6 +63,18 @@ def write_error(directory: str) -> OSError | None:
     except OSError:
       pass
   return None
+
+
+def file_in_the_way(directory: str) -> str | None:
+  """``directory``, or the nearest folder above it, where that exists as a
+  file (or anything but a folder); None where nothing is in the way."""
+  path = os.path.abspath(directory)
+  while not os.path.lexists(path):
+    parent = os.path.dirname(path)
+    if parent == path:
+      return None
+    path = parent
+  return None if os.path.isdir(path) else path
 
 
 def describe(e: OSError) -> str:

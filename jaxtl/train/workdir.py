@@ -27,7 +27,7 @@ import socket
 from collections.abc import Iterator
 
 from jaxtl import layout
-from jaxtl.train.storage import probe_writable
+from jaxtl.train.storage import file_in_the_way, probe_writable
 
 _held: dict[str, list[int]] = {}  # realpath -> [fd, depth]: re-entrant per process
 
@@ -48,7 +48,12 @@ def holds_checkpoints(path: str) -> bool:
 
 def _check_writable(path: str) -> None:
   """Fails now (:class:`jaxtl.train.storage.SaveFailed`), naming the
-  folder and the OS error, where a save would fail much later."""
+  folder and the OS error, where a save would fail much later; a file
+  where the workdir should be is the user's mistake (NotADirectoryError)."""
+  if (file := file_in_the_way(path)) is not None:
+    what = "" if file == path else f" cannot be made: {file}"
+    raise NotADirectoryError(f"--workdir {path}{what} is a file, not a folder; pass "
+                             "another --workdir")
   probe_writable(path, "the run's checkpoints and metrics cannot be saved there")
   for d in (layout.checkpoints(path), layout.best(path)):
     if os.path.isdir(d):
