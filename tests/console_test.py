@@ -190,3 +190,13 @@ def test_a_missing_package_is_named_with_the_pip_command_that_installs_it():
   # A library's own message, already naming the command, is kept.
   assert console.describe(ImportError("pyarrow is needed: pip install pyarrow")) == \
       "pyarrow is needed: pip install pyarrow"
+
+
+def test_an_os_error_on_a_users_path_is_the_path_and_what_is_wrong():
+  for error in (FileExistsError, PermissionError, FileNotFoundError):
+    assert issubclass(error, console.MISTAKES)  # one line, exit 2
+  exists = FileExistsError(17, "File exists", "runs/out")
+  assert console.describe(exists) == "runs/out: File exists"  # not "[Errno 17] ..."
+  # jaxtl's own message, naming the fix, is kept as it is.
+  assert console.describe(FileNotFoundError("data file not found: dev.jsonl")) == \
+      "data file not found: dev.jsonl"

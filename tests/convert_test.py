@@ -351,6 +351,9 @@ def test_export_refuses_models_transformers_cannot_express(tmp_path):
                           type_vocab_size=2)  # pre-LN
   with pytest.raises(ValueError, match="no Hugging Face bert equivalent: pre_norm=True"):
     convert.export_hf(tmp_path, cfg, {})
+  (tmp_path / "notes").write_text("")  # an --out that is a file: one line
+  with pytest.raises(NotADirectoryError, match="notes is a file: an export is a folder"):
+    hf.write_folder(str(tmp_path / "notes"), {}, {})
 
 
 def test_untied_t5_head_from_older_checkpoints(tmp_path):

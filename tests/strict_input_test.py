@@ -122,12 +122,12 @@ def test_a_table_output_has_every_rows_fields_and_the_prediction_its_own(tmp_pat
   read = rows.read_rows(path)
   fields = rows.fields_of(read)
   assert fields == ["text", "id", "label"]
-  writer = rows.Writer(str(tmp_path / "out.csv"), columns=fields)
+  writer = rows.Writer(str(tmp_path / "preds" / "out.csv"), columns=fields)  # makes preds/
   for (_, row), label in zip(read, ["p0", "p1"]):
     writer.write(predict.with_prediction(row, {"label": label, "probabilities": {}},
                                          fields))
   writer.close()
-  with open(tmp_path / "out.csv", newline="", encoding="utf-8") as f:
+  with open(tmp_path / "preds" / "out.csv", newline="", encoding="utf-8") as f:
     out = list(csv.DictReader(f))
   assert list(out[0]) == ["text", "id", "label", "predicted_label",
                           "predicted_probabilities"]

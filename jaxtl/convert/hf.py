@@ -448,6 +448,9 @@ def write_folder(path: str, hf_config: dict[str, Any], tensors: dict[str, np.nda
                  files: Mapping[str, str] | None = None) -> None:
   """Writes ``config.json``, ``model.safetensors`` and ``files`` (name -> text)
   into a temporary folder first, then moves each file in place."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise NotADirectoryError(f"{path} is a file: an export is a folder (config.json, "
+                             "model.safetensors and the tokenizer's files)")
   os.makedirs(path, exist_ok=True)
   tmp = tempfile.mkdtemp(dir=path, prefix=".export-")
   try:

@@ -87,8 +87,8 @@ EXIT_INTERRUPTED = 130  # the shell's code for a Ctrl-C (128 + SIGINT)
 
 # What a mistake raises: a bad value or key, a file that is not there or not
 # what it should be, an optional package that is not installed.
-MISTAKES = (ValueError, KeyError, FileNotFoundError, NotADirectoryError,
-            IsADirectoryError, ImportError)
+MISTAKES = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError,
+            IsADirectoryError, PermissionError, ImportError)
 
 # Import name -> what to pip install, for the optional packages.
 _PACKAGES = {"datasets": "datasets", "transformers": "transformers", "torch": "torch",
@@ -118,6 +118,8 @@ def describe(e: BaseException) -> str:
     root = e.name.split(".")[0]
     return (f"this needs the package {root!r}, which is not installed: "
             f"pip install {_PACKAGES.get(root, root)}")
+  if isinstance(e, OSError) and e.filename and e.strerror:  # not "[Errno 17] ..."
+    return f"{e.filename}: {e.strerror}"
   message = str(e.args[0] if isinstance(e, KeyError) and e.args else e)
   if "Error whilst parsing config file" in message:  # a recipe's own error, with
     message = re.sub(r"^\w+: ", "", message.strip().splitlines()[-1])  # its traceback

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -77,6 +78,8 @@ class Writer:
     self.fmt = "jsonl" if path == "-" and not fmt else format_of(path, fmt)
     if self.fmt not in ("csv", "tsv"):  # text, Parquet: rows need fields
       self.fmt = "jsonl"
+    if path != "-" and os.path.dirname(path):  # --output=preds/dev.jsonl makes preds/
+      os.makedirs(os.path.dirname(path), exist_ok=True)
     self.f = sys.stdout if path == "-" else open(path, "w", encoding="utf-8",
                                                   newline="")
     self.columns = list(columns)
