@@ -162,3 +162,17 @@ def test_the_harness_dtype_argument_sets_the_precision(model, monkeypatch):
   lm_eval_adapter.JaxtlLM(checkpoint="runs/clm", dtype="bfloat16")  # --model_args ...,dtype=
   lm_eval_adapter.JaxtlLM(checkpoint="runs/clm")
   assert asked == ["bfloat16", ""]
+
+
+def test_the_command_runs_lm_evals_run_with_the_jaxtl_model_and_passes_the_others(
+    monkeypatch):
+  import sys  # pylint: disable=g-import-not-at-top
+  from jaxtl.programs import lm_eval as command  # pylint: disable=g-import-not-at-top
+  seen = []
+  monkeypatch.setattr(command, "cli_evaluate", lambda: seen.append(sys.argv[1:]))
+  monkeypatch.setattr(sys, "argv", list(sys.argv))
+  for argv in ([], ["--tasks=x"], ["run", "--tasks=x"], ["ls", "tasks"]):
+    command.main(["jaxtl lm_eval", *argv])
+  model = f"--model={lm_eval_adapter.NAME}"
+  assert seen == [["run", model], ["run", model, "--tasks=x"], ["run", model, "--tasks=x"],
+                  ["ls", "tasks"]]

@@ -46,6 +46,9 @@ CASES = [
      "jaxtl predict: bad flag or config override: flag --batch_size=0: 0 is not a positive"),
     (["benchmark", "--presets=tiny_cls", "--devices=999"],
      "jaxtl benchmark: --devices=999: this machine has"),
+    (["prompt", "--task=trec"], "jaxtl prompt: --checkpoint is needed; jaxtl prompt "
+     "--helpshort says what each flag is"),
+    (["lm_eval", "--tasks=nope"], "jaxtl lm_eval: Tasks not found: nope"),
 ]
 
 

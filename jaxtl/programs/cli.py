@@ -195,7 +195,7 @@ def start(command: Command, argv: list[str]) -> None:
   sys.modules["__main__"].__doc__ = program.__doc__
   for flag in flags.FLAGS.get_key_flags_for_module(program.__name__):
     flags.FLAGS.register_key_flag_for_module(argv[0], flag)
-  if getattr(program, "OWN_FLAGS", False):
-    program.main(argv)
+  if getattr(program, "OWN_FLAGS", False):  # its own parser; mistakes still one line
+    console.one_line_mistakes(program.main)(argv)
   else:
     console.run(program.main)

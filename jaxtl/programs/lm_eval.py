@@ -4,7 +4,8 @@
     --tasks=my_task --include_path=my_tasks/ --batch_size=32
 
 lm-eval's own command line and flags, with the model ``jaxtl``
-(:mod:`jaxtl.eval.lm_eval_adapter`) registered and chosen.
+(:mod:`jaxtl.eval.lm_eval_adapter`) registered and chosen. Its other
+commands pass through (``jaxtl lm_eval ls tasks``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,15 @@ from lm_eval.__main__ import cli_evaluate
 from jaxtl.eval import lm_eval_adapter
 
 OWN_FLAGS = True  # lm-eval parses its own command line, not absl
+# lm-eval's commands; with none named, ``run``. (lm-eval inserts it itself
+# only when there are two or more arguments: `jaxtl lm_eval` alone failed on
+# its own --model.)
+COMMANDS = ("run", "ls", "validate")
 
 
 def main(argv: list[str]) -> None:
-  sys.argv = [argv[0], f"--model={lm_eval_adapter.NAME}", *argv[1:]]
+  args = argv[1:] if argv[1:2] and argv[1] in COMMANDS else ["run", *argv[1:]]
+  if args[0] == "run":
+    args.insert(1, f"--model={lm_eval_adapter.NAME}")
+  sys.argv = [argv[0], *args]
   cli_evaluate()

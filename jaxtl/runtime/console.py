@@ -166,6 +166,12 @@ def parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError, ImportError) as e:
+    missing = re.findall(r"Flag --(\w+) must have a value other than None", str(e))
+    if missing:  # absl's words: "flag --out=None: Flag --out must have a value ..."
+      names = [f"--{m}" for m in missing]
+      listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+      exit_mistake(f"{listed} {'is' if len(names) == 1 else 'are'} needed; "
+                   f"{program()} --helpshort says what each flag is")
     hint = ("; --verbose prints a run's whole config, every key and its value"
             if isinstance(e, (AttributeError, KeyError)) else "")
     exit_mistake(f"bad flag or config override: {describe(e)}{hint}")
