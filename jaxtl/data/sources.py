@@ -185,8 +185,8 @@ def require_data_dir(flag_value: str | None = None) -> str:
   data_dir = resolve_data_dir(flag_value)
   if data_dir is None:
     raise ValueError(
-        f"no data directory: set the environment variable {DATA_DIR_ENV} "
-        "(or pass a data_dir flag) to the folder holding the datasets")
+        f"no data directory: set the environment variable {DATA_DIR_ENV} to the "
+        f"folder holding the datasets (export {DATA_DIR_ENV}=~/data)")
   return data_dir
 
 

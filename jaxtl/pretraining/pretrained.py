@@ -108,7 +108,8 @@ def _config_from(values: dict[str, Any]) -> TransformerConfig:
 def _read_model_config(workdir: str) -> dict[str, Any]:
   path = layout.model_config_file(workdir)
   if not os.path.isdir(workdir):
-    raise FileNotFoundError(f"{workdir}: no such folder; a model is a jaxtl "
+    what = "a file" if os.path.exists(workdir) else "no such folder"
+    raise FileNotFoundError(f"{workdir}: {what}; a model is a jaxtl "
                             "workdir or a Hugging Face model folder")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{workdir}: not a model: a jaxtl pretraining or "
