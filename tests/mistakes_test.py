@@ -47,7 +47,7 @@ CASES = [
     (["benchmark", "--presets=tiny_cls", "--devices=999"],
      "jaxtl benchmark: --devices=999: this machine has"),
     (["prompt", "--task=trec"], "jaxtl prompt: --checkpoint is needed; jaxtl prompt "
-     "--helpshort says what each flag is"),
+     "--help says what each flag is"),
     (["lm_eval", "--tasks=nope"], "jaxtl lm_eval: Tasks not found: nope"),
 ]
 

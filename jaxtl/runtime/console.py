@@ -171,7 +171,7 @@ def parse_flags(argv: list[str]) -> list[str]:
       names = [f"--{m}" for m in missing]
       listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
       exit_mistake(f"{listed} {'is' if len(names) == 1 else 'are'} needed; "
-                   f"{program()} --helpshort says what each flag is")
+                   f"{program()} --help says what each flag is")
     hint = ("; --verbose prints a run's whole config, every key and its value"
             if isinstance(e, (AttributeError, KeyError)) else "")
     exit_mistake(f"bad flag or config override: {describe(e)}{hint}")
