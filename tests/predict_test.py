@@ -111,6 +111,8 @@ def test_load_predicts_what_finetuning_scored(tuned):
   # Batching and padded length change nothing: one at a time gives the same.
   assert [p["label"] for p in model.predict(test.texts[:3], batch_size=1)] == \
       [p["label"] for p in preds[:3]]
+  # A lone text is one input, not one per character.
+  assert [p["label"] for p in model.predict(test.texts[0])] == [preds[0]["label"]]
 
 
 def test_auto_decides_precision_again_where_the_model_is_loaded(monkeypatch):
@@ -269,6 +271,12 @@ def test_inputs_for_pairs_tagging_and_questions_become_the_kinds_examples(tuned)
   [question] = predictor.as_examples(qa, [("Who barks?", "The dog barks.")])
   assert (question.question, question.context, question.answers) == \
       ("Who barks?", "The dog barks.", ())
+  # Anything else is named by its index, not a TypeError from deep inside.
+  for spec, good, bad in ((base, "Who?", None), (base, "Who?", 7),
+                          (tagging, "dogs bark", None), (tagging, "dogs bark", ["a", 3]),
+                          (qa, ("Who?", "Al."), "Who barks?")):
+    with pytest.raises(ValueError, match=r"^input 1: "):
+      predictor.as_examples(spec, [good, bad])
 
 
 @pytest.mark.subprocess

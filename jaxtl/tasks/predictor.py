@@ -78,9 +78,12 @@ class FineTuned:
     ``{"answer"}``; generation: ``{"generated"}``, the text it writes. Inputs: texts, ``(text, text_pair)`` pairs for pair
     tasks, word lists (or whitespace-split texts) for tagging,
     ``(question, context)`` for span_qa, or mappings keyed by
-    ``spec.text_fields``. ``desc`` names the progress bar shown on a
-    terminal for many batches (None: no bar).
+    ``spec.text_fields``. A lone text is one input (a list of one
+    prediction), not its characters. ``desc`` names the progress bar shown
+    on a terminal for many batches (None: no bar).
     """
+    if isinstance(inputs, str):
+      inputs = [inputs]
     if not len(inputs):
       return []
     kind = kinds.get(self.spec.kind)
@@ -125,15 +128,16 @@ def _fields(spec: task_spec.TaskSpec, item: Input, index: int) -> tuple[Any, ...
       raise ValueError(f"input {index}: missing field(s) {missing} (the task "
                        f"{spec.name!r} reads {list(names)})")
     values = tuple(item[n] for n in names)
-  elif isinstance(item, str) or spec.kind == "token_classification":
-    values = (item,)
-  else:
+  elif isinstance(item, (tuple, list)) and spec.kind != "token_classification":
     values = tuple(item)
+  else:  # a text, a tagging input's word list; anything else fails below
+    values = (item,)
   if spec.kind == "token_classification":
-    words = values[0].split() if isinstance(values[0], str) else list(values[0])
-    values = (words,)
-    if not all(isinstance(w, str) for w in words):
-      raise ValueError(f"input {index}: tagging takes a text or a list of words")
+    words = values[0].split() if isinstance(values[0], str) else values[0]
+    if not isinstance(words, (tuple, list)) or not all(isinstance(w, str) for w in words):
+      raise ValueError(f"input {index}: tagging takes a text or a list of words, "
+                       f"got {item!r:.200}")
+    values = (list(words),)
   elif len(values) != len(names) or not all(isinstance(v, str) for v in values):
     raise ValueError(f"input {index}: the task {spec.name!r} takes "
                      f"{len(names)} text(s) {list(names)}, got {item!r:.200}")
