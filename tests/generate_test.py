@@ -230,19 +230,33 @@ def test_command_line_generates_text(tmp_path):
   convert.export_hf(tmp_path / "gpt2", cfg, params)
   out = subprocess.run(
       [sys.executable, "-m", "jaxtl", "generate", f"--checkpoint={tmp_path / 'gpt2'}",
-       f"--tokenizer={vocab}", "--prompt=Hello there", "--prompt=Why",
+       f"--tokenizer={vocab}", "--prompt=Hello there", "--prompt=Why", "--prompt=",
        "--max_new_tokens=4", "--temperature=1.0", "--num_return_sequences=2",
        "--compute_dtype=bfloat16"],
       capture_output=True, text=True, timeout=300, check=True)
   lines = [l for l in out.stdout.splitlines() if l.startswith("[")]
-  assert len(lines) == 4 and lines[0].startswith("[0] Hello there") and lines[3].startswith(
-      "[3] Why")
+  assert len(lines) == 6 and lines[0].startswith("[0] Hello there") and lines[3].startswith(
+      "[3] Why") and lines[4].startswith("[4] ")  # an empty prompt: a text from scratch
   from jaxtl.pretraining import pretrained  # pylint: disable=g-import-not-at-top
   folder = str(tmp_path / "gpt2")
   assert pretrained.load(folder, str(vocab)).config.dtype == "float32"  # as imported
   assert pretrained.load(folder, str(vocab), "bfloat16").config.dtype == "bfloat16"
   with pytest.raises(ValueError, match="compute_dtype='f16'; expected auto"):
     pretrained.load(folder, str(vocab), "f16")
+
+
+def test_prompts_are_left_padded_and_an_empty_one_starts_a_new_document():
+  class Tok:  # one id per word
+    pad_id, eos_id = 0, 1
+
+    def encode(self, text):
+      return [len(w) + 1 for w in text.split()]
+
+  tokens, mask = G.prompt_arrays(Tok(), ["ab c", ""], "decoder")
+  np.testing.assert_array_equal(tokens, [[3, 2], [0, 1]])  # "": end-of-text, as after
+  np.testing.assert_array_equal(mask, [[1, 1], [0, 1]])  # every pretraining document
+  tokens, _ = G.prompt_arrays(Tok(), ["ab", ""], "encoder_decoder")
+  np.testing.assert_array_equal(tokens, [[3, 1], [0, 1]])  # T5's input ends in EOS
 
 
 def test_the_prompt_pass_computes_logits_for_its_last_position_only():

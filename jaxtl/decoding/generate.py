@@ -314,9 +314,13 @@ def generate_ids(config: TransformerConfig, gen: GenerationConfig, params: Any,
 
 def prompt_arrays(tok: Any, prompts: list[str], family: str
                    ) -> tuple[np.ndarray, np.ndarray]:
-  """Token and mask arrays: left-padded for decoders, EOS-terminated for T5."""
+  """Token and mask arrays: left-padded for decoders, EOS-terminated for T5.
+
+  A decoder's empty prompt is its end-of-text token: pretraining put one
+  after every document, so what follows it is a new document (GPT-2's own
+  start token for unconditional text)."""
   eos = [tok.eos_id] if family_of(family).eos_ends_prompt else []
-  rows = [tok.encode(p) + eos for p in prompts]
+  rows = [tok.encode(p) + eos or [tok.eos_id] for p in prompts]
   width = max(map(len, rows))
   tokens = np.full((len(rows), width), tok.pad_id, np.int32)
   mask = np.zeros_like(tokens)
