@@ -320,7 +320,7 @@ def prompt_arrays(tok: Any, prompts: list[str], family: str
   after every document, so what follows it is a new document (GPT-2's own
   start token for unconditional text)."""
   eos = [tok.eos_id] if family_of(family).eos_ends_prompt else []
-  rows = [tok.encode(p) + eos or [tok.eos_id] for p in prompts]
+  rows = [(tok.encode(p) + eos) or [tok.eos_id] for p in prompts]
   width = max(map(len, rows))
   tokens = np.full((len(rows), width), tok.pad_id, np.int32)
   mask = np.zeros_like(tokens)
