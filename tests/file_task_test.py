@@ -74,6 +74,17 @@ def test_csv_quoted_commas_and_newlines_are_read_and_labels_sorted(tmp_path):
   assert ex.lines == [f"{path}:2", f"{path}:3", f"{path}:5"]
 
 
+def test_a_table_with_another_separator_than_its_name_says_is_named_so(tmp_path):
+  for name, content, says in (
+      ("a.csv", "text;label\nok;pos\n", r"separated by semicolons: save it with commas"),
+      ("b.csv", "text\tlabel\nok\tpos\n", r"separated by tabs: --config.task.format=tsv"),
+      ("c.tsv", "text,label\nok,pos\n", r"separated by commas: --config.task.format=csv"),
+      ("d.csv", "words,label\nok,pos\n", r"the header has \['words', 'label'\]$")):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(ValueError, match=rf"{name}:1: no column 'text'; .*{says}"):
+      file_task.read_split(TEXT, str(tmp_path / name))
+
+
 def test_integer_labels_keep_their_order_and_gzip_is_looked_through(tmp_path):
   path = tmp_path / "stars.jsonl.gz"
   with gzip.open(path, "wt") as f:

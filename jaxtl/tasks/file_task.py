@@ -165,12 +165,30 @@ def _inputs(task: FileTask, row: dict[str, Any]) -> tuple[list[Any], Any] | str:
   return texts, row[task.label_field]
 
 
+# A header read as one column, split by what it holds: what to do instead.
+_SEPARATORS = (("\t", "tabs: --config.task.format=tsv (or a .tsv name)"),
+               (",", "commas: --config.task.format=csv (or a .csv name)"),
+               (";", "semicolons: save it with commas (CSV) or tabs (TSV)"),
+               ("|", "bars: save it with commas (CSV) or tabs (TSV)"))
+
+
 def _check_header(task: FileTask, path: str, row: dict[str, Any]) -> None:
   """A table's columns are the same on every row: a missing one is one
   error about the header, not one per row."""
   for field in (*task.text_fields, task.label_field):
     if field not in row:
-      raise ValueError(f"{path}:1: no column {field!r}; the header has {list(row)}")
+      raise ValueError(f"{path}:1: no column {field!r}; the header has {list(row)}"
+                       f"{_separator_hint(list(row), field)}")
+
+
+def _separator_hint(header: list[str], field: str) -> str:
+  """What to do when the header is one column whose name holds ``field``
+  among others: the file has another separator than its format's (a
+  semicolon CSV from a spreadsheet, a TSV named .csv); else ""."""
+  for sep, fix in _SEPARATORS:
+    if len(header) == 1 and field in (parts := header[0].split(sep)) and len(parts) > 1:
+      return f"; its columns are separated by {fix}"
+  return ""
 
 
 def _score(task: FileTask, value: Any) -> float | str:
