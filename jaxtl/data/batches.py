@@ -209,9 +209,10 @@ class BatchIterator:
   def open(self) -> None:
     """Makes Grain's iterator now, on the calling thread, where ``next``
     would make it at its first call. A :class:`Prefetcher` calls it before
-    its thread starts: importing Grain (and the JAX modules it loads) there,
-    while the training loop's other threads trace and import, once failed a
-    run's first batch with a ModuleNotFoundError."""
+    its thread starts, so that Grain (and the JAX modules it loads) is not
+    imported there while the loop's other threads trace and import: a run
+    set up that way once failed with a ModuleNotFoundError for an installed
+    module (seen once; this removes the concurrency, the cause is unproven)."""
     if self._it is None:
       self._it = self._start()
 

@@ -185,8 +185,10 @@ def _separator_hint(header: list[str], field: str) -> str:
   """What to do when the header is one column whose name holds ``field``
   among others: the file has another separator than its format's (a
   semicolon CSV from a spreadsheet, a TSV named .csv); else ""."""
+  if len(header) != 1:
+    return ""
   for sep, fix in _SEPARATORS:
-    if len(header) == 1 and field in (parts := header[0].split(sep)) and len(parts) > 1:
+    if field in (parts := header[0].split(sep)) and len(parts) > 1:
       return f"; its columns are separated by {fix}"
   return ""
 

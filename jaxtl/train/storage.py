@@ -34,12 +34,13 @@ def probe_writable(directory: str, why: str = "checkpoints cannot be saved there
   filesystem and knows nothing of a full disk.
   """
   error = write_error(directory)
-  if error is not None and (file := file_in_the_way(directory)) is not None:
+  if error is None:
+    return
+  if (file := file_in_the_way(directory)) is not None:
     raise SaveFailed(f"{file} is a file, not a folder: {why}; pass another "
                      "--workdir") from error
-  if error is not None:
-    raise SaveFailed(f"{directory} is not writable ({describe(error)}): {why}; free "
-                     "space or fix its permissions, or pass another --workdir") from error
+  raise SaveFailed(f"{directory} is not writable ({describe(error)}): {why}; free "
+                   "space or fix its permissions, or pass another --workdir") from error
 
 
 def write_error(directory: str) -> OSError | None:
