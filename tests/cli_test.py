@@ -53,6 +53,14 @@ def test_the_command_runs_a_module_with_its_flags():
                        capture_output=True, text=True, timeout=120,
                        env={**os.environ, "JAXTL_KEEP_MEMORY": "0"})
   assert "--checkpoint: A jaxtl workdir" in out.stdout + out.stderr  # absl's --help
+  # Its docstring, without the reference page's markup (``x``, :mod:`x`).
+  assert "jaxtl convert: export a jaxtl" in out.stdout and "`" not in out.stdout
+
+
+def test_help_text_drops_sphinx_markup():
+  doc = "``jaxtl x``: see :mod:`jaxtl.a.b` and :func:`~jaxtl.c`; ``--in`` is a `file`."
+  assert cli.for_terminal(doc) == "jaxtl x: see jaxtl.a.b and jaxtl.c; --in is a `file`."
+  assert cli.for_terminal(None) is None
 
 
 @pytest.mark.slow

@@ -176,3 +176,12 @@ def test_the_command_runs_lm_evals_run_with_the_jaxtl_model_and_passes_the_other
   model = f"--model={lm_eval_adapter.NAME}"
   assert seen == [["run", model], ["run", model, "--tasks=x"], ["run", model, "--tasks=x"],
                   ["ls", "tasks"]]
+
+
+def test_the_commands_help_says_what_jaxtl_fills_in(monkeypatch, capsys):
+  from jaxtl.programs import lm_eval as command  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(command, "cli_evaluate", lambda: None)
+  command.main(["jaxtl lm_eval", "--help"])
+  assert capsys.readouterr().out.startswith("jaxtl lm_eval: lm-eval's `run` with --model=jaxtl")
+  command.main(["jaxtl lm_eval", "ls", "tasks"])
+  assert not capsys.readouterr().out

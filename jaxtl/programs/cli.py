@@ -25,6 +25,7 @@ import dataclasses
 import importlib
 import importlib.metadata
 import os
+import re
 import sys
 
 from absl import flags
@@ -176,6 +177,17 @@ def run(argv: list[str] | None = None) -> None:
                             *with_recipe_paths(rest)])
 
 
+def for_terminal(doc: str | None) -> str | None:
+  """A program's docstring as ``--help`` prints it: the Sphinx markup that
+  makes it a reference page (``code``, :mod:`name`) taken out, since a
+  terminal shows the marks, not what they mean. A module named is left as
+  its name: ``python -m pydoc NAME`` reads it."""
+  if doc is None:
+    return None
+  doc = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
+  return re.sub(r"``([^`]+)``", r"\1", doc)
+
+
 def start(command: Command, argv: list[str]) -> None:
   """Runs ``command``'s program on ``argv`` the way every program starts.
 
@@ -192,7 +204,7 @@ def start(command: Command, argv: list[str]) -> None:
     console.fail(e)
   # absl's --help prints the __main__ module's docstring and --helpshort
   # the flags of the module named by argv[0]: the program's.
-  sys.modules["__main__"].__doc__ = program.__doc__
+  sys.modules["__main__"].__doc__ = for_terminal(program.__doc__)
   for flag in flags.FLAGS.get_key_flags_for_module(program.__name__):
     flags.FLAGS.register_key_flag_for_module(argv[0], flag)
   if getattr(program, "OWN_FLAGS", False):  # its own parser; mistakes still one line

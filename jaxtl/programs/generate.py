@@ -19,7 +19,7 @@ from jaxtl.programs import precision
 
 flags.DEFINE_string("checkpoint", None, "A jaxtl workdir or a Hugging Face folder.",
                     required=True)
-flags.DEFINE_multi_string("prompt", None, "Prompt text (repeat for a batch).",
+flags.DEFINE_multi_string("prompt", None, "A text: a causal LM continues it, a T5 or a BART answers it",
                           required=True)
 flags.DEFINE_string("tokenizer", "", "Tokenizer path (default: the checkpoint's).")
 flags.DEFINE_integer("max_new_tokens", 40, "Tokens to generate.", lower_bound=1)
