@@ -476,23 +476,34 @@ def test_chunked_cross_entropy_holds_one_chunk_of_logits():
   assert temp_bytes(64) < whole / (4 if jax.default_backend() == "cpu" else 1.5)
 
 
-def test_a_fresh_run_compiles_its_step_once_while_the_state_is_made(tmp_path, caplog):
+def test_a_fresh_run_compiles_its_step_once_while_the_state_is_made_and_a_rerun_none(
+    tmp_path, caplog):
   import runs  # pylint: disable=g-import-not-at-top
   from jaxtl.pretraining import pretrain  # pylint: disable=g-import-not-at-top
   config = runs.tiny_mlm_config()
   config.train.update(steps=2, eval_every=0, eval_batches=1)
   config.model.update(mlp_dim=48)  # a step no other test compiles: no cache hit
+
+  def step_compiles() -> list[str]:
+    return [r.threadName for r in caplog.records
+            if r.getMessage().startswith("Finished XLA compilation of jit(train_step)")]
+
   jax.config.update("jax_log_compiles", True)  # for every thread, not this one alone
   try:
     with caplog.at_level("WARNING"):
       pretrain.train_and_evaluate(config, str(tmp_path))
+      # Compiled ahead, in the background, and found in jit's cache by the first step.
+      assert step_compiles() == ["compile_ahead"]
+      # A rerun when finished (say with a new learning rate) says that nothing
+      # trains, and only evaluates.
+      caplog.clear()
+      config.optim.lr *= 2
+      pretrain.train_and_evaluate(config, str(tmp_path))
+      assert f"{tmp_path} was trained to step 2 of 2 already: this run only evaluates" in (
+          caplog.text)
+      assert not step_compiles()
   finally:
     jax.config.update("jax_log_compiles", False)
-  compiles = [r for r in caplog.records
-              if r.getMessage().startswith("Finished XLA compilation of jit(train_step)")]
-  # Compiled ahead, in the background, and found in jit's cache by the first step.
-  assert [r.threadName for r in compiles] == ["compile_ahead"], [
-      r.getMessage()[:80] for r in compiles]
 
 
 def test_a_run_that_fails_before_its_first_step_leaves_no_compile_running(tmp_path,

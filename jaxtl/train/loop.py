@@ -297,6 +297,10 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
     logging.info("resumed from checkpoint step %d in %s", at, workdir)
     if (moved := schedule_moved(extra, loop.steps, schedule, at)) is not None:
       logging.warning("%s", moved)
+    if at >= loop.steps:  # a rerun of a finished run, perhaps with a new lr
+      logging.warning("%s was trained to step %d of %d already: this run only evaluates "
+                      "it (more steps or epochs train on; other settings need another "
+                      "--workdir)", workdir, at, loop.steps)
   else:
     if loop.steps:  # the first stage's step compiles while the state is made
       batches_0, step_0 = open_stage(bisect.bisect_left(ends, 1))
