@@ -344,6 +344,19 @@ def test_a_broken_hugging_face_folder_is_named_with_what_is_wrong(broken, bert_f
   assert str(folder) in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_hub_name_is_not_downloaded_and_the_message_says_what_to_do(tmp_path,
+                                                                        monkeypatch):
+  from jaxtl.pretraining import pretrained  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "runs").mkdir()
+  hint = "a Hub name is not downloaded: save the model to a folder"
+  for name, hub in (("bert-base-uncased", True), ("google/t5-small", True),
+                    ("runs/mlmm", False), (str(tmp_path / "gpt2"), False)):
+    with pytest.raises(FileNotFoundError, match=f"{name}: no such folder") as e:
+      pretrained.load(name)
+    assert (hint in str(e.value)) == hub, (name, str(e.value))
+
+
 def test_export_refuses_models_transformers_cannot_express(tmp_path):
   from jaxtl.models.config import TransformerConfig  # pylint: disable=g-import-not-at-top
   cfg = TransformerConfig(family="encoder", vocab_size=50, d_model=16, num_heads=2,

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 from typing import Any, Callable, Mapping
 
 from flax import traverse_util
@@ -105,12 +106,22 @@ def _config_from(values: dict[str, Any]) -> TransformerConfig:
   return TransformerConfig.from_mapping(values, keep_float32=None)
 
 
+def _hub_hint(path: str) -> str:
+  """What to do when ``path`` reads as a Hub name (``gpt2``,
+  ``google/t5-small``: at most two parts, the first no folder here)."""
+  parts = path.split("/")
+  if len(parts) > 2 or not re.fullmatch(r"[\w.-]+", parts[0]) or os.path.exists(parts[0]):
+    return ""
+  return ("; a Hub name is not downloaded: save the model to a folder with "
+          "transformers' save_pretrained where there is network, and pass the folder")
+
+
 def _read_model_config(workdir: str) -> dict[str, Any]:
   path = layout.model_config_file(workdir)
   if not os.path.isdir(workdir):
     what = "a file" if os.path.exists(workdir) else "no such folder"
     raise FileNotFoundError(f"{workdir}: {what}; a model is a jaxtl "
-                            "workdir or a Hugging Face model folder")
+                            f"workdir or a Hugging Face model folder{_hub_hint(workdir)}")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{workdir}: not a model: a jaxtl pretraining or "
                             f"fine-tuning workdir has {layout.MODEL_CONFIG_FILE} (is its run "
