@@ -189,10 +189,20 @@ def test_bad_model_type(tmp_path):
 
 
 def test_vocab_too_large_is_a_clear_error(tmp_path):
-  with pytest.raises(ValueError, match="Vocabulary size too high"):
+  with pytest.raises(tokenizers.VocabTooLarge,
+                     match=r"m.model: the training text \(20 sentences\) gives at most "
+                           r"\d+ pieces, not the 5000 asked") as e:
     tokenizers.train_sentencepiece(["the cat sat on the mat"] * 20,
                                    tmp_path / "m", 5000)
+  assert 0 < e.value.most < 5000
   assert not (tmp_path / "m.model").exists()
+  # The pretraining pipeline names the key to change, and the size that fits.
+  from jaxtl.data.config import DataConfig, TokenizerConfig  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import pipeline  # pylint: disable=g-import-not-at-top
+  data = DataConfig(tokenizer=TokenizerConfig(vocab_size=5000))
+  with pytest.raises(ValueError, match=f"set --config.data.tokenizer.vocab_size={e.value.most} "
+                                       "or less, or train on more text"):
+    pipeline.build_tokenizer(data, str(tmp_path / "w"), lambda: ["the cat sat on the mat"] * 20)
 
 
 def test_vocab_smaller_than_specials(tmp_path):

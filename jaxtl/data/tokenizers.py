@@ -377,6 +377,15 @@ def _write_atomically(path: str, data: bytes) -> None:
   os.replace(tmp, path)
 
 
+class VocabTooLarge(ValueError):
+  """The training text has fewer distinct pieces than the vocabulary asked
+  for; ``most`` is the largest size SentencePiece can make of it."""
+
+  def __init__(self, message: str, most: int):
+    super().__init__(message)
+    self.most = most
+
+
 def train_sentencepiece(
     texts: Iterable[str],
     model_prefix: str | os.PathLike[str],
@@ -463,6 +472,14 @@ def train_sentencepiece(
         minloglevel=1,
     )
   except RuntimeError as e:
+    most = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= "
+                     r"(\d+)", str(e))
+    if most:
+      raise VocabTooLarge(
+          f"{prefix}.model: the training text ({len(sentences)} "
+          f"sentence{'s' if len(sentences) != 1 else ''}) gives at most {most.group(1)} "
+          f"pieces, not the {vocab_size} asked", int(most.group(1))
+      ) from e
     raise ValueError(
         f"SentencePiece training of {prefix}.model failed (vocab_size="
         f"{vocab_size}, model_type={model_type!r}, {len(sentences)} "

@@ -32,7 +32,7 @@ from jaxtl.data import packing, pretokenized, row_store, sources
 from jaxtl.data.batches import BatchIterator, Example, Row, Rows
 from jaxtl.data.tokenizer_files import get_tokenizer, keep_tokenizer
 from jaxtl.data.config import DataConfig
-from jaxtl.data.tokenizers import Tokenizer, train_sentencepiece
+from jaxtl.data.tokenizers import Tokenizer, VocabTooLarge, train_sentencepiece
 from jaxtl.objectives import ObjectiveConfig
 from jaxtl.pretraining.config import PretrainConfig
 
@@ -62,9 +62,13 @@ def build_tokenizer(data: DataConfig, workdir: str | None,
   texts = train_texts()
   log.info("training a %s sentencepiece model (vocab %d) -> %s.model",
            spec.model_type, spec.vocab_size, prefix)
-  return train_sentencepiece(texts, prefix, spec.vocab_size,
-                             model_type=spec.model_type,
-                             max_sentences=spec.max_sentences)
+  try:
+    return train_sentencepiece(texts, prefix, spec.vocab_size,
+                               model_type=spec.model_type,
+                               max_sentences=spec.max_sentences)
+  except VocabTooLarge as e:  # a small corpus, e.g. a trial with data.max_docs
+    raise ValueError(f"{e}: set --config.data.tokenizer.vocab_size={e.most} or less, "
+                     "or train on more text") from e
 
 
 def _cache_key(data: DataConfig, split: str, tokenizer: Tokenizer,
