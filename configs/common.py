@@ -231,7 +231,7 @@ def use_wikitext2(c: ConfigDict) -> ConfigDict:
   valid.txt, with a 4k unigram sentencepiece trained on it, 128-token rows."""
   wiki = lambda name: "{data_dir}/wikitext2/" + name
   c.data.source.update(kind="text")
-  c.data.source.files = dict(train=[wiki("test.txt")], validation=[wiki("valid.txt")])
+  c.data.source.files = dict(train=(wiki("test.txt"),), validation=(wiki("valid.txt"),))
   c.data.tokenizer.update(vocab_size=4000, model_type="unigram")
   c.data.seq_len = 128
   return c

@@ -50,13 +50,13 @@ def get_config(arg: str | None = None):
   # (shares of documents: Shakespeare is one document here, which an equal
   # rate would repeat 25,964 times; the run refuses such a mix).
   c.data.source.parts = dict(
-      imdb=dict(kind="jsonl", field="text", rate=1.0, files=dict(train=[
-          "{data_dir}/imdb/unsup.jsonl.gz", "{data_dir}/imdb/train.jsonl.gz"])),
+      imdb=dict(kind="jsonl", field="text", rate=1.0, files=dict(train=(
+          "{data_dir}/imdb/unsup.jsonl.gz", "{data_dir}/imdb/train.jsonl.gz"))),
       wikitext2=dict(kind="text", rate=1.0, files=dict(
-          train=["{data_dir}/wikitext2/test.txt"],
-          validation=["{data_dir}/wikitext2/valid.txt"])),
+          train=("{data_dir}/wikitext2/test.txt",),
+          validation=("{data_dir}/wikitext2/valid.txt",))),
       shakespeare=dict(kind="text", paragraphs=True, rate=1.0, files=dict(
-          train=["{data_dir}/tiny_shakespeare/input.txt"])))
+          train=("{data_dir}/tiny_shakespeare/input.txt",))))
   c.data.tokenizer.update(vocab_size=8000, model_type="unigram",
                           max_sentences=300_000)
   c.data.seq_len = 64

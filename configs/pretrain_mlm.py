@@ -51,8 +51,8 @@ def get_config(arg: str | None = None):
     c.model.update(type_vocab_size=max(c.model.type_vocab_size, 2), sentence_classes=2)
   imdb = lambda name: "{data_dir}/imdb/" + name
   c.data.source.update(kind="jsonl", field="text")
-  c.data.source.files = dict(train=[imdb("unsup.jsonl.gz"), imdb("train.jsonl.gz")],
-                             validation=[imdb("test.jsonl.gz")])
+  c.data.source.files = dict(train=(imdb("unsup.jsonl.gz"), imdb("train.jsonl.gz")),
+                             validation=(imdb("test.jsonl.gz"),))
   c.data.tokenizer.update(vocab_size=8000, model_type="unigram",
                           max_sentences=300_000)
   c.data.seq_len = 128

@@ -48,12 +48,12 @@ from jaxtl.configs import common, finetune, models, pretrain_clm
 TARGET_TEXTS: dict[str, dict[str, Any]] = {
     # TREC lines are "COARSE:fine question", Latin-1: keep the question.
     "trec": dict(kind="text", encoding="latin-1", line_pattern=r"^\S+ (.*)$",
-                 files=dict(train=["{data_dir}/trec/train_5500.label"],
-                            validation=["{data_dir}/trec/TREC_10.label"])),
+                 files=dict(train=("{data_dir}/trec/train_5500.label",),
+                            validation=("{data_dir}/trec/TREC_10.label",))),
     "imdb": dict(kind="jsonl", field="text",
-                 files=dict(train=["{data_dir}/imdb/unsup.jsonl.gz",
-                                   "{data_dir}/imdb/train.jsonl.gz"],
-                            validation=["{data_dir}/imdb/test.jsonl.gz"])),
+                 files=dict(train=("{data_dir}/imdb/unsup.jsonl.gz",
+                                   "{data_dir}/imdb/train.jsonl.gz"),
+                            validation=("{data_dir}/imdb/test.jsonl.gz",))),
 }
 
 # The paper's numbers (section 3.2 and 3.3; Adam betas from section 4).

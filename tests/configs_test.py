@@ -196,6 +196,41 @@ def test_library_code_reads_every_key(recipe, arg):
                       f"these keys: {unread}")
 
 
+def test_every_key_can_be_set_from_the_command_line():
+  """ml_collections overrides booleans, numbers, strings and tuples, not
+  lists: a recipe's file lists once could only be changed in a config file."""
+  from jaxtl.train import identity  # pylint: disable=g-import-not-at-top
+  lists = [f"{recipe}:{arg or ''} {key}" for recipe in ALL_RECIPES
+           for arg in [None, *RECIPE_ARGS.get(recipe, [])]
+           for key, value in identity.leaves(
+               importlib.import_module(f"jaxtl.configs.{recipe}").get_config(arg))
+           if isinstance(value, list)]
+  assert not lists
+
+
+def test_a_recipe_reads_local_files_named_on_the_command_line(tmp_path):
+  """Any pretraining recipe, TFDS's included, reads files named by flags:
+  one path, or the flag repeated."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from jaxtl.data import sources  # pylint: disable=g-import-not-at-top
+  from jaxtl.pretraining import config as pretrain_config  # pylint: disable=g-import-not-at-top
+  argv = ["jaxtl", f"--config={REPO}/configs/pretrain_clm.py",
+          "--config.data.source.kind=text", "--config.data.source.files.train=a.txt",
+          "--config.data.source.files.train=b.txt",
+          "--config.data.source.files.validation=c.txt"]
+  values = flags.FlagValues()  # the overrides' flags are made from sys_argv
+  config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
+  values(argv)
+  source = pretrain_config.of(values.config).data.source
+  assert isinstance(source, sources.FileSource) and source.kind == "text"
+  assert source.files == {"train": ("a.txt", "b.txt"), "validation": ("c.txt",)}
+  (tmp_path / "a.txt").write_text("one line\n")
+  with pytest.raises(FileNotFoundError, match=r"b.txt \(a file of split 'train'\)"):
+    sources.check_files(dataclasses.replace(source, files={
+        "train": (str(tmp_path / "a.txt"), str(tmp_path / "b.txt"))}), ("train",))
+
+
 def test_the_unread_key_check_names_dead_keys():
   config = importlib.import_module("jaxtl.configs.transfer_study").get_config()
   with config.unlocked():

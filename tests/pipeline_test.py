@@ -204,17 +204,23 @@ def test_pack_mode_keeps_documents_apart(tmp_path):
 
 def test_unreadable_data_leaves_no_tokenizer_folder(tmp_path):
   """A run whose data cannot be read fails before writing tokenizer/: an
-  empty one would be taken for a trained tokenizer's folder next time.
-  (TFDS's offline error itself: sources_test.)"""
+  empty one would be taken for a trained tokenizer's folder next time. A
+  missing file (here the validation split's, read last) fails before the
+  run writes anything. (TFDS's offline error itself: sources_test.)"""
   from jaxtl.configs import pretrain_clm  # pylint: disable=g-import-not-at-top
   from jaxtl.pretraining import pretrain  # pylint: disable=g-import-not-at-top
   config = pretrain_clm.get_config()
-  missing = str(tmp_path / "missing.jsonl")
+  bad, missing = tmp_path / "bad.jsonl", str(tmp_path / "missing.jsonl")
+  bad.write_text('{"text": "fine"}\n{"text": \n')
   config.data.source.update(kind="jsonl", name="", manual_dir="")
-  config.data.source.files = dict(train=[missing], validation=[missing])
+  config.data.source.files = dict(train=(str(bad),), validation=(missing,))
   with pytest.raises(FileNotFoundError, match="missing.jsonl"):
     pretrain.train_and_evaluate(config, str(tmp_path / "wd"))
-  assert not list((tmp_path / "wd").iterdir())
+  assert not (tmp_path / "wd").exists()
+  config.data.source.files.validation = (str(bad),)
+  with pytest.raises(ValueError, match="bad.jsonl"):
+    pretrain.train_and_evaluate(config, str(tmp_path / "wd"))
+  assert [p.name for p in (tmp_path / "wd").iterdir()] == []
 
 
 def _store(tmp_path, n=40, length=12, eos_id=None):

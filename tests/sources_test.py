@@ -143,7 +143,8 @@ def test_load_texts_dispatch(tmp_path, monkeypatch):
   tsv = sources.source_config({"kind": "tsv", "field": "s",
                                "files": {"train": "{data_dir}/t.tsv"}})
   assert sources.load_texts(tsv, "train") == ["hi"]
-  with pytest.raises(ValueError, match=r"'test'.*'train', 'validation'"):
+  with pytest.raises(ValueError, match=r"files for train, validation only, none for split "
+                                       r"'test': name them with --config.data.source.files.test"):
     sources.load_texts(jsonl, "test")
   with pytest.raises(ValueError, match=r"source.kind='csv'.*jsonl, tsv, parquet"):
     sources.source_config({"kind": "csv"})

@@ -37,6 +37,19 @@ class SourceConfig(sections.Kinded):
   kind: str = key("tfds", "corpus format")
 
 
+# Every file source has the default splits' keys, so that a recipe of any
+# kind reads local files from the command line alone:
+# --config.data.source.kind=text --config.data.source.files.train=my.txt ...
+# (a tuple: one path, or the flag repeated; a list could not be overridden).
+NO_FILES = {"train": (), "validation": ()}
+FILES_MEANING = "the files of split {name} ({data_dir}: $JAXTL_DATA_DIR)"
+
+
+def given_files(files: Mapping[str, Any]) -> dict[str, Any]:
+  """``files`` without the splits given no path."""
+  return {split: paths for split, paths in files.items() if paths}
+
+
 @dataclasses.dataclass(frozen=True)
 class TfdsSource(SourceConfig):
   """A TensorFlow Datasets dataset."""
@@ -55,7 +68,10 @@ class HFSource(SourceConfig):
   field: str = key("text", "the column or feature holding the text")
   subset: str = key("", "the Hub dataset's configuration (\"qnli\")")
   cache_dir: str = key("", "the datasets cache (\"\": $HF_DATASETS_CACHE or its default)")
-  files: dict[str, Any] = key({}, "the files of split {name} ({data_dir}: $JAXTL_DATA_DIR)")
+  files: dict[str, Any] = key(NO_FILES, FILES_MEANING)
+
+  def __post_init__(self):
+    object.__setattr__(self, "files", given_files(self.files))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,13 +79,16 @@ class FileSource(SourceConfig):
   """Local files: plain text, JSON lines, TSV or Parquet."""
   field: str = key("text", "the column or feature holding the text",
                    kinds=("jsonl", "tsv", "parquet"))
-  files: dict[str, Any] = key({}, "the files of split {name} ({data_dir}: $JAXTL_DATA_DIR)")
+  files: dict[str, Any] = key(NO_FILES, FILES_MEANING)
   paragraphs: bool = key(False, "each file is one document; False: each non-blank "
                                 "line is one", kinds=("text",))
   encoding: str = key("utf-8", "the files' encoding", kinds=("text",))
   # TREC's labeled lines without their labels: "^\\S+ (.*)$".
   line_pattern: str = key("", "a regex; each document becomes its first group "
                               "(\"\": the whole line)", kinds=("text",))
+
+  def __post_init__(self):
+    object.__setattr__(self, "files", given_files(self.files))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,16 +220,30 @@ def expand_path(path: Any) -> str:
 def _split_files(source: HFSource | FileSource, split: str) -> list[str]:
   """The paths of ``split`` in ``source.files``, ``{data_dir}`` expanded."""
   files = source.files
-  if not isinstance(files, Mapping) or not files:
+  if not isinstance(files, Mapping):
     raise ValueError(f"source of kind {source.kind!r} needs 'files', a "
                      "mapping from split name to paths")
   if split not in files:
-    raise ValueError(f"unknown split {split!r}; the source has "
-                     f"{sorted(files)}")
+    has = f"files for {', '.join(sorted(files))} only" if files else "no files"
+    raise ValueError(f"a source of kind {source.kind!r} has {has}, none for split "
+                     f"{split!r}: name them with --config.data.source.files.{split}=PATH "
+                     "(repeat it for more files)")
   paths = files[split]
   if isinstance(paths, (str, os.PathLike)):
     paths = [paths]
   return [expand_path(p) for p in paths]
+
+
+def check_files(source: SourceConfig, splits: Iterable[str]) -> None:
+  """Raises unless a source of local files names files for each of
+  ``splits`` and they exist: checked before a run's work, which would
+  otherwise find a missing validation file after training a tokenizer."""
+  if not (isinstance(source, FileSource) or (isinstance(source, HFSource) and source.files)):
+    return
+  for split in splits:
+    for path in _split_files(source, split):
+      if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} (a file of split {split!r}): no such file")
 
 
 def _iter_tfds(source: TfdsSource, split: str) -> Iterator[str]:

@@ -21,6 +21,7 @@ import jax
 import ml_collections
 
 from jaxtl import objectives
+from jaxtl.data import sources
 from jaxtl.pretraining import pipeline
 from jaxtl.models import TransformerConfig, attention, electra, paths
 from jaxtl.models import config as model_config
@@ -208,6 +209,9 @@ def train_and_evaluate(config: PretrainConfig | ml_collections.ConfigDict, workd
     logging.warning("config.optim.warmup_steps=%d is more than config.train.steps=%d: "
                     "the run ends inside its learning-rate warmup",
                     config.optim.warmup_steps, numbers.steps)
+  sources.check_files(config.data.source, (config.data.train_split, config.data.eval_split))
+  for stage in config.stages:
+    sources.check_files(stage.data.source, (stage.data.train_split,))
   source = load_source(config)
   on_start()
   os.makedirs(workdir, exist_ok=True)

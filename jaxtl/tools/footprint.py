@@ -170,8 +170,8 @@ import importlib
 def get_config(arg=None):
   c = importlib.import_module("jaxtl.configs.{module}").get_config({arg!r})
   files = c.data.source.files
-  files.train = list(files.train if isinstance(files.train, (list, tuple))
-                     else [files.train]) * {repeats}
+  files.train = tuple(files.train if isinstance(files.train, (list, tuple))
+                      else [files.train]) * {repeats}
   c.data.tokenizer.path = {tokenizer!r}
   c.train.update(steps={steps}, eval_every={steps}, log_every={steps},
                  checkpoint_every={steps}, eval_batches=2)
