@@ -13,7 +13,7 @@ your own CSV, TSV, JSON lines or Parquet (``jaxtl.tasks.file_task``):
 
   jaxtl finetune --config=finetune:task=files \
     --config.task.train=train.csv --config.task.dev_fraction=0.1 \
-    --config.task.text_fields="('review',)" --config.task.label_field=stars ... On a T5
+    --config.task.text_fields=review --config.task.label_field=stars ... On a T5
 backbone (``pretrain_span``), ``--config.task.kind=text_to_text``
 turns a classification task into T5's text-to-text form: the decoder learns
 to write the label (``task.label_words``) and predicts the likeliest one.
@@ -46,7 +46,7 @@ TASKS = {
     "imdb": ("classification", 256, 2),
     "pos": ("token_classification", 128, 3),
     "squad": ("span_qa", 256, 2),
-    # Your own CSV / TSV / JSON lines / Parquet files (docs: guides/own-data): --config.task.train=PATH --config.task.text_fields="('text',)"
+    # Your own CSV / TSV / JSON lines / Parquet files (docs: guides/own-data): --config.task.train=PATH --config.task.text_fields=text
     # --config.task.label_field=label, and dev/test files or fractions.
     "files": ("classification", 128, 3),
 }

@@ -142,8 +142,8 @@ def test_the_command_line_explains_itself(capsys):
   assert "finetune_minilm" not in out
   cli.run(["jaxtl", "config", "finetune:task=files", "--filter=task.t"])
   lines = capsys.readouterr().out.splitlines()
-  assert ("--config.task.text_fields=('text',)  (tuple)  the input fields: one, two "
-          "for pairs; tagging: the words list") in lines  # with its meaning
+  assert ("--config.task.text_fields=('text',)  (tuple)  the input fields (a,b): one, "
+          "two for pairs; tagging: the words list") in lines  # with its meaning
   assert all(line.startswith("--config.task.t") for line in lines)
   with pytest.raises(SystemExit) as stop:
     cli.run(["jaxtl", "config", "finetune", "--filter=nope"])

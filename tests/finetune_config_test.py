@@ -58,6 +58,15 @@ def test_every_fine_tuning_recipe_builds_its_typed_config(recipe, arg):
   assert tasks_config.of(typed) is typed  # typed once
 
 
+def test_text_fields_take_a_comma_list_as_predict_does():
+  """--config.task.text_fields=premise,hypothesis (a tuple flag gives
+  ('premise,hypothesis',)) names two fields, as predict's --text_fields."""
+  task = lambda *fields: tasks_config.TaskConfig(text_fields=fields).text_fields
+  assert task("premise,hypothesis") == task("premise", "hypothesis") == (
+      "premise", "hypothesis")
+  assert task("question") == ("question",)
+
+
 @pytest.mark.parametrize("recipe,arg", STUDIES)
 def test_the_transfer_study_builds_its_typed_config(recipe, arg):
   config = importlib.import_module(f"jaxtl.configs.{recipe}").get_config(arg)

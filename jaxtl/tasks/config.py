@@ -74,11 +74,17 @@ class TaskConfig:
   format: str = key("", "task=files: csv | tsv | tsv_unquoted | jsonl | parquet | hf "
                         "(task.hf); \"\": by extension")
   hf: HFDatasetConfig = section(HFDatasetConfig)
-  text_fields: tuple[str, ...] = key(("text",), "the input fields: one, two for "
+  text_fields: tuple[str, ...] = key(("text",), "the input fields (a,b): one, two for "
                                                 "pairs; tagging: the words list")
   label_field: str = key("label", "the target field: class, score, tags (tagging) or "
                                   "text(s) (generation)")
   labels: tuple[str | int, ...] = key((), "class order; (): train's labels, sorted")
+
+  def __post_init__(self):
+    # --config.task.text_fields=premise,hypothesis names two, as predict's
+    # --text_fields does (a tuple override takes one value a flag).
+    object.__setattr__(self, "text_fields", tuple(
+        name.strip() for entry in self.text_fields for name in entry.split(",")))
 
 
 class TaskSettings(Protocol):
