@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import shlex
 from typing import Any
 
 from absl import flags
@@ -82,5 +83,14 @@ def table(config: ml_collections.ConfigDict, prefix: str = "") -> str:
     raise ValueError(f"--filter={prefix}: no key starts so; the sections: "
                      f"{', '.join(sorted({k.split('.')[0] for k, _, _ in rows}))}")
   return "\n".join(line.rstrip() for line in _columns(
-      [(f"--config.{k}={v!r}", f"({type(v).__name__})", meaning)
+      [(f"--config.{k}={_shell(v)}", f"({type(v).__name__})", meaning)
        for k, v, meaning in picked]))
+
+
+def _shell(value: Any) -> str:
+  """A value as a shell passes it on: a tuple's parentheses and quotes
+  inside double quotes, so the line can be copied as it is."""
+  text = repr(value)
+  if not isinstance(value, (tuple, list, dict)):
+    return text
+  return f'"{text}"' if not set(text) & set('"$`\\') else shlex.quote(text)

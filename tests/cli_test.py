@@ -142,12 +142,30 @@ def test_the_command_line_explains_itself(capsys):
   assert "finetune_minilm" not in out
   cli.run(["jaxtl", "config", "finetune:task=files", "--filter=task.t"])
   lines = capsys.readouterr().out.splitlines()
-  assert ("--config.task.text_fields=('text',)  (tuple)  the input fields (a,b): one, "
+  assert ("--config.task.text_fields=\"('text',)\"  (tuple)  the input fields (a,b): one, "
           "two for pairs; tagging: the words list") in lines  # with its meaning
   assert all(line.startswith("--config.task.t") for line in lines)
   with pytest.raises(SystemExit) as stop:
     cli.run(["jaxtl", "config", "finetune", "--filter=nope"])
   assert stop.value.code == 2 and "no key starts so" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe", ["finetune:task=files", "pretrain_mlm"])
+def test_each_line_of_jaxtl_config_pasted_into_a_shell_sets_what_it_shows(recipe):
+  import shlex  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from jaxtl import recipes  # pylint: disable=g-import-not-at-top
+  from jaxtl.train import identity  # pylint: disable=g-import-not-at-top
+  config = recipes.load(cli.recipe_path(recipe))
+  # Each line: --config.KEY=VALUE, then two spaces and "(type)".
+  shown = [shlex.split(line.split("  (")[0])[0] for line in recipes.table(config).splitlines()]
+  argv = ["jaxtl", f"--config={cli.recipe_path(recipe)}", *shown]
+  values = flags.FlagValues()  # the overrides' flags are made from sys_argv
+  config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
+  values(argv)
+  assert len(shown) > 50
+  assert identity.flatten(values.config) == identity.flatten(config)
 
 
 def test_the_wheel_lists_every_package_of_the_tree():
