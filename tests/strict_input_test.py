@@ -43,8 +43,16 @@ def test_an_unbalanced_quote_stops_the_read_at_its_line_even_when_skipping(
 
 def test_predict_input_is_strict_and_unquoted_tsv_keeps_its_quotes(tmp_path):
   path = _write(tmp_path / "in.tsv", 'id\ttext\n1\t"Who?\n2\tWhere?\n')
-  with pytest.raises(ValueError, match=r"in\.tsv:2: .*tsv_unquoted"):
+  with pytest.raises(ValueError, match=r"in\.tsv:2: .*tsv_unquoted \(--config.task.format="
+                                       r"tsv_unquoted; jaxtl predict: --input_format="):
     rows.read_rows(path)
+  assert [r["text"] for _, r in rows.read_rows(path, "tsv_unquoted")] == ['"Who?', "Where?"]
+  # ... which predict's --input_format offers, as every format the readers have.
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from jaxtl.data import row_files  # pylint: disable=g-import-not-at-top
+  from jaxtl.programs import predict as command  # pylint: disable=g-import-not-at-top
+  del command  # its flags, defined on import
+  assert set(flags.FLAGS["input_format"].parser.enum_values) == {"", "text", *row_files.READERS}
   # IANA TSV (GLUE): quotes are plain characters, and a stray one is text.
   glue = file_task.FileTask(("sentence",), "label", format="tsv_unquoted")
   path = _write(tmp_path / "glue.tsv", 'sentence\tlabel\n"a quote\t1\nb "c" d\t0\n')

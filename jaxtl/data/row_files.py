@@ -102,7 +102,8 @@ def _broken_quote(e: csv.Error, line: int, delimiter: str) -> str:
   """Why a table stops at a row whose quotes do not balance, and the fix."""
   fix = 'close each quoted field (a quote inside one is written "")'
   if delimiter == "\t":
-    fix += ", or read a TSV whose quotes are plain text as tsv_unquoted"
+    fix += (", or read a TSV whose quotes are plain text as tsv_unquoted "
+            "(--config.task.format=tsv_unquoted; jaxtl predict: --input_format=tsv_unquoted)")
   return (f"a quoted field in the row starting here is not closed properly (csv: "
           f"{e}, at line {line}); the rest of the file cannot be read: {fix}")
 

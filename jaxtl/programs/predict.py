@@ -33,7 +33,8 @@ flags.DEFINE_string("input", None, "Rows to predict (a file, or - for stdin).",
 flags.DEFINE_string("output", "-", "Where predictions go (- for stdout).")
 flags.DEFINE_list("text_fields", [], "The input columns holding the task's "
                   "texts, in the task's order (default: the task's field names).")
-flags.DEFINE_enum("input_format", "", ["", "csv", "tsv", "jsonl", "parquet", "text"],
+flags.DEFINE_enum("input_format", "", ["", "csv", "tsv", "tsv_unquoted", "jsonl", "parquet",
+                                       "text"],
                   "Default: by --input's extension (plain text otherwise).")
 flags.DEFINE_integer("batch_size", 32, "Rows per forward pass.", lower_bound=1)
 precision.define_compute_dtype(__name__, "what fine-tuning was asked, and auto "
