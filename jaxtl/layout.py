@@ -16,7 +16,7 @@ the order a run writes it::
                       accepted start's settings (jaxtl.train.identity.record,
                       process 0), once the run's own checks passed.
   config.txt          every start's full config under a header with the time
-                      and the command, appended (jaxtl.programs.train.write_config,
+                      and the command, appended (jaxtl.training.write_config,
                       process 0, right after identity.json).
   tokenizer/          the tokenizer the run trained, or a copy of the one it
                       was given, so the model travels with it (process 0,

@@ -49,12 +49,34 @@ def listing() -> str:
           + "\n".join(lines))
 
 
+def resolve(spec: str) -> str:
+  """``spec`` (``--config``'s value) with a shipped recipe's name made into
+  its path; raises ValueError when it is neither a file nor a recipe.
+
+  An existing file always wins, so users' own config files work unchanged;
+  otherwise ``NAME``, ``NAME.py`` and ``configs/NAME.py`` name the shipped
+  ``configs/NAME.py`` (the package ``jaxtl.configs``), ``:ARGS`` kept.
+  """
+  path, sep, arg = spec.partition(":")
+  if os.path.isfile(path):
+    return spec
+  name = os.path.basename(path)
+  name = name[:-3] if name.endswith(".py") else name
+  shipped = os.path.join(RECIPES_DIR, f"{name}.py")
+  if (os.path.dirname(path) in ("", "configs", "jaxtl/configs") and os.path.isfile(shipped)
+      and name not in HELPERS):
+    return shipped + sep + arg
+  raise ValueError(f"--config={spec}: no such file, and {name!r} is not a shipped "
+                   f"recipe (known: {', '.join(names())})")
+
+
 def load(spec: str) -> Any:
-  """The config ``--config=SPEC`` gives (a recipe name or a file, with
-  ``:ARGS``), read as the commands read it."""
+  """The config ``--config=SPEC`` gives (a recipe's name or a config file,
+  with ``:ARGS``: ``"finetune_minilm:task=trec"``), read as the commands
+  read it: locked, so a misspelt key is an error."""
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True)
-  values(["jaxtl", f"--config={spec}"])
+  values(["jaxtl", f"--config={resolve(spec)}"])
   return values.config
 
 

@@ -22,7 +22,8 @@ LAYERS = [
     ("jaxtl.eval",),                    # scoring, prompting, lm-eval
     ("jaxtl.configs",),                 # the shipped recipes
     ("jaxtl.tools",),                   # the transfer study, benchmarks, analysis
-    ("jaxtl.programs", "jaxtl.recipes", "jaxtl.__main__"),  # the commands
+    ("jaxtl.programs", "jaxtl.recipes", "jaxtl.training", "jaxtl.__main__"),  # the
+                                        # commands, and runs started from Python
 ]
 
 
@@ -135,6 +136,8 @@ LAZY = {
 LAZY_HERE = {
     ("jaxtl/__init__.py", "jaxtl.tasks"):
         "jaxtl.load: `import jaxtl` (run by every jaxtl.* import) loads no JAX",
+    ("jaxtl/__init__.py", "jaxtl"):
+        "jaxtl.pretrain, finetune, study: jaxtl.training, which loads JAX",
     ("jaxtl/recipes.py", "jaxtl.configs"):
         "the recipes' sections import JAX; the CLI imports recipes before it tunes the process",
     ("jaxtl/runtime/compile_cache.py", "jax"):

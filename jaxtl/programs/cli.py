@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
-import os
 import re
 import sys
 
@@ -78,23 +77,12 @@ MODE_RECIPES = {"pretrain": ("pretrain_", "ulmfit:stage=lm"),
                 "study": ("transfer_study", "")}
 
 def recipe_path(value: str) -> str:
-  """A ``--config`` value with a shipped recipe's name made into its path.
-
-  An existing file always wins, so users' own config files work unchanged;
-  otherwise ``NAME``, ``NAME.py`` and ``configs/NAME.py`` name
-  the shipped ``configs/NAME.py`` (the package ``jaxtl.configs``).
-  """
-  path, sep, arg = value.partition(":")
-  if os.path.isfile(path):
-    return value
-  name = os.path.basename(path)
-  name = name[:-3] if name.endswith(".py") else name
-  shipped = os.path.join(recipes.RECIPES_DIR, f"{name}.py")
-  if (os.path.dirname(path) in ("", "configs", "jaxtl/configs") and os.path.isfile(shipped)
-      and name not in recipes.HELPERS):
-    return shipped + sep + arg
-  console.exit_mistake(f"--config={value}: no such file, and {name!r} is not a shipped "
-                       f"recipe (known: {', '.join(recipes.names())})")
+  """A ``--config`` value with a shipped recipe's name made into its path
+  (:func:`jaxtl.recipes.resolve`); neither a file nor a recipe: one line."""
+  try:
+    return recipes.resolve(value)
+  except ValueError as e:
+    console.exit_mistake(str(e))
 
 
 def with_recipe_paths(argv: list[str]) -> list[str]:

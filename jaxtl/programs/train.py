@@ -12,41 +12,28 @@ logs (TensorFlow's C++ and Python, JAX's backend probing, Orbax, absl).
 
 from __future__ import annotations
 
-import datetime
 import os
 import shlex
 import sys
-from typing import Any, Callable
+from typing import Any
 
 import jax
 from absl import app, flags, logging
-import ml_collections
 from ml_collections import config_flags
 
-from jaxtl import layout, train
+from jaxtl import train, training
 from jaxtl.data import network
-from jaxtl.pretraining import config as pretrain_config
-from jaxtl.pretraining import pretrain
-from jaxtl.pretraining.config import PretrainConfig
 from jaxtl.runtime import console
-from jaxtl.tasks import config as tasks_config
-from jaxtl.tasks import finetune
-from jaxtl.tasks.config import FinetuneConfig, TransferStudyConfig
-from jaxtl.tools import transfer_study
-from jaxtl.train import checkpoint, config_checks, identity, stopping, storage, workdir
+from jaxtl.train import checkpoint, stopping, storage, workdir
 
 FLAGS = flags.FLAGS
-Config = PretrainConfig | FinetuneConfig | TransferStudyConfig
-# Each mode's recipe as its typed config (jaxtl.sections).
-TYPED = {"pretrain": pretrain_config.of, "finetune": tasks_config.of,
-         "study": transfer_study.of}
 # sysexits.h's EX_IOERR: a checkpoint could not be written (the log says
 # where and why); the same command resumes from the last one written.
 EXIT_SAVE_FAILED = 74
 config_flags.DEFINE_config_file("config", None, "A recipe's name (jaxtl recipes) or a "
                                 "config file, optionally with :ARGS.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics and caches go here.")
-flags.DEFINE_enum("mode", "pretrain", ["pretrain", "finetune", "study"],
+flags.DEFINE_enum("mode", "pretrain", list(training.MODES),
                   "What to run (set by jaxtl pretrain | finetune | study).")
 flags.DEFINE_bool("multiprocess", False, "Call jax.distributed.initialize() "
                   "(set automatically on SLURM / TPU pods by the launch scripts).")
@@ -75,24 +62,10 @@ def main(argv: list[str]) -> None:
                jax.device_count(), jax.devices()[0].platform,
                jax.process_index(), jax.process_count())
   try:
-    # Before anything touches the workdir: a bad value, or a run that is
-    # not the one the workdir's checkpoints belong to, leaves no trace.
-    config_checks.check_values(FLAGS.config, FLAGS.mode)
-    config = TYPED[FLAGS.mode](FLAGS.config)  # the recipe, typed once
-    ident = {"mode": FLAGS.mode, **_identity(config)}
-    identity.check(FLAGS.workdir, ident)
-
-    def on_start() -> None:  # the run's own checks passed: record it
-      if jax.process_index() == 0:
-        identity.record(FLAGS.workdir, ident, identity.flatten(FLAGS.config))
-        logging.info("config written to %s", write_config(FLAGS.config, FLAGS.workdir))
-      if FLAGS.verbose:
-        logging.info("config:\n%s", FLAGS.config)
-
-    # Held from before config.txt is written: a second run on this workdir
-    # leaves no trace in it.
-    with workdir.owned(FLAGS.workdir, enabled=jax.process_index() == 0):
-      _run_mode(config, on_start)
+    args = [a for a in sys.argv[1:] if not a.startswith("--mode=")]
+    result = training.run(FLAGS.mode, FLAGS.config, FLAGS.workdir, verbose=FLAGS.verbose,
+                          command=shlex.join(["jaxtl", FLAGS.mode, *args]))
+    _report(result)
   except train.Preempted as e:  # a clean stop: the same command resumes
     logging.warning("%s", e)
     sys.exit(e.exit_code)
@@ -112,42 +85,14 @@ def main(argv: list[str]) -> None:
     os._exit(EXIT_SAVE_FAILED)  # pylint: disable=protected-access
 
 
-def _identity(config: Config) -> dict[str, Any]:
-  """The settings this mode binds a workdir's checkpoints to."""
-  return {"pretrain": pretrain.identity, "finetune": finetune.identity,
-          "study": lambda _: {}}[FLAGS.mode](config)
-
-
-def _run_mode(config: Config, on_start: Callable[[], None]) -> None:
+def _report(result: dict[str, Any]) -> None:
+  """The run's last line: what it ended with."""
   if FLAGS.mode == "study":
-    on_start()
-    transfer_study.run_study(config, FLAGS.workdir)
     logging.info("wrote %s/transfer.md and transfer.png", FLAGS.workdir)
   elif FLAGS.mode == "finetune":
-    results = finetune.finetune_and_evaluate(config, FLAGS.workdir, on_start)
-    best, test = results["best_dev"], results["test"]
+    best, test = result["best_dev"], result["test"]
     logging.info("best dev %s; test %s", "- (no dev split: the last epoch)"
                  if best is None else best,
                  "- (no test split)" if test is None else test)
   else:
-    metrics = pretrain.train_and_evaluate(config, FLAGS.workdir, on_start)
-    logging.info("final eval: %s", metrics)
-
-
-def write_config(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """Appends ``config`` to ``workdir/config.txt`` under a header with the
-  time and the command line; returns the file's path.
-
-  Appended, not overwritten: a resumed run may be started with other
-  overrides (more steps, another learning rate), and each start's entry
-  records what the steps after it ran with.
-  """
-  os.makedirs(workdir, exist_ok=True)
-  path = layout.config_file(workdir)
-  stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-  with open(path, "a") as f:
-    args = [a for a in sys.argv[1:] if not a.startswith("--mode=")]
-    command = shlex.join(["jaxtl", FLAGS.mode, *args])
-    f.write(f"# {stamp}  {command}\n{str(config).rstrip()}\n\n")
-  return path
-
+    logging.info("final eval: %s", result)
