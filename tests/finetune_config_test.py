@@ -67,6 +67,16 @@ def test_text_fields_take_a_comma_list_as_predict_does():
   assert task("question") == ("question",)
 
 
+def test_labels_take_a_comma_list_and_keep_a_comma_inside_a_named_label():
+  """--config.task.labels=low,mid,high gives ('low,mid,high',) and 1,2,3
+  gives (1, 2, 3); "('a, b', 'c')" names a label with a comma in it."""
+  labels = lambda *names: tasks_config.TaskConfig(labels=names).labels
+  assert labels("low, mid,high") == labels("low", "mid", "high") == (
+      "low", "mid", "high")
+  assert labels(1, 2, 3) == (1, 2, 3) and labels("neg") == ("neg",)
+  assert labels("a, b", "c") == ("a, b", "c") and labels() == ()
+
+
 @pytest.mark.parametrize("recipe,arg", STUDIES)
 def test_the_transfer_study_builds_its_typed_config(recipe, arg):
   config = importlib.import_module(f"jaxtl.configs.{recipe}").get_config(arg)
@@ -102,3 +112,18 @@ def test_every_field_has_a_meaning(cls):
 def test_a_field_without_a_meaning_is_refused():
   with pytest.raises(ValueError, match="needs a meaning"):
     sections.key(1, "")
+
+
+@pytest.mark.parametrize("key,value", [("train", "mine.csv"), ("format", "tsv"),
+                                       ("test_fraction", 0.1)])
+def test_a_file_named_for_a_built_in_task_is_a_mistake_naming_the_files_task(key, value):
+  """task=trec with --config.task.train=mine.csv would read TREC and ask for
+  JAXTL_DATA_DIR; the typed config names the key and the fix instead."""
+  config = importlib.import_module("jaxtl.configs.finetune").get_config("task=sst2")
+  config.task[key] = value
+  with pytest.raises(ValueError, match=rf"config.task.{key}=.* is read by the files "
+                                       r"task only, and this run's task is sst2: add "
+                                       r"task=files"):
+    tasks_config.of(config)
+  config.task.name = "files"
+  assert getattr(tasks_config.of(config).task, key) == value

@@ -78,13 +78,44 @@ class TaskConfig:
                                                 "pairs; tagging: the words list")
   label_field: str = key("label", "the target field: class, score, tags (tagging) or "
                                   "text(s) (generation)")
-  labels: tuple[str | int, ...] = key((), "class order; (): train's labels, sorted")
+  labels: tuple[str | int, ...] = key((), "class order (low,mid,high); (): train's "
+                                          "labels, sorted")
 
   def __post_init__(self):
     # --config.task.text_fields=premise,hypothesis names two, as predict's
     # --text_fields does (a tuple override takes one value a flag).
     object.__setattr__(self, "text_fields", tuple(
         name.strip() for entry in self.text_fields for name in entry.split(",")))
+    # --config.task.labels=low,mid,high arrives as ('low,mid,high',) (1,2,3
+    # already parses as three integers). Only a lone entry is split, so
+    # "('a, b', 'c')" still names a label with a comma in it.
+    if len(self.labels) == 1 and isinstance(self.labels[0], str):
+      object.__setattr__(self, "labels", tuple(
+          name.strip() for name in self.labels[0].split(",")))
+    self._check_files_named_for_files()
+
+  def _check_files_named_for_files(self) -> None:
+    """A file named for a built-in task would be ignored for the task's own
+    data (and the run would ask for JAXTL_DATA_DIR): say so instead."""
+    if self.name == FILES_TASK:
+      return
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if field.name in FILES_ONLY and value != _default(field):
+        raise ValueError(
+            f"config.task.{field.name}={value!r} is read by the files task only, and "
+            f"this run's task is {self.name}: add task=files to the recipe, e.g. "
+            f"--config=finetune_minilm:task=files")
+
+FILES_TASK = "files"  # config.task.name of a task read from the user's files
+# TaskConfig keys only the files task reads.
+FILES_ONLY = ("train", "dev", "test", "test_fraction", "format", "hf")
+
+
+def _default(field: dataclasses.Field) -> Any:
+  if field.default_factory is not dataclasses.MISSING:
+    return field.default_factory()
+  return field.default
 
 
 class TaskSettings(Protocol):
