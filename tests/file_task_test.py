@@ -279,7 +279,8 @@ def _saved_hf_dataset(tmp_path):
   return folder
 
 
-def test_a_hugging_face_dataset_is_a_file_task_with_its_classlabel_order(tmp_path):
+def test_a_hugging_face_dataset_is_a_file_task_with_its_classlabel_order(tmp_path,
+                                                                       monkeypatch):
   folder = _saved_hf_dataset(tmp_path)
   config = _config("--config=configs/finetune.py:task=files", "--config.task.format=hf",
                    f"--config.task.hf.name={folder}", "--config.task.dev=validation",
@@ -291,6 +292,12 @@ def test_a_hugging_face_dataset_is_a_file_task_with_its_classlabel_order(tmp_pat
   assert splits["dev"].lines[0] == f"{folder} validation row 0"
   config.task.hf.name = ""
   with pytest.raises(ValueError, match="task.hf.name"):
+    finetune.load_task_splits(_task(config), 0)
+  # A Hub name offline: the message names this task's flags.
+  config.task.hf.update(name="glue", subset="sst2", cache_dir=str(tmp_path / "cache"))
+  monkeypatch.setattr(pytest.importorskip("datasets").config, "HF_HUB_OFFLINE", True)
+  with pytest.raises(ConnectionError, match=r"pass --config.task.hf.name=FOLDER, or "
+                                            r"pass --config.task.hf.cache_dir=CACHE"):
     finetune.load_task_splits(_task(config), 0)
 
 

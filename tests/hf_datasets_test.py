@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -108,6 +109,29 @@ def test_hub_name_offline_fails_in_seconds_and_says_what_to_do(tmp_path, monkeyp
   assert not any(cache.rglob("*.arrow"))
 
 
+@pytest.mark.parametrize("read,flags", [
+    (lambda cache: list(hf_datasets.records(
+        {"name": "glue", "subset": "sst2", "cache_dir": cache,
+         "flags": "--config.task.hf"}, "train")), "--config.task.hf"),
+    (lambda cache: sources.load_texts(sources.source_config(
+        {"kind": "hf", "name": "glue", "cache_dir": cache}), "train"),
+     "--config.data.source"),
+    (lambda cache: sources.load_texts(sources.source_config(
+        {"kind": "mixture", "parts": {"wiki": {"kind": "hf", "name": "glue",
+                                               "cache_dir": cache}}}), "train"),
+     "--config.data.source.parts.wiki.source"),
+])
+def test_offline_hub_dataset_names_the_flags_that_point_elsewhere(tmp_path, monkeypatch,
+                                                                  read, flags):
+  """From the command line the fix is a flag, not a spec's Python syntax."""
+  monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+  with pytest.raises(network.DataUnavailable) as e:
+    read(str(tmp_path))
+  message = str(e.value)
+  assert f"{flags}.name=FOLDER" in message and f"{flags}.cache_dir=CACHE" in message
+  assert "files={" not in message and "save_to_disk('FOLDER')" in message
+
+
 def test_pretraining_source_kind_hf(tmp_path):
   folder = tmp_path / "wiki"
   datasets.DatasetDict(
@@ -118,6 +142,11 @@ def test_pretraining_source_kind_hf(tmp_path):
   assert isinstance(source, sources.HFSource)
   assert sources.load_texts(source, "train") == ["one", "two"]  # blanks dropped
   assert sources.load_texts(source, "validation") == ["three"]  # split by its name
+  # A recipe's files, left from its own kind (jsonl under {data_dir}), are
+  # not a folder's: they are neither read nor checked.
+  leftover = dataclasses.replace(source, files={"train": ("{data_dir}/imdb/x.jsonl.gz",)})
+  sources.check_files(leftover, ("train",))
+  assert sources.load_texts(leftover, "train") == ["one", "two"]
   (tmp_path / "t.jsonl").write_text('{"body": "four"}\n{"body": 5}\n')
   files = sources.HFSource(kind="hf", name="json", field="body",
                            files={"train": [str(tmp_path / "t.jsonl")]},

@@ -248,9 +248,14 @@ def test_data_dir_resolution(monkeypatch):
   assert sources.resolve_data_dir("/flag") == "/flag"
   with pytest.raises(ValueError, match="JAXTL_DATA_DIR"):
     sources.require_data_dir()
-  with pytest.raises(ValueError, match="JAXTL_DATA_DIR"):
+  # A recipe's file under the data directory: the key and both ways out.
+  with pytest.raises(ValueError, match=r"--config.data.source.files.train names "
+                                       r"'{data_dir}/x', in the data directory, and none "
+                                       r"is set: export JAXTL_DATA_DIR=FOLDER .* or name "
+                                       r"your own files with --config.data.source.files."
+                                       r"train=PATH"):
     sources.load_texts(sources.source_config(
-        {"kind": "text", "files": {"train": "{data_dir}/x"}}), "train")
+        {"kind": "text", "files": {"train": ("/mine.txt", "{data_dir}/x")}}), "train")
   monkeypatch.setenv("JAXTL_DATA_DIR", "/env")
   assert sources.resolve_data_dir() == "/env"
   assert sources.resolve_data_dir("/flag") == "/flag"

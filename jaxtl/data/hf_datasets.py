@@ -64,6 +64,9 @@ class HFSpec:
       "validation_matched", or a Hub slice "train[:5%]").
     cache_dir: Where `datasets` caches Hub downloads and prepared Arrow
       files; "" for its default (`DEFAULT_CACHE_DOC`).
+    flags: The command-line prefix its settings are set with
+      ("--config.task.hf"), so a message names the flags to set; "": a
+      spec written in Python, named by its fields.
   """
   name: str
   subset: str = ""
@@ -71,6 +74,7 @@ class HFSpec:
   columns: Mapping[str, str] = dataclasses.field(default_factory=dict)
   splits: Mapping[str, str] = dataclasses.field(default_factory=dict)
   cache_dir: str = ""
+  flags: str = ""
 
   @classmethod
   def from_mapping(cls, spec: Mapping[str, Any]) -> HFSpec:
@@ -84,7 +88,8 @@ class HFSpec:
                subset=spec.get("subset") or "", files=files,
                columns=dict(spec.get("columns") or {}),
                splits=dict(spec.get("splits") or {}),
-               cache_dir=os.fspath(spec.get("cache_dir") or ""))
+               cache_dir=os.fspath(spec.get("cache_dir") or ""),
+               flags=spec.get("flags") or "")
 
   @property
   def label(self) -> str:
@@ -220,16 +225,21 @@ def _from_hub(spec: HFSpec, split: str) -> Any:
 
 
 def offline_message(spec: HFSpec, split: str, cache: str, why: str) -> str:
-  """What to do when a Hub dataset is neither cached nor downloadable."""
+  """What to do when a Hub dataset is neither cached nor downloadable, in
+  the flags of ``spec.flags`` (else in the spec's field names)."""
   subset = f", {spec.subset!r}" if spec.subset else ""
-  return (
-      f"Hugging Face dataset {spec.label!r} (split {split!r}) is not in the "
-      f"cache {cache} and cannot be downloaded: {why}. Point the spec at local "
-      "files instead: name=a folder written by save_to_disk (on a machine with "
-      f"network: datasets.load_dataset({spec.name!r}{subset})"
-      ".save_to_disk('FOLDER'), then copy FOLDER here), or name='csv'|'tsv'|"
-      "'json'|'parquet' with files={'train': [...], ...}; or set cache_dir "
-      f"(default {DEFAULT_CACHE_DOC}) to a cache that holds it.")
+  save = (f"on a machine with network, datasets.load_dataset({spec.name!r}{subset})"
+          ".save_to_disk('FOLDER'), then copy FOLDER here")
+  head = (f"Hugging Face dataset {spec.label!r} (split {split!r}) is not in the "
+          f"cache {cache} and cannot be downloaded: {why}.")
+  if spec.flags:
+    return (f"{head} Save it as a folder ({save}) and pass {spec.flags}.name=FOLDER, "
+            f"or pass {spec.flags}.cache_dir=CACHE, a cache that holds it (default "
+            f"{DEFAULT_CACHE_DOC}).")
+  return (f"{head} Point the spec at local files instead: name=a folder written "
+          f"by save_to_disk ({save}), or name='csv'|'tsv'|'json'|'parquet' with "
+          "files={'train': [...], ...}; or set cache_dir (default "
+          f"{DEFAULT_CACHE_DOC}) to a cache that holds it.")
 
 
 def _class_labels(features: Mapping[str, Any]) -> dict[str, tuple[Any, bool]]:

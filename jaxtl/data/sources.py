@@ -190,6 +190,7 @@ def source_config(values: Mapping[str, Any]) -> SourceConfig:
 
 
 DATA_DIR_ENV = network.DATA_DIR_ENV
+SOURCE_FLAGS = "--config.data.source"  # a pretraining recipe's source, on the command line
 _DATA_DIR_PLACEHOLDER = "{data_dir}"
 
 def resolve_data_dir(flag_value: str | None = None) -> str | None:
@@ -226,19 +227,32 @@ def _split_files(source: HFSource | FileSource, split: str) -> list[str]:
   if split not in files:
     has = f"files for {', '.join(sorted(files))} only" if files else "no files"
     raise ValueError(f"a source of kind {source.kind!r} has {has}, none for split "
-                     f"{split!r}: name them with --config.data.source.files.{split}=PATH "
+                     f"{split!r}: name them with {SOURCE_FLAGS}.files.{split}=PATH "
                      "(repeat it for more files)")
   paths = files[split]
   if isinstance(paths, (str, os.PathLike)):
     paths = [paths]
+  under = [os.fspath(p) for p in paths if _DATA_DIR_PLACEHOLDER in os.fspath(p)]
+  if under and resolve_data_dir() is None:  # the recipe's files, not the user's
+    raise ValueError(
+        f"{SOURCE_FLAGS}.files.{split} names {under[0]!r}, in the data directory, "
+        f"and none is set: export {DATA_DIR_ENV}=FOLDER (the folder holding the "
+        f"datasets), or name your own files with {SOURCE_FLAGS}.files.{split}=PATH")
   return [expand_path(p) for p in paths]
+
+
+def _reads_files(source: SourceConfig) -> bool:
+  """Whether ``source.files`` is read: a file kind's, or an hf builder's
+  (csv, json, parquet); a Hub dataset or folder has splits of its own."""
+  return isinstance(source, FileSource) or (
+      isinstance(source, HFSource) and source.name in hf_datasets.BUILDERS)
 
 
 def check_files(source: SourceConfig, splits: Iterable[str]) -> None:
   """Raises unless a source of local files names files for each of
   ``splits`` and they exist: checked before a run's work, which would
   otherwise find a missing validation file after training a tokenizer."""
-  if not (isinstance(source, FileSource) or (isinstance(source, HFSource) and source.files)):
+  if not _reads_files(source):
     return
   for split in splits:
     for path in _split_files(source, split):
@@ -255,19 +269,21 @@ def _iter_tfds(source: TfdsSource, split: str) -> Iterator[str]:
       field=source.field or "text")
 
 
-def _iter_hf(source: HFSource, split: str) -> Iterator[str]:
+def _iter_hf(source: HFSource, split: str, flags: str = SOURCE_FLAGS) -> Iterator[str]:
   """A Hugging Face dataset's text column (jaxtl.data.hf_datasets), ``field``.
 
   Blank texts are left out (WikiText on the Hub has an empty row between
   paragraphs); a value that is not a string is an error naming its row.
-  The dataset is Arrow on disk, read a batch at a time.
+  The dataset is Arrow on disk, read a batch at a time. ``flags`` is the
+  source's command-line prefix, for messages.
   """
   spec = hf_datasets.HFSpec(
       name=expand_path(source.name), subset=source.subset,
       # A builder (csv, json, parquet) on local files; else a Hub name or a
-      # folder, whose split is read under its own name.
-      files={split: _split_files(source, split)} if source.files else {},
-      cache_dir=expand_path(source.cache_dir))
+      # folder, whose split is read under its own name (a recipe's files,
+      # left from its own kind, are not read).
+      files={split: _split_files(source, split)} if _reads_files(source) else {},
+      cache_dir=expand_path(source.cache_dir), flags=flags)
   field = source.field or "text"
   texts = (text_files.text_field(row, field, where)
            for where, row in hf_datasets.records(spec, split))
@@ -368,7 +384,10 @@ def _iter_mixture(source: MixtureSource, split: str, seed: int) -> Iterator[str]
 def _part_texts(name: str, part: SourceConfig, split: str) -> Iterator[str]:
   """A mixture part's texts; its errors name the part."""
   try:
-    yield from iter_texts(part, split)
+    if isinstance(part, HFSource):  # its messages name the part's own flags
+      yield from _iter_hf(part, split, f"{SOURCE_FLAGS}.parts.{name}.source")
+    else:
+      yield from iter_texts(part, split)
   except (ValueError, FileNotFoundError) as e:
     raise type(e)(f"mixture part {name!r}: {e}") from e
 
@@ -376,7 +395,7 @@ def _part_texts(name: str, part: SourceConfig, split: str) -> Iterator[str]:
 def _has_split(part: SourceConfig, split: str) -> bool:
   """Whether a part has ``split``: a file part (or an hf builder on files)
   lists it in ``files``; a tfds or Hub dataset is asked for it by name."""
-  if isinstance(part, FileSource) or (isinstance(part, HFSource) and part.files):
+  if _reads_files(part):
     return split in (part.files or {})
   return True
 

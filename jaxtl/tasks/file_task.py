@@ -294,13 +294,14 @@ def read_split(task: FileTask, path: str, labels: Sequence[str] | None = None, *
 
 
 HF = "hf"  # FileTask.format of a Hugging Face dataset
+HF_FLAGS = "--config.task.hf"  # what a message about that dataset tells a user to set
 
 
 def _rows(task: FileTask, path: str, bad: BadRows) -> Iterator[tuple[str, dict[str, Any]]]:
   """(where, row) of one split: a file's rows, or a Hugging Face dataset's
   split ``path`` (``hf_datasets.records``: "glue/qnli train row 17")."""
   if task.format == HF:
-    yield from hf_datasets.records(dict(task.hf), path)
+    yield from hf_datasets.records({**dict(task.hf), "flags": HF_FLAGS}, path)
     return
   fmt = row_files.format_of(path, task.format)
   for line, row in row_files.read_rows(path, fmt, bad.bad, task.columns):
@@ -342,8 +343,8 @@ def from_config(task: TaskConfig) -> FileTask:
                        "such as glue, with task.hf.subset=qnli, or a save_to_disk "
                        "folder)")
     if not labels and task.kind not in UNLABELLED:
-      labels = hf_datasets.label_names(dict(hf), task.train or "train",
-                                       task.label_field) or ()
+      labels = hf_datasets.label_names({**dict(hf), "flags": HF_FLAGS},
+                                       task.train or "train", task.label_field) or ()
   return FileTask(text_fields=tuple(task.text_fields), label_field=task.label_field,
                   kind=task.kind, format=task.format, labels=labels, hf=hf)
 
