@@ -166,9 +166,11 @@ def test_the_cli_writes_the_rows_plus_label_names(tuned, tmp_path):
                                   ["question"]) == 5
   out = (tmp_path / "out.tsv").read_text().splitlines()
   # The gold label is kept; the prediction's fields are named predicted_*.
+  # A column per class, in the model's class order.
   assert out[0].split("\t") == ["id", "question", "label", "predicted_label",
-                                 "predicted_probabilities"]
+                                 *(f"predicted_probabilities.{n}" for n in tasks.TREC_LABELS)]
   assert [line.split("\t")[3] for line in out[1:]] == expected
+  assert all(abs(sum(map(float, line.split("\t")[4:])) - 1) < 1e-4 for line in out[1:])
   jsonl = tmp_path / "in.jsonl"
   jsonl.write_text("".join(json.dumps({"text": t, "n": i}) + "\n"
                            for i, t in enumerate(texts)))
@@ -221,7 +223,7 @@ def test_every_row_comes_out_with_its_prediction_in_a_field_of_its_own(tuned, tm
   with open(tmp_path / "out.csv", newline="", encoding="utf-8") as f:
     out = list(csv.DictReader(f))
   assert list(out[0]) == ["text", "id", "label", "predicted_label",
-                          "predicted_probabilities"]
+                          *(f"predicted_probabilities.{n}" for n in tasks.TREC_LABELS)]
   assert [(r["id"], r["label"], r["predicted_label"]) for r in out] == [
       ("", "", expected[0]), ("7", "gold", expected[1]), ("", "", expected[2])]
 

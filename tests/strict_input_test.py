@@ -132,15 +132,23 @@ def test_a_table_output_has_every_rows_fields_and_the_prediction_its_own(tmp_pat
   assert fields == ["text", "id", "label"]
   writer = rows.Writer(str(tmp_path / "preds" / "out.csv"), columns=fields)  # makes preds/
   for (_, row), label in zip(read, ["p0", "p1"]):
-    writer.write(predict.with_prediction(row, {"label": label, "probabilities": {}},
-                                         fields))
+    pred = {"label": label, "probabilities": {"p0": 0.25, "p1": 0.75}, "tags": ["A"]}
+    writer.write(predict.with_prediction(row, pred, fields))
   writer.close()
   with open(tmp_path / "preds" / "out.csv", newline="", encoding="utf-8") as f:
     out = list(csv.DictReader(f))
+  # A column per class, for a spreadsheet to sort by; a list stays JSON.
   assert list(out[0]) == ["text", "id", "label", "predicted_label",
-                          "predicted_probabilities"]
-  assert [(r["id"], r["label"], r["predicted_label"]) for r in out] == [
-      ("", "", "p0"), ("7", "gold", "p1")]
+                          "predicted_probabilities.p0", "predicted_probabilities.p1",
+                          "predicted_tags"]
+  assert [(r["id"], r["label"], r["predicted_label"], r["predicted_probabilities.p1"],
+           r["predicted_tags"]) for r in out] == [("", "", "p0", "0.75", '["A"]'),
+                                                  ("7", "gold", "p1", "0.75", '["A"]')]
+  # That output predicted again keeps its probabilities.p0 columns too.
+  again = predict.with_prediction({"text": "a", "probabilities.p0": "0.25"},
+                                  {"probabilities": {"p0": 0.5}},
+                                  ["text", "probabilities.p0"])
+  assert again["predicted_probabilities"] == {"p0": 0.5}
   # A prediction field taken as well (an earlier output read back) is not
   # overwritten either.
   row = {"text": "a", "label": "gold", "predicted_label": "old"}

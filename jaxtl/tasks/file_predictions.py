@@ -62,8 +62,11 @@ def with_prediction(row: dict, pred: dict, fields: Collection[str]) -> dict:
   field: when any input row has a field of a prediction's name (``fields``:
   every input row's; a gold ``label``), the prediction's fields are all
   named ``predicted_*`` (``predicted_predicted_*`` if those are taken too),
-  on every row alike, so a column means one thing."""
+  on every row alike, so a column means one thing. A table's
+  ``probabilities.NAME`` columns (an earlier output read back) take
+  ``probabilities``'s name too."""
+  taken = {*fields, *(f.split(".", 1)[0] for f in fields)}
   prefix = ""
-  while any(prefix + k in fields for k in pred):
+  while any(prefix + k in taken for k in pred):
     prefix = "predicted_" + prefix
   return {**row, **{prefix + k: v for k, v in pred.items()}}

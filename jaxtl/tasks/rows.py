@@ -14,7 +14,7 @@ import csv
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from jaxtl.data import row_files
@@ -71,7 +71,9 @@ class Writer:
   stdout, ``-``, gets JSON lines). A table's columns are ``columns`` (every
   input row's fields: a field only later rows have keeps its column) and
   then the first row's others (the prediction's); a row without one leaves
-  its cell empty. Nested values (probabilities, tags) are JSON in their cell.
+  its cell empty. In a table, a mapping gets a column per key, named as
+  pandas' ``json_normalize`` names them (``probabilities.positive``), so a
+  spreadsheet can sort by a class; a list (a row's tags) is JSON in its cell.
   """
 
   def __init__(self, path: str, fmt: str = "", columns: Sequence[str] = ()):
@@ -89,6 +91,7 @@ class Writer:
     if self.fmt == "jsonl":
       self.f.write(json.dumps(row, ensure_ascii=False) + "\n")
       return
+    row = dict(_columns(row))
     if self._table is None:
       self._table = csv.DictWriter(self.f, list(dict.fromkeys([*self.columns, *row])),
                                    delimiter="\t" if self.fmt == "tsv" else ",")
@@ -103,3 +106,13 @@ class Writer:
     else:
       self.f.close()
 
+
+
+def _columns(row: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+  """A row's (column, value) pairs for a table: a mapping's keys become
+  columns of their own (``probabilities.positive``)."""
+  for key, value in row.items():
+    if isinstance(value, Mapping):
+      yield from ((f"{key}.{sub}", v) for sub, v in value.items())
+    else:
+      yield key, value
