@@ -2,6 +2,7 @@
 matches transformers token for token, sampling and beam-search properties."""
 
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
@@ -121,6 +122,23 @@ def test_ids_past_the_tokenizers_are_never_chosen():
   for gen in (G.GenerationConfig(max_new_tokens=12, vocab_size=30),
               G.GenerationConfig(max_new_tokens=12, vocab_size=30, temperature=2.0)):
     assert G.generate(DECODER, params, tokens, gen=gen, rng=jax.random.key(0)).max() < 30
+
+
+def test_a_causal_lm_never_writes_a_special_token_but_end_of_text():
+  """Its targets are text and EOS, so [MASK] or <extra_id_5> from an
+  undertrained model is noise; a T5 keeps its sentinels."""
+  tok = types.SimpleNamespace(special_ids=np.array([0, 1, 2, 5, 9], np.int32), eos_id=1)
+  assert G.never_written(tok, "decoder") == (0, 2, 5, 9)
+  assert G.never_written(tok, "encoder_decoder") == ()
+  params = _params(DECODER)
+  tokens = np.random.RandomState(4).randint(2, 61, (4, 5))
+  free = G.generate(DECODER, params, tokens, gen=G.GenerationConfig(max_new_tokens=12))
+  banned = tuple(sorted(set(free.ravel().tolist())))[:3]  # ids it does pick
+  for gen in (G.GenerationConfig(max_new_tokens=12, suppress_ids=banned),
+              G.GenerationConfig(max_new_tokens=12, suppress_ids=banned, vocab_size=30,
+                                 temperature=2.0)):
+    out = G.generate(DECODER, params, tokens, gen=gen, rng=jax.random.key(0))
+    assert not np.isin(out, banned).any()
 
 
 def test_repetition_penalty_avoids_repeats():

@@ -53,6 +53,8 @@ class GenerationConfig:
       model's table). Pass the tokenizer's: a jaxtl model's table is padded
       to a multiple of 128 rows, and a barely trained model can pick a
       padding id, which no tokenizer decodes.
+    suppress_ids: Ids never chosen (:func:`never_written`: a causal LM's
+      special tokens, which no training target holds).
   """
   max_new_tokens: int = 32
   temperature: float = 0.0
@@ -65,14 +67,30 @@ class GenerationConfig:
   eos_id: int | None = None
   pad_id: int = 0
   vocab_size: int | None = None
+  suppress_ids: tuple[int, ...] = ()
+
+
+def never_written(tok: Any, family: str) -> tuple[int, ...]:
+  """The ids a ``family`` model never learned to write, for
+  ``GenerationConfig.suppress_ids``: a causal LM's special tokens other than
+  end-of-text. Its pretraining and fine-tuning targets are text and EOS, so
+  an undertrained one would otherwise print ``[MASK]`` or ``<extra_id_5>``
+  (a jaxtl tokenizer reserves every objective's specials). An
+  encoder-decoder keeps them: a span-pretrained T5 writes sentinels."""
+  if not family_of(family).causal:
+    return ()
+  return tuple(int(i) for i in tok.special_ids if i != tok.eos_id)
 
 
 def _tokenizer_ids_only(logits_BV: Array, gen: GenerationConfig) -> Array:
-  """``logits_BV`` with the ids past ``gen.vocab_size`` made unchoosable."""
-  if gen.vocab_size is None or gen.vocab_size >= logits_BV.shape[-1]:
+  """``logits_BV`` with the ids past ``gen.vocab_size``, and
+  ``gen.suppress_ids``, made unchoosable."""
+  width = logits_BV.shape[-1]
+  if (gen.vocab_size is None or gen.vocab_size >= width) and not gen.suppress_ids:
     return logits_BV
-  ids_BV = jax.lax.broadcasted_iota(jnp.int32, logits_BV.shape, logits_BV.ndim - 1)
-  return jnp.where(ids_BV < gen.vocab_size, logits_BV, jnp.finfo(logits_BV.dtype).min)
+  allowed_V = np.arange(width) < (gen.vocab_size or width)
+  allowed_V[[i for i in gen.suppress_ids if i < width]] = False
+  return jnp.where(allowed_V, logits_BV, jnp.finfo(logits_BV.dtype).min)
 
 
 def process_logits(logits_BV: Array, seen_BV: Array, gen: GenerationConfig) -> Array:

@@ -164,7 +164,8 @@ class JaxtlLM(TemplateLM):
     return generate_lib.GenerationConfig(
         max_new_tokens=n, temperature=float(kwargs.get("temperature", 1.0)) if sample else 0.0,
         top_k=int(kwargs.get("top_k") or 0), top_p=float(kwargs.get("top_p") or 1.0),
-        eos_id=self.tok.eos_id, pad_id=self.tok.pad_id, vocab_size=self.tok.vocab_size)
+        eos_id=self.tok.eos_id, pad_id=self.tok.pad_id, vocab_size=self.tok.vocab_size,
+        suppress_ids=generate_lib.never_written(self.tok, self.loaded.config.family))
 
   def _generate(self, contexts: list[str], gen: generate_lib.GenerationConfig) -> list[str]:
     """One batch, padded to ``batch_size`` rows and a bucketed width, so a

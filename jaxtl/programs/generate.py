@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 from absl import flags
 
-from jaxtl.decoding.generate import GenerationConfig, generate, prompt_arrays
+from jaxtl.decoding.generate import GenerationConfig, generate, never_written, prompt_arrays
 from jaxtl.models import family_of
 from jaxtl.pretraining import pretrained
 from jaxtl.programs import precision
@@ -46,7 +46,7 @@ def main(argv: list[str]) -> None:
       top_p=f.top_p, repetition_penalty=f.repetition_penalty,
       num_return_sequences=f.num_return_sequences, num_beams=f.num_beams,
       length_penalty=f.length_penalty, eos_id=tok.eos_id, pad_id=tok.pad_id,
-      vocab_size=tok.vocab_size)
+      vocab_size=tok.vocab_size, suppress_ids=never_written(tok, loaded.config.family))
   tokens, mask = prompt_arrays(tok, f.prompt, loaded.config.family)
   out = generate(loaded.config, loaded.params, tokens, mask, gen=gen,
                  rng=jax.random.key(f.seed))

@@ -194,18 +194,20 @@ def make_loss(model: Any) -> Callable:
   return loss_fn
 
 
-def generation_config(task: TaskSettings, tok: Tokenizer) -> generate_lib.GenerationConfig:
-  """Greedy (or ``task.num_beams`` beams) up to ``task.max_target_len`` tokens."""
+def generation_config(task: TaskSettings, tok: Tokenizer, family: str
+                      ) -> generate_lib.GenerationConfig:
+  """Greedy (or ``task.num_beams`` beams) up to ``task.max_target_len``
+  tokens, none of them a special token a ``family`` model never wrote."""
   return generate_lib.GenerationConfig(
       max_new_tokens=task.max_target_len, num_beams=task.num_beams,
       num_return_sequences=1, eos_id=tok.eos_id, pad_id=tok.pad_id,
-      vocab_size=tok.vocab_size)
+      vocab_size=tok.vocab_size, suppress_ids=generate_lib.never_written(tok, family))
 
 
 def forward(model: Any, task: TaskSettings, tok: Tokenizer) -> Callable:
   """``(params, batch) -> generated ids [B, max_target_len]`` (traceable)."""
   cfg = model.config
-  gen = generation_config(task, tok)
+  gen = generation_config(task, tok, cfg.family)
   keys = (("encoder_input_tokens", "encoder_segment_ids") if family_of(cfg).seq2seq
           else (PROMPT_TOKENS, PROMPT_MASK))
 
