@@ -11,7 +11,9 @@ import re
 import subprocess
 import sys
 
+from absl import flags
 from absl import logging as absl_logging
+from ml_collections import config_flags
 import pytest
 
 from jaxtl.runtime import console
@@ -200,3 +202,29 @@ def test_an_os_error_on_a_users_path_is_the_path_and_what_is_wrong():
   # jaxtl's own message, naming the fix, is kept as it is.
   assert console.describe(FileNotFoundError("data file not found: dev.jsonl")) == \
       "data file not found: dev.jsonl"
+
+
+def test_an_unknown_config_key_is_named_with_the_keys_its_section_has(tmp_path):
+  """ml_collections says only "'learning_rate'"; the line names the section
+  and its keys (a long section: the closest names and where all are)."""
+  recipe = tmp_path / "recipe.py"
+  recipe.write_text(
+      "import ml_collections\n"
+      "def get_config():\n"
+      "  return ml_collections.ConfigDict({'optim': {'lr': 1.0, 'eps': 1e-8},\n"
+      "      'model': {**{f'k{i}': i for i in range(20)}, 'num_layers': 2}})\n")
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values)
+  missing = lambda *overrides: console.unknown_config_key(
+      [f"--config={recipe}", "--workdir=w", *overrides], values)
+  assert missing("--config.optim.learning_rate=1") == (
+      "config.optim has no key 'learning_rate'; it has eps, lr")
+  assert missing("--config.optim.lr=2", "--config.modle.k1=1") == (
+      "config has no key 'modle'; it has model, optim")
+  assert missing("--config.model.num_layer=3").startswith(
+      "config.model has no key 'num_layer'; close: num_layers")
+  assert "(jaxtl config recipe --filter=model lists them all)" in missing(
+      "--config.model.num_layer=3")
+  # Every key there (a bad value, a value indexed as a section): not this error.
+  assert missing("--config.optim.lr=x") is None
+  assert missing("--config.optim.lr.x=1") is None

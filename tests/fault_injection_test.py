@@ -233,7 +233,7 @@ def test_bad_config_values_from_the_command_line_name_their_key(config_file, tmp
       "--config.train.steps=-5": ["config.train.steps=-5: must be at least 1"],
       "--config.optim.accum_steps=3": ["config.optim.accum_steps=3: must be at least 1 "
                                        "and a divisor of the batch size 8"],
-      "--config.train.stepz=5": ["bad flag or config override", "stepz"],
+      "--config.train.stepz=5": ["config.train has no key 'stepz'; it has"],
       "--config.data.seq_len=2048": ["config.data.seq_len: batches of 2048 tokens need "
                                      "2048 positions, but the model has 512 "
                                      "(config.model.max_len)"],

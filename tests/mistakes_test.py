@@ -21,7 +21,8 @@ CASES = [
      "pretrain) runs configs/pretrain_*.py: it is a finetune recipe: run it with "
      "`jaxtl finetune`"),
     (["pretrain", "--config=pretrain_clm", "--workdir={tmp}/b", "--config.optim.lrr=1"],
-     "jaxtl pretrain: bad flag or config override: 'lrr'; Did you mean \"lr\""),
+     "jaxtl pretrain: config.optim has no key 'lrr'; it has accum_steps, b1, b2, "
+     "clip_norm, end_lr_ratio, eps, lr, schedule,"),
     (["finetune", "--config=finetune:task=trec", "--workdir={tmp}/c",
       f"--config.init_from={MISSING}"], f"jaxtl finetune: {MISSING}: no such folder"),
     (["finetune", "--config=finetune:task=nope", "--workdir={tmp}/d"],

@@ -15,6 +15,7 @@ line naming the thing and the fix, exit 2, not a 40-line traceback;
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import logging as py_logging
 import os
@@ -172,9 +173,62 @@ def parse_flags(argv: list[str]) -> list[str]:
       listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
       exit_mistake(f"{listed} {'is' if len(names) == 1 else 'are'} needed; "
                    f"{program()} --help says what each flag is")
+    if isinstance(e, (AttributeError, KeyError)):
+      missing = unknown_config_key(argv)
+      if missing:
+        exit_mistake(missing)
     hint = ("; --verbose prints a run's whole config, every key and its value"
             if isinstance(e, (AttributeError, KeyError)) else "")
     exit_mistake(f"bad flag or config override: {describe(e)}{hint}")
+
+
+MAX_LISTED_KEYS = 16  # a section with more keys lists the closest names only
+
+
+def unknown_config_key(argv: list[str], values: flags.FlagValues = flags.FLAGS
+                       ) -> str | None:
+  """One line for the first ``--config.KEY=VALUE`` of ``argv`` whose KEY
+  the recipe (``--config=``) lacks, naming the keys its section has, or
+  None when every key is there (the error was something else).
+
+  ml_collections says only "'learning_rate'"; the section's keys show that
+  it is ``optim.lr``."""
+  recipe = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if recipe is None or "config" not in values:
+    return None
+  try:
+    node = values["config"].parser.parse(recipe)
+  except Exception:  # pylint: disable=broad-except  # the recipe's own error: said elsewhere
+    return None
+  for arg in argv:
+    match = re.match(r"--config\.([\w.]+)(=|$)", arg)
+    if match:
+      found = _missing_in(node, match.group(1).split("."), recipe)
+      if found:
+        return found
+  return None
+
+
+def _missing_in(config: Any, path: list[str], recipe: str) -> str | None:
+  """"config.optim has no key 'learning_rate' (...)" for the first name of
+  ``path`` that ``config`` (``recipe``'s) lacks, else None."""
+  node = config
+  for depth, name in enumerate(path):
+    if not hasattr(node, "keys"):
+      return None  # a value, not a section: ml_collections' own message says it
+    if name not in node:
+      keys = sorted(node.keys())
+      section = ".".join(["config", *path[:depth]])
+      if len(keys) > MAX_LISTED_KEYS:
+        keys = difflib.get_close_matches(name, keys, n=5, cutoff=0.4)
+        listing = f"; close: {', '.join(keys)}" if keys else ""
+        name_of = os.path.basename(recipe.split(":")[0]).removesuffix(".py")
+        within = f" --filter={'.'.join(path[:depth])}" if depth else ""
+        how = f"jaxtl config {name_of}{within} lists them all"
+        return f"{section} has no key {name!r}{listing} ({how})"
+      return f"{section} has no key {name!r}; it has {', '.join(keys)}"
+    node = node[name]
+  return None
 
 
 def run(main: Callable[[list[str]], Any]) -> None:
