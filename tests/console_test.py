@@ -228,3 +228,24 @@ def test_an_unknown_config_key_is_named_with_the_keys_its_section_has(tmp_path):
   # Every key there (a bad value, a value indexed as a section): not this error.
   assert missing("--config.optim.lr=x") is None
   assert missing("--config.optim.lr.x=1") is None
+
+
+def test_an_unknown_flag_is_named_with_the_recipe_key_or_the_commands_own_flags(tmp_path):
+  recipe = tmp_path / "recipe.py"
+  recipe.write_text("import ml_collections\n"
+                    "def get_config():\n"
+                    "  return ml_collections.ConfigDict({'train': {'epochs': 3}})\n")
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values)
+  flags.DEFINE_string("workdir", None, "", flag_values=values)
+  flags.DEFINE_string("input", None, "", flag_values=values)
+  for name in ("config", "workdir", "input"):
+    values.register_key_flag_for_module("prog", values[name])
+  argv = ["prog", f"--config={recipe}"]
+  assert console.unknown_flag("epochs", argv, values) == (
+      "--epochs is not a flag of jaxtl: the recipe's key is --config.train.epochs")
+  assert console.unknown_flag("inptu", argv, values) == (
+      "--inptu is not a flag of jaxtl: --input? it takes --config, --input, --workdir "
+      "(jaxtl --help says what each is)")
+  assert console.unknown_flag("checkpoint", ["prog"], values).startswith(
+      "--checkpoint is not a flag of jaxtl: it takes --config")

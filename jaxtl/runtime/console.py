@@ -21,7 +21,7 @@ import logging as py_logging
 import os
 import re
 import sys
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Iterator, NoReturn
 
 from absl import app, flags
 from absl import logging
@@ -173,6 +173,8 @@ def parse_flags(argv: list[str]) -> list[str]:
       listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
       exit_mistake(f"{listed} {'is' if len(names) == 1 else 'are'} needed; "
                    f"{program()} --help says what each flag is")
+    if isinstance(e, flags.UnrecognizedFlagError) and argv:
+      exit_mistake(unknown_flag(e.flagname, argv))
     if isinstance(e, (AttributeError, KeyError)):
       missing = unknown_config_key(argv)
       if missing:
@@ -180,6 +182,46 @@ def parse_flags(argv: list[str]) -> list[str]:
     hint = ("; --verbose prints a run's whole config, every key and its value"
             if isinstance(e, (AttributeError, KeyError)) else "")
     exit_mistake(f"bad flag or config override: {describe(e)}{hint}")
+
+
+def unknown_flag(name: str, argv: list[str], values: flags.FlagValues = flags.FLAGS
+                 ) -> str:
+  """One line for ``--name``, which the command (``argv[0]``) lacks: the
+  recipe key of that name (``--epochs``: ``--config.train.epochs``), else
+  the flags it has (absl's own guess may be its --log_dir)."""
+  keys = [key for key in _config_keys(argv, values) if key.split(".")[-1] == name]
+  if keys:
+    return (f"--{name} is not a flag of {program()}: the recipe's key is "
+            f"{' or '.join(f'--config.{k}' for k in keys)}")
+  own = sorted(f.name for f in values.get_key_flags_for_module(argv[0]))
+  close = difflib.get_close_matches(name, own, n=1, cutoff=0.6)
+  guess = f"--{close[0]}? " if close else ""
+  return (f"--{name} is not a flag of {program()}: {guess}it takes "
+          f"{', '.join('--' + f for f in own)} ({program()} --help says what each is)")
+
+
+def _recipe(argv: list[str], values: flags.FlagValues) -> Any:
+  """The ConfigDict of ``argv``'s ``--config=``, or None (no such flag, no
+  recipe given, or one that fails: its error is said elsewhere)."""
+  recipe = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if recipe is None or "config" not in values:
+    return None
+  try:
+    return values["config"].parser.parse(recipe)
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def _config_keys(argv: list[str], values: flags.FlagValues) -> list[str]:
+  """Every leaf key of ``argv``'s recipe ("train.epochs"); [] without one."""
+  def walk(node: Any, prefix: str) -> Iterator[str]:
+    for key in node.keys():
+      if hasattr(node[key], "keys"):
+        yield from walk(node[key], f"{prefix}{key}.")
+      else:
+        yield f"{prefix}{key}"
+  config = _recipe(argv, values)
+  return [] if config is None else list(walk(config, ""))
 
 
 MAX_LISTED_KEYS = 16  # a section with more keys lists the closest names only
@@ -193,13 +235,10 @@ def unknown_config_key(argv: list[str], values: flags.FlagValues = flags.FLAGS
 
   ml_collections says only "'learning_rate'"; the section's keys show that
   it is ``optim.lr``."""
-  recipe = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-  if recipe is None or "config" not in values:
+  node = _recipe(argv, values)
+  if node is None:
     return None
-  try:
-    node = values["config"].parser.parse(recipe)
-  except Exception:  # pylint: disable=broad-except  # the recipe's own error: said elsewhere
-    return None
+  recipe = next(a.split("=", 1)[1] for a in argv if a.startswith("--config="))
   for arg in argv:
     match = re.match(r"--config\.([\w.]+)(=|$)", arg)
     if match:
