@@ -242,10 +242,11 @@ def test_an_unknown_flag_is_named_with_the_recipe_key_or_the_commands_own_flags(
   for name in ("config", "workdir", "input"):
     values.register_key_flag_for_module("prog", values[name])
   argv = ["prog", f"--config={recipe}"]
+  prog = console.program()  # the command's name, as an earlier test may have set it
   assert console.unknown_flag("epochs", argv, values) == (
-      "--epochs is not a flag of jaxtl: the recipe's key is --config.train.epochs")
+      f"--epochs is not a flag of {prog}: the recipe's key is --config.train.epochs")
   assert console.unknown_flag("inptu", argv, values) == (
-      "--inptu is not a flag of jaxtl: --input? it takes --config, --input, --workdir "
-      "(jaxtl --help says what each is)")
+      f"--inptu is not a flag of {prog}: --input? it takes --config, --input, --workdir "
+      f"({prog} --help says what each is)")
   assert console.unknown_flag("checkpoint", ["prog"], values).startswith(
-      "--checkpoint is not a flag of jaxtl: it takes --config")
+      f"--checkpoint is not a flag of {prog}: it takes --config")
