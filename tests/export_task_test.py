@@ -205,7 +205,9 @@ def test_what_no_stock_class_computes_is_its_backbone_and_jaxtls_head(
                                 tokenizer=PAD_IS_EOS if how == "pad_is_eos" else TOKENIZER)
   assert arch == remote_code.HEAD_CLASSES[kind][0]
   hf_model = _load(tmp_path, arch)
-  assert hf_model.config.model_type == family  # the stock config, tokenizers and all
+  # The stock config under jaxtl's model type, which only the file loads.
+  assert hf_model.config.model_type == remote_code.MODEL_TYPE
+  assert type(hf_model.config).__base__.model_type == family
   _compare(model, params, hf_model, kind, family)
   _check_config(hf_model.config, kind)
 
@@ -374,3 +376,14 @@ def test_an_exported_pipeline_gives_jaxtls_labels_and_probabilities(tmp_path):
     scores = {t["label"]: t["score"] for t in theirs}
     np.testing.assert_allclose([scores[n] for n in LABELS],
                                [mine["probabilities"][n] for n in LABELS], atol=TOL)
+  # Batched: the tokenizer pads with the special tokens tokenizer_config.json names.
+  batched = classify(texts, batch_size=4)
+  assert [b[0]["label"] for b in batched] == [m["label"] for m in ours]
+  # Without trust_remote_code transformers stops and asks for it, rather
+  # than load a stock BERT with a random head (model_type is jaxtl's own).
+  with pytest.raises(ValueError, match="trust_remote_code"):
+    transformers.AutoModelForSequenceClassification.from_pretrained(str(out))
+  # Nor does jaxtl import it as a backbone: its workdir is the way back.
+  from jaxtl.pretraining import pretrained  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r"a jaxtl export with a head of jaxtl's own"):
+    pretrained.load(str(out))

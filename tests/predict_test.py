@@ -113,6 +113,35 @@ def test_load_predicts_what_finetuning_scored(tuned):
       [p["label"] for p in preds[:3]]
   # A lone text is one input, not one per character.
   assert [p["label"] for p in model.predict(test.texts[0])] == [preds[0]["label"]]
+  # A notebook shows the model in a line, not its parameters' numbers.
+  assert repr(model).startswith("FineTuned(task='trec', kind='classification', "
+                                "labels=['ABBR', 'DESC', 'ENTY', 'HUM', 'LOC', 'NUM'] (6), "
+                                "encoder: ")
+  assert "\n" not in repr(model) and "M parameters" in repr(model)
+
+
+def test_a_folder_that_is_no_fine_tuning_workdir_says_what_it_is(tmp_path):
+  """jaxtl.load / predict / convert on a pretraining workdir or a Hugging
+  Face folder name what to do with it instead."""
+  pre, hf_folder = tmp_path / "mlm", tmp_path / "hf"
+  pre.mkdir()
+  (pre / "model_config.json").write_text('{"family": "decoder"}')
+  hf_folder.mkdir()
+  (hf_folder / "config.json").write_text("{}")
+  bert = tmp_path / "bert"  # an encoder writes no text: no generate
+  bert.mkdir()
+  (bert / "model_config.json").write_text('{"family": "encoder"}')
+  for folder, message in [
+      (pre, rf"{pre} is a pretraining workdir, not a fine-tuned one \(no task.json\): "
+            rf"fine-tune it with --config.init_from={pre}, or write text with it: "
+            rf"jaxtl generate --checkpoint={pre}"),
+      (hf_folder, rf"{hf_folder} is a Hugging Face model folder, not a jaxtl "
+                  rf"fine-tuning workdir \(no task.json\): fine-tune from it"),
+      (tmp_path / "nope", "nope: no such folder"),
+      (bert, rf"{bert} is a pretraining workdir, .* --config.init_from={bert}$"),
+      (tmp_path, "task.json not found: not a jaxtl fine-tuning workdir")]:
+    with pytest.raises(FileNotFoundError, match=message):
+      jaxtl.load(str(folder))
 
 
 def test_auto_decides_precision_again_where_the_model_is_loaded(monkeypatch):

@@ -116,6 +116,10 @@ def _read_json(file: str) -> Any:
                         f"byte {e.start})") from None
 
 
+# The model_type of an export whose head is jaxtl's own (jaxtl.convert.remote_code).
+OWN_MODEL_TYPE = "jaxtl"
+
+
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
   """``config.json``: a JSON object naming its ``model_type``."""
   file = os.path.join(os.fspath(path), "config.json")
@@ -183,6 +187,10 @@ def read_tensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 def _family(hf_config: dict[str, Any], path: str) -> Family:
   model_type = hf_config["model_type"]
+  if model_type == OWN_MODEL_TYPE:
+    raise HFFolderError(f"{path} is a jaxtl export with a head of jaxtl's own "
+                        "(modeling_jaxtl.py): start from the jaxtl workdir it was "
+                        "exported from instead")
   if model_type not in FAMILIES:
     raise HFFolderError(f"{os.path.join(path, 'config.json')}: model_type "
                         f"{model_type!r} is not supported; jaxtl converts "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 import tokenizers
 from sentencepiece import sentencepiece_model_pb2
@@ -33,32 +33,49 @@ _SPACE = "\u2581"  # SentencePiece's visible space
 Frame = tuple[Sequence[int], Sequence[int], Sequence[int]]
 
 
-def save(tok: Tokenizer, folder: str, frame: Frame | None, token_types: bool = False
-         ) -> None:
+def save(tok: Tokenizer, folder: str, frame: Frame | None, token_types: bool = False,
+         own_model_type: bool = False) -> None:
   """Writes ``tok`` into the export ``folder``; a SentencePiece model's
   ``tokenizer.json`` puts ``frame``'s ids (prefix, separator, suffix: what
   :func:`jaxtl.tasks.features.frame` gives the model's inputs) around each
   text, or nothing where ``frame`` is None (a language model's prompt ends
   where its text does); with ``token_types`` (a model with a token type
-  table: BERT's) it gives the model ``token_type_ids`` too."""
+  table: BERT's) it gives the model ``token_type_ids`` too.
+
+  A ``tokenizers`` tokenizer (WordPiece, BPE) is its ``tokenizer.json``,
+  whose class and special tokens ``transformers`` takes from the folder's
+  ``model_type``; under jaxtl's own (``own_model_type``: a head in
+  ``modeling_jaxtl.py``) there is no such class, and a
+  ``tokenizer_config.json`` names them instead."""
   if not isinstance(tok, SentencePieceTokenizer):
     save_tokenizer(tok, folder)
+    if own_model_type:
+      _write_config(tok, folder, tok.backend.id_to_token, token_types, split_special=False)
     return
   save_tokenizer(tok, folder, sentencepiece_name="spiece.model")  # T5Tokenizer's
   fast = from_sentencepiece(tok)
   if frame is not None:
     fast.post_processor = _template(tok, frame)
   fast.save(os.path.join(folder, "tokenizer.json"))
-  names = {"pad_token": tok.pad_id, "eos_token": tok.eos_id, "unk_token": tok.unk_id,
-           "bos_token": tok.bos_id, "mask_token": tok.mask_id, "cls_token": tok.cls_id,
-           "sep_token": tok.sep_id}
   # The special tokens' text is read by tokenizer.json as SentencePiece
   # reads it (user-defined pieces whole, a space before one kept), not cut
   # out of the text first: a [MASK] written in a text is the [MASK] piece.
-  config = {"tokenizer_class": "PreTrainedTokenizerFast", "split_special_tokens": True,
+  _write_config(tok, folder, fast.id_to_token, token_types, split_special=True)
+
+
+def _write_config(tok: Tokenizer, folder: str, id_to_token: Callable[[int], str],
+                  token_types: bool, split_special: bool) -> None:
+  """``tokenizer_config.json``: the generic fast class and ``tok``'s special
+  tokens by name; ``split_special``: their text in a text is read as the
+  tokenizer reads any text (else it is the special token)."""
+  names = {"pad_token": tok.pad_id, "eos_token": tok.eos_id, "unk_token": tok.unk_id,
+           "bos_token": tok.bos_id, "mask_token": tok.mask_id, "cls_token": tok.cls_id,
+           "sep_token": tok.sep_id}
+  config = {"tokenizer_class": "PreTrainedTokenizerFast",
+            **({"split_special_tokens": True} if split_special else {}),
             "model_input_names": ["input_ids", *(["token_type_ids"] if token_types else []),
                                   "attention_mask"],
-            **{name: fast.id_to_token(i) for name, i in names.items() if i is not None}}
+            **{name: id_to_token(i) for name, i in names.items() if i is not None}}
   with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
     json.dump(config, f, indent=2)
 

@@ -106,9 +106,15 @@ def pool(hidden, mask, method):
   raise ValueError(f"unknown pooling {method!r}")
 
 
+class JaxtlConfig(Backbone.config_class):
+  """The backbone's config under jaxtl's model type, so that only this
+  file's classes load the folder (not the stock class with a random head)."""
+  model_type = "jaxtl"
+
+
 class JaxtlPreTrainedModel(transformers.PreTrainedModel):
-  """The backbone's config class; the backbone's tensors under ``backbone.``."""
-  config_class = Backbone.config_class
+  """jaxtl's config class; the backbone's tensors under ``backbone.``."""
+  config_class = JaxtlConfig
   base_model_prefix = "backbone"
 
   def _init_weights(self, module):
@@ -217,6 +223,7 @@ class JaxtlForQuestionAnswering(JaxtlModel):
 class JaxtlAdaptedLM(Backbone):
   """The stock LM (``BACKBONE``: GPT2LMHeadModel, T5ForConditionalGeneration...)
   with adapters; ``generate`` works as the stock class's."""
+  config_class = JaxtlConfig
 
   def __init__(self, config):
     super().__init__(config)

@@ -12,8 +12,12 @@ custom models::
 
   AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True)
 
-``config.json`` stays the backbone's own (``model_type`` bert...), plus
-``jaxtl_head``: what the head computes. The backbone's tensors keep their
+``config.json`` is the backbone's own (its ``hidden_size``...), plus
+``jaxtl_head``: what the head computes, under ``model_type`` ``jaxtl``
+(:data:`MODEL_TYPE`, its config class in the file too): loaded without
+``trust_remote_code``, ``transformers`` stops and asks for it, where the
+backbone's own type (``bert``) would load the stock class with a random head
+and nothing but a load report to say so. The backbone's tensors keep their
 stock names under ``backbone.``; the head's are ``pooler``, ``classifier``,
 ``scalar_mix.{weights,gamma}`` and ``adapters.{i}.{down,up}``. An LM with
 adapters (generation, text_to_text) is the stock LM class with the adapters
@@ -37,6 +41,8 @@ from jaxtl.models.config import TransformerConfig
 
 MODELING_FILE = "modeling_jaxtl.py"
 _MODULE = MODELING_FILE.removesuffix(".py")
+MODEL_TYPE = hf.OWN_MODEL_TYPE  # config.json's model_type: no stock class claims it
+CONFIG_CLASS = "JaxtlConfig"
 # The class per task kind that has a head, and the auto class loading it.
 HEAD_CLASSES = {
     "classification": ("JaxtlForSequenceClassification",
@@ -68,8 +74,11 @@ def modeling_file(backbone: str) -> str:
 
 
 def _auto_fields(cls: str, auto_class: str, head: dict[str, Any]) -> dict[str, Any]:
-  """``config.json`` fields that make ``auto_class`` load ``cls`` from the file."""
-  return {"architectures": [cls], "auto_map": {auto_class: f"{_MODULE}.{cls}"},
+  """``config.json`` fields that make ``auto_class`` load ``cls`` from the
+  file, and only from it."""
+  return {"architectures": [cls], "model_type": MODEL_TYPE,
+          "auto_map": {"AutoConfig": f"{_MODULE}.{CONFIG_CLASS}",
+                       auto_class: f"{_MODULE}.{cls}"},
           "jaxtl_head": head}
 
 

@@ -84,7 +84,8 @@ def main(argv: list[str]) -> None:
     tokenizer, model = loaded.tokenizer, loaded.config
     frame = (None if family_of(model).causal  # an LM continues its prompt
              else features.frame(tokenizer, model.family))
-  hf_tokenizer.save(tokenizer, FLAGS.out, frame, token_types=model.type_vocab_size > 1)
+  hf_tokenizer.save(tokenizer, FLAGS.out, frame, token_types=model.type_vocab_size > 1,
+                    own_model_type=arch in remote_code.CLASSES)
   logging.info("wrote %s to %s%s", arch, FLAGS.out,
                " (load it with trust_remote_code=True)" if arch in remote_code.CLASSES
                else "")

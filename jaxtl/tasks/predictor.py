@@ -38,7 +38,7 @@ from jaxtl.pretraining import pretrained
 Input = str | Sequence[str] | Mapping[str, Any]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class FineTuned:
   """A fine-tuned model, loaded.
 
@@ -55,6 +55,18 @@ class FineTuned:
   tokenizer: Tokenizer
   params: dict[str, Any]
   model: TaskModel
+
+  def __repr__(self) -> str:
+    """What a notebook shows for ``jaxtl.load(workdir)``: the task and the
+    model in a line, not every parameter's numbers."""
+    spec, cfg = self.spec, self.config
+    labels = list(spec.label_names or ())
+    shown = (f", labels={labels[:8]}{'...' if len(labels) > 8 else ''} ({len(labels)})"
+             if labels else "")
+    size = sum(x.size for x in jax.tree.leaves(self.params))
+    return (f"FineTuned(task={spec.name!r}, kind={spec.kind!r}{shown}, "
+            f"{cfg.family}: {cfg.num_layers} layers, d_model {cfg.d_model}, "
+            f"{size / 1e6:.1f}M parameters, computes in {cfg.dtype})")
 
   @functools.cached_property
   def _run(self) -> tuple[Callable, Any, Any]:

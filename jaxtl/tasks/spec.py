@@ -185,12 +185,38 @@ def exists(workdir: str) -> bool:
   return os.path.isfile(layout.task_file(workdir))
 
 
+def _not_fine_tuned(workdir: str, path: str) -> str:
+  """Why ``workdir`` has no task.json, and what it can do instead."""
+  if not os.path.isdir(workdir):
+    return f"{workdir}: no such folder"
+  if os.path.isfile(layout.model_config_file(workdir)):
+    writes = _family(workdir) != "encoder"  # a causal LM, a T5 or a BART
+    return (f"{workdir} is a pretraining workdir, not a fine-tuned one (no "
+            f"{layout.TASK_FILE}): fine-tune it with --config.init_from={workdir}"
+            + (f", or write text with it: jaxtl generate --checkpoint={workdir}"
+               if writes else ""))
+  if os.path.isfile(os.path.join(workdir, "config.json")):
+    return (f"{workdir} is a Hugging Face model folder, not a jaxtl fine-tuning "
+            f"workdir (no {layout.TASK_FILE}): fine-tune from it with "
+            f"--config.init_from={workdir}")
+  return (f"{path} not found: not a jaxtl fine-tuning workdir (fine-tuning "
+          "writes it before training starts)")
+
+
+def _family(workdir: str) -> str:
+  """The family model_config.json names ("" when it cannot be read)."""
+  try:
+    with open(layout.model_config_file(workdir)) as f:
+      return str(json.load(f).get("family", ""))
+  except (OSError, ValueError, AttributeError):
+    return ""
+
+
 def load(workdir: str) -> TaskSpec:
   """The spec in ``workdir/task.json``; unknown keys (newer writers) are ignored."""
   path = layout.task_file(workdir)
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path} not found: not a jaxtl fine-tuning workdir "
-                            "(fine-tuning writes it before training starts)")
+    raise FileNotFoundError(_not_fine_tuned(workdir, path))
   try:
     with open(path) as f:
       values = json.load(f)
