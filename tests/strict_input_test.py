@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 
 import pytest
 
@@ -122,6 +123,21 @@ def test_every_input_line_is_a_row_and_the_last_newline_is_none(tmp_path):
   # Training data passes blank lines over, as before.
   train = _write(tmp_path / "train.csv", "text,label\na,x\n\nb,y\n")
   assert file_task.read_split(TEXT, train).texts == ["a", "b"]
+
+
+def test_an_output_stopped_halfway_leaves_the_file_that_was_there(tmp_path):
+  """predict writes beside --output and renames at the end: an error or
+  Ctrl-C mid-run keeps the old file, or the input a run writes over."""
+  out = _write(tmp_path / "in.csv", "text\na\nb\n")
+  with pytest.raises(KeyboardInterrupt):
+    with rows.Writer(str(out)) as writer:
+      writer.write({"text": "a", "label": "x"})
+      raise KeyboardInterrupt
+  assert (tmp_path / "in.csv").read_text() == "text\na\nb\n" and os.listdir(tmp_path) == ["in.csv"]
+  with rows.Writer(str(out)) as writer:
+    writer.write({"text": "a", "label": "x"})
+  assert (tmp_path / "in.csv").read_text().splitlines() == ["text,label", "a,x"]
+  assert os.listdir(tmp_path) == ["in.csv"]
 
 
 def test_a_table_output_has_every_rows_fields_and_the_prediction_its_own(tmp_path):

@@ -41,19 +41,17 @@ def predict_file(workdir: str, input_path: str, output_path: str = "-",
     logging.warning("%s: %d row(s) with an empty text (a blank line or cell), "
                     "each predicted on its empty text", name, empty)
   model = predictor.load(workdir, compute_dtype)
-  writer = rows_lib.Writer(output_path, columns=fields)
   # Rows between writes; the bar moves per chunk. Within a chunk rows are
-  # batched by length, so a larger chunk pads less.
+  # batched by length, so a larger chunk pads less. A run stopped halfway
+  # leaves --output as it was (the Writer's file takes its name at the end).
   chunk = 32 * batch_size
-  try:
-    with metrics.progress_bar(total=len(inputs), desc="predict", unit="row") as bar:
-      for start in range(0, len(inputs), chunk):
-        preds = model.predict(inputs[start:start + chunk], batch_size=batch_size, desc=None)
-        for (_, row), pred in zip(rows[start:start + chunk], preds):
-          writer.write(with_prediction(row, pred, fields))
-        bar.update(len(preds))
-  finally:
-    writer.close()
+  with (rows_lib.Writer(output_path, columns=fields) as writer,
+        metrics.progress_bar(total=len(inputs), desc="predict", unit="row") as bar):
+    for start in range(0, len(inputs), chunk):
+      preds = model.predict(inputs[start:start + chunk], batch_size=batch_size, desc=None)
+      for (_, row), pred in zip(rows[start:start + chunk], preds):
+        writer.write(with_prediction(row, pred, fields))
+      bar.update(len(preds))
   return len(inputs)
 
 

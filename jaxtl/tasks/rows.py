@@ -74,18 +74,38 @@ class Writer:
   its cell empty. In a table, a mapping gets a column per key, named as
   pandas' ``json_normalize`` names them (``probabilities.positive``), so a
   spreadsheet can sort by a class; a list (a row's tags) is JSON in its cell.
+
+  A file is written beside ``path`` and takes its name at :meth:`close`, so
+  a run stopped halfway (an error, Ctrl-C) leaves the file that was there,
+  the input itself when a run writes over it, instead of half a file.
+  Used as a context manager it closes on success and :meth:`discard`\ s on
+  an error.
   """
 
   def __init__(self, path: str, fmt: str = "", columns: Sequence[str] = ()):
     self.fmt = "jsonl" if path == "-" and not fmt else format_of(path, fmt)
     if self.fmt not in ("csv", "tsv"):  # text, Parquet: rows need fields
       self.fmt = "jsonl"
-    if path != "-" and os.path.dirname(path):  # --output=preds/dev.jsonl makes preds/
-      os.makedirs(os.path.dirname(path), exist_ok=True)
-    self.f = sys.stdout if path == "-" else open(path, "w", encoding="utf-8",
-                                                  newline="")
+    self.path, self._partial = path, None
+    if path == "-":
+      self.f = sys.stdout
+    else:
+      folder, name = os.path.split(os.path.abspath(path))
+      os.makedirs(folder, exist_ok=True)  # --output=preds/dev.jsonl makes preds/
+      # Opened as the output itself would be (its permissions, not mkstemp's 0600).
+      self._partial = os.path.join(folder, f".{name}.{os.getpid()}.partial")
+      self.f = open(self._partial, "w", encoding="utf-8", newline="")
     self.columns = list(columns)
     self._table = None
+
+  def __enter__(self) -> "Writer":
+    return self
+
+  def __exit__(self, error: type[BaseException] | None, *_: Any) -> None:
+    if error is None:
+      self.close()
+    else:
+      self.discard()
 
   def write(self, row: dict[str, Any]) -> None:
     if self.fmt == "jsonl":
@@ -101,10 +121,20 @@ class Writer:
                           for k, v in row.items()})
 
   def close(self) -> None:
+    """Finishes the output: the written file takes ``path``'s name."""
     if self.f is sys.stdout:
       self.f.flush()
-    else:
-      self.f.close()
+      return
+    self.f.close()
+    os.replace(self._partial, self.path)
+
+  def discard(self) -> None:
+    """Drops what was written; ``path`` keeps what it held before."""
+    if self.f is sys.stdout:
+      self.f.flush()
+      return
+    self.f.close()
+    os.remove(self._partial)
 
 
 
