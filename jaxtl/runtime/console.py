@@ -200,14 +200,14 @@ def unknown_flag(name: str, argv: list[str], values: flags.FlagValues = flags.FL
           f"{', '.join('--' + f for f in own)} ({program()} --help says what each is)")
 
 
-def _recipe(argv: list[str], values: flags.FlagValues) -> Any:
-  """The ConfigDict of ``argv``'s ``--config=``, or None (no such flag, no
-  recipe given, or one that fails: its error is said elsewhere)."""
+def _recipe(argv: list[str], values: flags.FlagValues) -> tuple[str, Any] | None:
+  """``argv``'s ``--config=`` value and its ConfigDict, or None (no such
+  flag, no recipe given, or one that fails: its error is said elsewhere)."""
   recipe = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
   if recipe is None or "config" not in values:
     return None
   try:
-    return values["config"].parser.parse(recipe)
+    return recipe, values["config"].parser.parse(recipe)
   except Exception:  # pylint: disable=broad-except
     return None
 
@@ -220,8 +220,8 @@ def _config_keys(argv: list[str], values: flags.FlagValues) -> list[str]:
         yield from walk(node[key], f"{prefix}{key}.")
       else:
         yield f"{prefix}{key}"
-  config = _recipe(argv, values)
-  return [] if config is None else list(walk(config, ""))
+  found = _recipe(argv, values)
+  return [] if found is None else list(walk(found[1], ""))
 
 
 MAX_LISTED_KEYS = 16  # a section with more keys lists the closest names only
@@ -235,16 +235,15 @@ def unknown_config_key(argv: list[str], values: flags.FlagValues = flags.FLAGS
 
   ml_collections says only "'learning_rate'"; the section's keys show that
   it is ``optim.lr``."""
-  node = _recipe(argv, values)
-  if node is None:
+  found = _recipe(argv, values)
+  if found is None:
     return None
-  recipe = next(a.split("=", 1)[1] for a in argv if a.startswith("--config="))
+  recipe, config = found
   for arg in argv:
     match = re.match(r"--config\.([\w.]+)(=|$)", arg)
-    if match:
-      found = _missing_in(node, match.group(1).split("."), recipe)
-      if found:
-        return found
+    missing = match and _missing_in(config, match.group(1).split("."), recipe)
+    if missing:
+      return missing
   return None
 
 
