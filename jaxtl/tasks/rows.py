@@ -137,7 +137,6 @@ class Writer:
     os.remove(self._partial)
 
 
-
 def _columns(row: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
   """A row's (column, value) pairs for a table: a mapping's keys become
   columns of their own (``probabilities.positive``)."""
