@@ -31,7 +31,7 @@ CASES = [
      "jaxtl finetune: config.init_from is empty: set --config.init_from=MODEL"),
     (["study", "--config=pretrain_clm", "--workdir={tmp}/f"],
      "jaxtl study: this config has no pretrain section"),
-    (["predict", f"--workdir={MISSING}", "--input=-"], f"jaxtl predict: {MISSING}/task.json"),
+    (["predict", f"--workdir={MISSING}", "--input=-"], f"jaxtl predict: {MISSING}: no such folder"),
     (["generate", f"--checkpoint={MISSING}", "--prompt=Hi"], f"jaxtl generate: {MISSING}: no such"),
     (["prompt", f"--checkpoint={MISSING}", "--task=trec"], f"jaxtl prompt: {MISSING}: no such"),
     (["convert", f"--checkpoint={MISSING}", "--out={tmp}/out"], f"jaxtl convert: {MISSING}: no such"),
