@@ -23,7 +23,8 @@ import runs
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 JAXTL_FILES = {p.name for p in (REPO / "jaxtl").rglob("*.py")}
-INFO_LINE = re.compile(r"^I\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] ", re.M)
+INFO_LINE = re.compile(r"^I\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] ", re.M)  # absl's (--verbose)
+SHORT_LINE = re.compile(r"^\d\d:\d\d:\d\d (warning: |error: )?\S", re.M)  # the console's
 LOG_ENV = ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS", "TQDM_DISABLE")
 
 
@@ -59,8 +60,8 @@ def test_console_is_quiet_and_verbose_brings_the_libraries_back(tiny_config, tmp
   assert config_file.is_file()
   assert f"config written to {config_file}" in out
   assert "] config:\n" not in out and "vocab_multiple:" not in out
-  assert INFO_LINE.findall(out), out
-  assert set(INFO_LINE.findall(out)) <= JAXTL_FILES, out  # jaxtl's own INFO only
+  # Each line the time and what was said, not absl's prefix (--verbose's).
+  assert SHORT_LINE.findall(out) and not INFO_LINE.findall(out), out
   for chatter in ("orbax", "xla_bridge", "Unable to initialize backend",
                   "tensorflow", "oneDNN", "absl::InitializeLog"):
     assert chatter not in out, out
@@ -250,3 +251,19 @@ def test_an_unknown_flag_is_named_with_the_recipe_key_or_the_commands_own_flags(
       f"({prog} --help says what each is)")
   assert console.unknown_flag("checkpoint", ["prog"], values).startswith(
       f"--checkpoint is not a flag of {prog}: it takes --config")
+
+
+def test_a_console_line_is_the_time_and_the_message_and_library_info_is_left_out():
+  """What a run prints without --verbose (absl's prefix with it)."""
+  def record(level, path, message):
+    return logging.LogRecord("absl", level, path, 1, message, None, None)
+  own = str(REPO / "jaxtl" / "train" / "metrics.py")
+  short = console._Short()  # pylint: disable=protected-access
+  assert re.fullmatch(r"\d\d:\d\d:\d\d step 4 eval: loss=1",
+                      short.format(record(logging.INFO, own, "step 4 eval: loss=1")))
+  assert re.fullmatch(r"\d\d:\d\d:\d\d warning: resuming",
+                      short.format(record(logging.WARNING, own, "resuming")))
+  keep = console._OwnInfoOnly().filter  # pylint: disable=protected-access
+  assert keep(record(logging.INFO, own, "step 4"))
+  assert not keep(record(logging.INFO, "/site-packages/orbax/x.py", "saving"))
+  assert keep(record(logging.WARNING, "/site-packages/orbax/x.py", "slow disk"))

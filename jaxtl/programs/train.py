@@ -24,7 +24,7 @@ from ml_collections import config_flags
 from jaxtl import train, training
 from jaxtl.data import network
 from jaxtl.runtime import console
-from jaxtl.train import checkpoint, stopping, storage, workdir
+from jaxtl.train import checkpoint, metrics, stopping, storage, workdir
 
 FLAGS = flags.FLAGS
 # sysexits.h's EX_IOERR: a checkpoint could not be written (the log says
@@ -92,7 +92,7 @@ def _report(result: dict[str, Any]) -> None:
   elif FLAGS.mode == "finetune":
     best, test = result["best_dev"], result["test"]
     logging.info("best dev %s; test %s", "- (no dev split: the last epoch)"
-                 if best is None else best,
-                 "- (no test split)" if test is None else test)
+                 if best is None else f"{best:.4g}",
+                 "- (no test split)" if test is None else metrics.brief(test))
   else:
-    logging.info("final eval: %s", result)
+    logging.info("final eval: %s", metrics.brief(result))

@@ -3,8 +3,9 @@ and a user's mistake as one line.
 
 The libraries under jaxtl (TensorFlow for TFDS, XLA, Orbax, absl) log
 dozens of INFO lines per run; a user watching a run wants the step, the
-loss and the ETA. ``--verbose`` (a flag of every entry point that calls
-:func:`quiet_libraries`) brings the libraries' INFO lines back.
+loss and the ETA, each line under the time it was said. ``--verbose`` (a
+flag of every entry point that calls :func:`quiet_libraries`) brings the
+libraries' INFO lines back, in absl's own format.
 
 A mistake (a bad flag or config value, a missing file or package) is one
 line naming the thing and the fix, exit 2, not a 40-line traceback;
@@ -21,6 +22,7 @@ import logging as py_logging
 import os
 import re
 import sys
+import time
 from typing import Any, Callable, Iterator, NoReturn
 
 from absl import app, flags
@@ -39,6 +41,20 @@ class _OwnInfoOnly(py_logging.Filter):
   def filter(self, record: py_logging.LogRecord) -> bool:
     return (record.levelno >= py_logging.WARNING
             or os.path.abspath(record.pathname).startswith(JAXTL_DIR))
+
+
+class _Short(py_logging.Formatter):
+  """A console line as a person reads it, ``12:06:22 step 4 eval: loss=...``:
+  the time and the message, with ``warning:`` or ``error:`` before what is
+  one. absl's prefix (level letter, date, microseconds, thread id, file and
+  line) is for debugging: ``--verbose`` keeps it."""
+
+  def format(self, record: py_logging.LogRecord) -> str:
+    line = super().format(record)  # the message, and a traceback it carries
+    stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+    level = ("" if record.levelno < py_logging.WARNING
+             else f"{record.levelname.lower()}: ")
+    return f"{stamp} {level}{line}"
 
 
 def _wants_verbose(argv: list[str]) -> bool:
@@ -76,7 +92,9 @@ def quiet_libraries(argv: list[str]) -> bool:
   set_log_environment(argv)
   verbose = _wants_verbose(argv)
   if not verbose:
-    logging.get_absl_handler().addFilter(_OwnInfoOnly())
+    handler = logging.get_absl_handler()
+    handler.addFilter(_OwnInfoOnly())
+    handler.setFormatter(_Short())
   return verbose
 
 

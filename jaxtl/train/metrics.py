@@ -95,12 +95,23 @@ class MetricsWriter:
     if split != "info":
       logging.info("step %s %s%s: %s", f"{step}/{total}" if total else step, split,
                    "" if eta is None else f" (ETA {tqdm.tqdm.format_interval(eta)})",
-                   ", ".join(f"{k}={float(v):.4g}" for k, v in metrics.items()))
+                   brief(metrics))
 
   def close(self) -> None:
     if self.enabled:
       self._jsonl.close()
       self._tb.close()
+
+
+def brief(metrics: Mapping[str, Any]) -> str:
+  """``loss=6.863, accuracy=0.1097``: each number to four significant
+  digits, as the console shows them."""
+  def number(v: Any) -> str:
+    try:
+      return f"{float(v):.4g}"
+    except (TypeError, ValueError):  # a list of scores, a text
+      return str(v)
+  return ", ".join(f"{k}={number(v)}" for k, v in metrics.items())
 
 
 def _truncate_after(path: str, step: int, drop_splits: tuple[str, ...] = ()) -> None:
