@@ -48,4 +48,4 @@ def main(argv: list[str]) -> None:
   n = file_predictions.predict_file(FLAGS.workdir, FLAGS.input, FLAGS.output,
                                     FLAGS.text_fields, FLAGS.input_format,
                                     FLAGS.batch_size, FLAGS.compute_dtype or None)
-  logging.info("predicted %d rows -> %s", n, FLAGS.output)
+  logging.info("predicted %d row%s -> %s", n, "" if n == 1 else "s", FLAGS.output)

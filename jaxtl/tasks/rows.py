@@ -78,8 +78,7 @@ class Writer:
   A file is written beside ``path`` and takes its name at :meth:`close`, so
   a run stopped halfway (an error, Ctrl-C) leaves the file that was there,
   the input itself when a run writes over it, instead of half a file.
-  Used as a context manager it closes on success and :meth:`discard`\ s on
-  an error.
+  Used as a context manager it closes on success and discards on an error.
   """
 
   def __init__(self, path: str, fmt: str = "", columns: Sequence[str] = ()):

@@ -418,7 +418,7 @@ def _run(work: Workload, loop: LoopConfig, tx: optax.GradientTransformation,
         # Already trained: just evaluate (its record is in metrics.jsonl).
         eval_metrics = work.evaluate(state.params)
       if work.finish is not None and stop is None:
-        logging.info("trained: the final %s evaluation", work.finish_name)
+        logging.info("the final %s evaluation", work.finish_name)
         try:
           final = work.finish(state)
         except stopping.Interrupted:  # the final state first, so a rerun only finishes
