@@ -3,7 +3,10 @@ r"""``jaxtl analysis``: layer-wise linear probes and attention maps.
   jaxtl analysis probe --init_from=/tmp/mlm --task=trec --out=/tmp/probe
   jaxtl analysis attention --init_from=/tmp/mlm --text="..." --out=/tmp/attn
 
-What each writes: :mod:`jaxtl.tools.analysis`.
+``probe`` trains a linear classifier on each layer's frozen states and
+writes ``probe.md`` (the task's accuracy by layer) and ``probe.png`` into
+``--out``; ``attention`` writes one PNG per layer, a heatmap per head.
+``--init_from`` is a jaxtl pretraining workdir or a Hugging Face folder.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ The config's ``data.source`` is read (a weighted mixture drawn with its
 ``seed``), and its tokenizer loaded from ``data.tokenizer.path`` or trained
 as a run would train it, on the train split; it is kept in ``DIR/tokenizer``
 and its fingerprint in ``DIR/pretokenized.json``, so a run on the shards
-uses it (or refuses another). The work is :mod:`jaxtl.pretraining.pretokenize`'s.
+uses it (or refuses another).
 """
 
 from __future__ import annotations

@@ -4,7 +4,11 @@ GPT-3 table, for a jaxtl causal model.
   jaxtl prompt --checkpoint=workdirs/study/pretrain_clm --task=trec,sst2 \
     --shots=0,1,4,8 --seeds=0,1,2 --max_len=64 --out=workdirs/prompting
 
-What it prompts, how it scores and what it writes: :mod:`jaxtl.eval.few_shot`.
+For each task, number of shots k and seed, the test inputs are prompted
+after k demonstrations from the task's training split and scored by the
+likeliest label word, with and without calibration. It prints the table
+and, with ``--out``, writes ``prompting.md``, ``prompting.png`` (accuracy
+against k) and ``prompting.json`` (every run) there.
 """
 
 from __future__ import annotations
