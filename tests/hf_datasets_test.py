@@ -119,7 +119,7 @@ def test_hub_name_offline_fails_in_seconds_and_says_what_to_do(tmp_path, monkeyp
     (lambda cache: sources.load_texts(sources.source_config(
         {"kind": "mixture", "parts": {"wiki": {"kind": "hf", "name": "glue",
                                                "cache_dir": cache}}}), "train"),
-     "--config.data.source.parts.wiki.source"),
+     "--config.data.source.parts.wiki"),
 ])
 def test_offline_hub_dataset_names_the_flags_that_point_elsewhere(tmp_path, monkeypatch,
                                                                   read, flags):

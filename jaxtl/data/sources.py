@@ -385,7 +385,7 @@ def _part_texts(name: str, part: SourceConfig, split: str) -> Iterator[str]:
   """A mixture part's texts; its errors name the part."""
   try:
     if isinstance(part, HFSource):  # its messages name the part's own flags
-      yield from _iter_hf(part, split, f"{SOURCE_FLAGS}.parts.{name}.source")
+      yield from _iter_hf(part, split, f"{SOURCE_FLAGS}.parts.{name}")
     else:
       yield from iter_texts(part, split)
   except (ValueError, FileNotFoundError) as e:
