@@ -94,6 +94,23 @@ def test_integer_labels_keep_their_order_and_gzip_is_looked_through(tmp_path):
   assert ex.label_names == ("1", "2", "10") and ex.labels == [2, 1, 0, 1]
 
 
+def test_label_names_rename_a_files_classes_for_predictions(tmp_path):
+  """0/1 labels, as many CSVs have them, predicted as negative/positive."""
+  train, dev = tmp_path / "train.csv", tmp_path / "dev.csv"
+  train.write_text("text,label\n" + "".join(f"w{i} w{i + 1},{i % 2}\n" for i in range(8)))
+  dev.write_text("text,label\na b,1\nc d,0\n")
+  config = _config("--config=configs/finetune.py:task=files", f"--config.task.train={train}",
+                   f"--config.task.dev={dev}", "--config.task.labels=0,1",
+                   "--config.task.label_names=negative,positive")
+  splits = finetune.load_task_splits(_task(config), 0)
+  assert splits["train"].label_names == ("negative", "positive")
+  assert splits["train"].labels[:2] == [0, 1] and splits["dev"].labels == [1, 0]
+  config.task.label_names = ("negative", "neutral", "positive")
+  with pytest.raises(ValueError, match=r"names 3 classes and config.task.labels=\(0, 1\) "
+                                       r"has 2: give both in one order"):
+    _task(config)
+
+
 def test_parquet_pairs_tagging_and_regression(tmp_path):
   pq = pytest.importorskip("pyarrow.parquet")
   import pyarrow as pa  # pylint: disable=g-import-not-at-top

@@ -80,6 +80,9 @@ class TaskConfig:
                                   "text(s) (generation)")
   labels: tuple[str | int, ...] = key((), "class order (low,mid,high); (): train's "
                                           "labels, sorted")
+  label_names: tuple[str, ...] = key((), "what predictions and the export call the "
+                                         "classes of labels, in its order "
+                                         "(negative,positive for 0,1); (): the labels")
 
   def __post_init__(self):
     # --config.task.text_fields=premise,hypothesis names two, as predict's
@@ -87,11 +90,18 @@ class TaskConfig:
     object.__setattr__(self, "text_fields", tuple(
         name.strip() for entry in self.text_fields for name in entry.split(",")))
     # --config.task.labels=low,mid,high arrives as ('low,mid,high',) (1,2,3
-    # already parses as three integers). Only a lone entry is split, so
-    # "('a, b', 'c')" still names a label with a comma in it.
-    if len(self.labels) == 1 and isinstance(self.labels[0], str):
-      object.__setattr__(self, "labels", tuple(
-          name.strip() for name in self.labels[0].split(",")))
+    # already parses as three integers); label_names alike. Only a lone
+    # entry is split, so "('a, b', 'c')" still names a label with a comma.
+    for name in ("labels", "label_names"):
+      values = getattr(self, name)
+      if len(values) == 1 and isinstance(values[0], str):
+        object.__setattr__(self, name, tuple(v.strip() for v in values[0].split(",")))
+    if self.label_names and len(self.label_names) != len(self.labels):
+      raise ValueError(
+          f"config.task.label_names={self.label_names!r} names {len(self.label_names)} "
+          f"classes and config.task.labels={self.labels!r} has {len(self.labels)}: give "
+          "both in one order (--config.task.labels=0,1 "
+          "--config.task.label_names=negative,positive)")
     self._check_files_named_for_files()
 
   def _check_files_named_for_files(self) -> None:
@@ -109,7 +119,7 @@ class TaskConfig:
 
 FILES_TASK = "files"  # config.task.name of a task read from the user's files
 # TaskConfig keys only the files task reads.
-FILES_ONLY = ("train", "dev", "test", "test_fraction", "format", "hf")
+FILES_ONLY = ("train", "dev", "test", "test_fraction", "format", "hf", "label_names")
 
 
 def _default(field: dataclasses.Field) -> Any:

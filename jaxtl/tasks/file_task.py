@@ -346,7 +346,8 @@ def from_config(task: TaskConfig) -> FileTask:
       labels = hf_datasets.label_names({**dict(hf), "flags": HF_FLAGS},
                                        task.train or "train", task.label_field) or ()
   return FileTask(text_fields=tuple(task.text_fields), label_field=task.label_field,
-                  kind=task.kind, format=task.format, labels=labels, hf=hf)
+                  kind=task.kind, format=task.format, labels=labels,
+                  label_names=tuple(task.label_names), hf=hf)
 
 
 def load_splits(task: TaskConfig, seed: int) -> dict[str, Examples | None]:
