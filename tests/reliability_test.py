@@ -214,8 +214,11 @@ def test_an_identity_is_checked_only_against_a_workdir_with_checkpoints(tmp_path
   identity.check(str(tmp_path), ident)
   with pytest.raises(workdir.WorkdirConflict,
                      match=r"holds checkpoints of another run, and nothing in it was "
-                     r"changed: mode: 'finetune' -> 'pretrain'; config.task.pooling: '' -> "
-                     r"'mean'\. Pass another --workdir"):
+                     r"changed: config.task.pooling: '' -> 'mean'\. Pass another --workdir"):
+    identity.check(str(tmp_path), {**ident, "task.pooling": "mean"})
+  with pytest.raises(workdir.WorkdirConflict,
+                     match=r"holds a fine-tuning run's checkpoints: pass another --workdir "
+                     r"for this pretraining run$"):
     identity.check(str(tmp_path), {**ident, "mode": "pretrain", "task.pooling": "mean"})
   with caplog.at_level("INFO"):
     identity.record(str(tmp_path), ident, {"optim.lr": 5e-4, "train.epochs": 3})
@@ -223,5 +226,8 @@ def test_an_identity_is_checked_only_against_a_workdir_with_checkpoints(tmp_path
   # A workdir from before identities were recorded: its files tell the mode.
   old = tmp_path / "old"
   (old / "checkpoints" / "5").mkdir(parents=True)
-  with pytest.raises(workdir.WorkdirConflict, match=r"mode: 'pretrain' -> 'finetune'"):
+  with pytest.raises(workdir.WorkdirConflict,
+                     match=rf"{old} holds a pretraining run's checkpoints: pass another "
+                     rf"--workdir for this fine-tuning run; to start from its model: "
+                     rf"--config.init_from={old}"):
     identity.check(str(old), ident)

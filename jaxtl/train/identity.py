@@ -97,6 +97,16 @@ def check(workdir: str, identity: Mapping[str, Any]) -> None:
   if not workdir_lib.holds_checkpoints(workdir):
     return
   old = _recorded_identity(workdir)
+  if old.get("mode") != identity.get("mode") and "mode" in identity:
+    # Another kind of run: most often a pretraining workdir passed as the
+    # fine-tuning run's --workdir, where --config.init_from was meant.
+    start = (f"; to start from its model: --config.init_from={workdir}"
+             if old.get("mode") == "pretrain" and identity["mode"] == "finetune" else "")
+    kind = {"pretrain": "pretraining", "finetune": "fine-tuning"}
+    raise workdir_lib.WorkdirConflict(
+        f"{workdir} holds a {kind.get(old.get('mode'), old.get('mode'))} run's "
+        f"checkpoints: pass another --workdir for this "
+        f"{kind.get(identity['mode'], identity['mode'])} run{start}")
   # A key the record lacks (one added to jaxtl since) is not a change.
   changed = [f"{_show(k)}: {old[k]!r} -> {identity.get(k)!r}" for k in sorted(old)
              if (k in identity or k == "mode") and old[k] != identity.get(k)]
