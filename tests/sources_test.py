@@ -356,7 +356,8 @@ def test_tfds_offline_fails_in_seconds_and_leaves_nothing(tmp_path, monkeypatch)
   # room for a cold TensorFlow import on a loaded 2-core machine (5.1 s once).
   assert time.perf_counter() - start < 30
   for part in ("'tiny_shakespeare'", str(data_dir), "no network: test",
-               "manual_dir", "JAXTL_DATA_DIR", "~/tensorflow_datasets"):
+               "--config.data.source.manual_dir=FOLDER", "--config.data.source.kind=text",
+               "JAXTL_DATA_DIR", "~/tensorflow_datasets"):
     assert part in str(e.value), part
   assert not data_dir.exists()
 

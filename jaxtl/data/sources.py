@@ -260,13 +260,13 @@ def check_files(source: SourceConfig, splits: Iterable[str]) -> None:
         raise FileNotFoundError(f"{path} (a file of split {split!r}): no such file")
 
 
-def _iter_tfds(source: TfdsSource, split: str) -> Iterator[str]:
+def _iter_tfds(source: TfdsSource, split: str, flags: str = SOURCE_FLAGS) -> Iterator[str]:
   yield from tfds_reader.iter_tfds(
       source.name, split,
       # "": TFDS's default data_dir; no manual_dir: download.
       data_dir=expand_path(source.data_dir) if source.data_dir else None,
       manual_dir=expand_path(source.manual_dir) if source.manual_dir else None,
-      field=source.field or "text")
+      field=source.field or "text", flags=flags)
 
 
 def _iter_hf(source: HFSource, split: str, flags: str = SOURCE_FLAGS) -> Iterator[str]:
@@ -384,8 +384,8 @@ def _iter_mixture(source: MixtureSource, split: str, seed: int) -> Iterator[str]
 def _part_texts(name: str, part: SourceConfig, split: str) -> Iterator[str]:
   """A mixture part's texts; its errors name the part."""
   try:
-    if isinstance(part, HFSource):  # its messages name the part's own flags
-      yield from _iter_hf(part, split, f"{SOURCE_FLAGS}.parts.{name}")
+    if isinstance(part, (HFSource, TfdsSource)):  # messages name the part's own flags
+      yield from _READERS[type(part)](part, split, f"{SOURCE_FLAGS}.parts.{name}")
     else:
       yield from iter_texts(part, split)
   except (ValueError, FileNotFoundError) as e:

@@ -36,7 +36,7 @@ def read_tfds(name: str, split: str, *, data_dir: PathLike | None = None,
 
 def iter_tfds(name: str, split: str, *, data_dir: PathLike | None = None,
               manual_dir: PathLike | None = None,
-              field: str = "text") -> Iterator[str]:
+              field: str = "text", flags: str = "") -> Iterator[str]:
   """Reads a text field of a TensorFlow Datasets split (prepared if needed),
   example by example as they are consumed.
 
@@ -55,6 +55,8 @@ def iter_tfds(name: str, split: str, *, data_dir: PathLike | None = None,
     manual_dir: Folder with manually downloaded source files, for offline
       preparation.
     field: The feature holding the text.
+    flags: The command-line prefix of the source's settings
+      ("--config.data.source"), which a message names; "": their names.
 
   Yields:
     The texts, one per example.
@@ -72,7 +74,7 @@ def iter_tfds(name: str, split: str, *, data_dir: PathLike | None = None,
                        "jsonl, tsv or hf") from e
     prepared = builder.is_prepared()
   if not prepared:
-    _prepare_tfds(tfds, builder, name, data_dir, manual_dir)
+    _prepare_tfds(tfds, builder, name, data_dir, manual_dir, flags)
   for example in tfds.as_numpy(builder.as_dataset(split=split)):
     if field not in example:
       raise ValueError(f"TFDS {name}[{split}] has no feature {field!r}; it "
@@ -121,7 +123,7 @@ def _quiet_absent_variant(folder: str) -> Iterator[None]:
 
 
 def _prepare_tfds(tfds: Any, builder: Any, name: str, data_dir: str,
-                  manual_dir: PathLike | None) -> None:
+                  manual_dir: PathLike | None, flags: str = "") -> None:
   """Prepares ``builder`` from ``manual_dir`` or a download; on failure
   removes what it created under ``data_dir`` and says what to do."""
   kwargs: dict[str, Any] = {}
@@ -133,7 +135,7 @@ def _prepare_tfds(tfds: Any, builder: Any, name: str, data_dir: str,
   else:
     why = network.unreachable(TFDS_PROBE_URL)
     if why is not None:
-      raise network.DataUnavailable(_tfds_missing(name, data_dir, why))
+      raise network.DataUnavailable(_tfds_missing(name, data_dir, why, flags))
   created = [p for p in (data_dir, os.path.join(data_dir, name),
                          os.path.join(data_dir, "downloads"),
                          os.path.join(data_dir, "downloads", name))
@@ -146,21 +148,24 @@ def _prepare_tfds(tfds: Any, builder: Any, name: str, data_dir: str,
     if manual_dir is not None or isinstance(e, KeyboardInterrupt):
       raise
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise network.DataUnavailable(_tfds_missing(name, data_dir, first[:300])) from e
+    raise network.DataUnavailable(_tfds_missing(name, data_dir, first[:300], flags)) from e
 
 
-def _tfds_missing(name: str, data_dir: str, why: str) -> str:
-  """What to do when a TFDS dataset is neither prepared nor downloadable."""
+def _tfds_missing(name: str, data_dir: str, why: str, flags: str = "") -> str:
+  """What to do when a TFDS dataset is neither prepared nor downloadable, in
+  the flags of ``flags`` (else in the source's key names)."""
   env, hint = network.DATA_DIR_ENV, ""
   if not os.environ.get(env):
     hint = (f" jaxtl's recipes set manual_dir to ${env}/{name} when "
             f"{env} is set (it is not): export {env}=FOLDER "
             "holding the shared datasets and run again.")
+  set_ = (lambda key, value: f"{flags}.{key}={value}") if flags else (
+      lambda key, value: f"{key}={value}")
   return (
       f"TFDS dataset {name!r} is not prepared in {data_dir} (the source's "
       f"data_dir; default {TFDS_DEFAULT_DIR_DOC}) and cannot be downloaded: "
-      f"{why}. Point it at local files: data_dir= a folder where it is "
-      "prepared, or manual_dir= a folder with its source files (datasets "
+      f"{why}. Point it at local files: {set_('data_dir', 'FOLDER')} where it is "
+      f"prepared, or {set_('manual_dir', 'FOLDER')} with its source files (datasets "
       "whose TFDS checksums name their files, e.g. tiny_shakespeare's "
-      "input.txt), or read the files directly with source kind text, jsonl, "
-      f"tsv or hf.{hint}")
+      f"input.txt), or read the files directly: {set_('kind', 'text')} (or "
+      f"jsonl, tsv, hf) with {set_('files.train', 'PATH')}.{hint}")
