@@ -11,7 +11,7 @@ import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
 
-from jaxtl.data.tokenizers import train_sentencepiece  # noqa: E402
+from jaxtl.data.sentencepiece_training import train_sentencepiece  # noqa: E402
 from jaxtl.eval import lm_eval_adapter, scoring  # noqa: E402
 from jaxtl.models import TransformerConfig, build_model  # noqa: E402
 from jaxtl.pretraining.pretrained import Pretrained  # noqa: E402

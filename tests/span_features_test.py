@@ -5,7 +5,7 @@ import pytest
 
 from jaxtl.tasks import span_features, readers as tasks
 from jaxtl.tasks.squad import Answer, SquadExample
-from jaxtl.data.tokenizers import train_sentencepiece
+from jaxtl.data.sentencepiece_training import train_sentencepiece
 
 import datadir
 

@@ -5,7 +5,7 @@ import pytest
 
 from jaxtl.tasks import features as task_features, readers as tasks
 from jaxtl.tasks.examples import Examples
-from jaxtl.data.tokenizers import train_sentencepiece
+from jaxtl.data.sentencepiece_training import train_sentencepiece
 
 import datadir
 

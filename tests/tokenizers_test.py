@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import datadir
-from jaxtl.data import tokenizer_files, tokenizers
+from jaxtl.data import sentencepiece_training, tokenizer_files, tokenizers
 
 T5_MODEL = ("tokenizers", "t5_c4_32k_100extra.spm.model")
 
@@ -21,7 +21,7 @@ def shakespeare_lines() -> list[str]:
 @pytest.fixture(scope="module", params=["unigram", "bpe"])
 def trained(request, shakespeare_lines, tmp_path_factory):
   prefix = tmp_path_factory.mktemp(request.param) / "spm"
-  tok = tokenizers.train_sentencepiece(
+  tok = sentencepiece_training.train_sentencepiece(
       shakespeare_lines, prefix, vocab_size=400, model_type=request.param,
       num_sentinels=100)
   return tok, prefix
@@ -92,8 +92,8 @@ def test_offsets_give_each_piece_its_visible_text(trained):
 
 
 def test_training_is_deterministic(shakespeare_lines, tmp_path):
-  a = tokenizers.train_sentencepiece(shakespeare_lines, tmp_path / "a", 300)
-  b = tokenizers.train_sentencepiece(shakespeare_lines, tmp_path / "b", 300)
+  a = sentencepiece_training.train_sentencepiece(shakespeare_lines, tmp_path / "a", 300)
+  b = sentencepiece_training.train_sentencepiece(shakespeare_lines, tmp_path / "b", 300)
   assert (tmp_path / "a.model").read_bytes() == (
       tmp_path / "b.model").read_bytes()
   assert a.encode(shakespeare_lines[3]) == b.encode(shakespeare_lines[3])
@@ -103,20 +103,20 @@ def test_long_texts_are_split(shakespeare_lines, tmp_path):
   # One line far above SentencePiece's 4192-byte sentence limit.
   text = " ".join(shakespeare_lines)
   assert len(text.encode("utf-8")) > 3 * 4192
-  chunks = list(tokenizers._training_sentences([text], 4192))
+  chunks = list(sentencepiece_training._training_sentences([text], 4192))
   assert len(chunks) > 3
   assert all(len(c.encode("utf-8")) <= 4192 for c in chunks)
   assert " ".join(chunks).split() == text.split()
   word = "x" + "\u00e9" * 5000  # Odd byte alignment of 2-byte chars.
-  giant = list(tokenizers._training_sentences(["a " + word], 4192))
+  giant = list(sentencepiece_training._training_sentences(["a " + word], 4192))
   assert all(len(c.encode("utf-8")) <= 4192 for c in giant)
   assert giant[0] == "a" and "".join(giant[1:]) == word
   verse = "\n".join(shakespeare_lines)  # one paragraph: cut between lines
-  chunks = list(tokenizers._training_sentences([verse], 4192))
+  chunks = list(sentencepiece_training._training_sentences([verse], 4192))
   assert len(chunks) > 3 and "\n".join(chunks) == verse
-  assert list(tokenizers._training_sentences(["a\nb \n\n \n c\n"], 4192)) == [
+  assert list(sentencepiece_training._training_sentences(["a\nb \n\n \n c\n"], 4192)) == [
       "a\nb", "c"]
-  tok = tokenizers.train_sentencepiece(
+  tok = sentencepiece_training.train_sentencepiece(
       [text], tmp_path / "long", vocab_size=300, num_sentinels=3)
   assert tok.vocab_size == 300 and tok.num_sentinels == 3
   assert tok.decode(tok.encode(shakespeare_lines[0])) == shakespeare_lines[0]
@@ -137,7 +137,7 @@ def _play(speeches: int = 120, seed: int = 0) -> str:
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
 def test_trained_tokenizer_keeps_line_breaks_and_tabs(model_type, tmp_path):
-  tok = tokenizers.train_sentencepiece(
+  tok = sentencepiece_training.train_sentencepiece(
       [_play()], tmp_path / "play", vocab_size=60, model_type=model_type,
       num_sentinels=3)
   newline = tok.processor.piece_to_id("\n")
@@ -184,15 +184,15 @@ def test_clm_recipe_rows_keep_the_line_breaks_of_the_source(tmp_path):
 
 def test_bad_model_type(tmp_path):
   with pytest.raises(ValueError, match="wordpiece"):
-    tokenizers.train_sentencepiece(["a b c"], tmp_path / "m", 100,
+    sentencepiece_training.train_sentencepiece(["a b c"], tmp_path / "m", 100,
                                    model_type="wordpiece")
 
 
 def test_vocab_too_large_is_a_clear_error(tmp_path):
-  with pytest.raises(tokenizers.VocabTooLarge,
+  with pytest.raises(sentencepiece_training.VocabTooLarge,
                      match=r"m.model: the training text \(20 sentences\) gives at most "
                            r"\d+ pieces, not the 5000 asked") as e:
-    tokenizers.train_sentencepiece(["the cat sat on the mat"] * 20,
+    sentencepiece_training.train_sentencepiece(["the cat sat on the mat"] * 20,
                                    tmp_path / "m", 5000)
   assert 0 < e.value.most < 5000
   assert not (tmp_path / "m.model").exists()
@@ -207,12 +207,12 @@ def test_vocab_too_large_is_a_clear_error(tmp_path):
 
 def test_vocab_smaller_than_specials(tmp_path):
   with pytest.raises(ValueError, match="reserved"):
-    tokenizers.train_sentencepiece(["a b"], tmp_path / "m", 50)
+    sentencepiece_training.train_sentencepiece(["a b"], tmp_path / "m", 50)
 
 
 def test_empty_corpus(tmp_path):
   with pytest.raises(ValueError, match="no non-empty text"):
-    tokenizers.train_sentencepiece(["", "  \n "], tmp_path / "m", 200)
+    sentencepiece_training.train_sentencepiece(["", "  \n "], tmp_path / "m", 200)
 
 
 def test_missing_model_file(tmp_path):
@@ -277,7 +277,7 @@ def test_classic_t5_virtual_sentinels(tmp_path):
 
 
 def test_model_without_sentinels(shakespeare_lines, tmp_path):
-  tok = tokenizers.train_sentencepiece(
+  tok = sentencepiece_training.train_sentencepiece(
       shakespeare_lines, tmp_path / "small", vocab_size=100, num_sentinels=0)
   assert tok.num_sentinels == 0 and tok.vocab_size == 100
   with pytest.raises(ValueError, match="extra_id_0"):
@@ -340,7 +340,7 @@ def test_sentinels_above_the_pieces_are_added_to_the_rebuilt_tokenizer(shakespea
   """Classic T5 models keep <extra_id_i> above their pieces, <extra_id_0>
   last (jaxtl's SentencePieceTokenizer, T5Tokenizer): the rebuilt one too."""
   from jaxtl.convert import hf_tokenizer  # pylint: disable=g-import-not-at-top
-  tok = tokenizers.train_sentencepiece(shakespeare_lines, tmp_path / "m", 300, num_sentinels=0)
+  tok = sentencepiece_training.train_sentencepiece(shakespeare_lines, tmp_path / "m", 300, num_sentinels=0)
   pieces = tok.processor.get_piece_size()
   tok._sentinels = tuple(pieces + 2 - i for i in range(3))  # pylint: disable=protected-access
   fast = hf_tokenizer.from_sentencepiece(tok)

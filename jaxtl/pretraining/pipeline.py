@@ -32,7 +32,8 @@ from jaxtl.data import packing, pretokenized, row_store, sources
 from jaxtl.data.batches import BatchIterator, Example, Row, Rows
 from jaxtl.data.tokenizer_files import get_tokenizer, keep_tokenizer
 from jaxtl.data.config import DataConfig
-from jaxtl.data.tokenizers import Tokenizer, VocabTooLarge, train_sentencepiece
+from jaxtl.data.sentencepiece_training import VocabTooLarge, train_sentencepiece
+from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.objectives import ObjectiveConfig
 from jaxtl.pretraining.config import PretrainConfig
 
