@@ -125,12 +125,12 @@ def test_a_folder_that_is_no_fine_tuning_workdir_says_what_it_is(tmp_path):
   Face folder name what to do with it instead."""
   pre, hf_folder = tmp_path / "mlm", tmp_path / "hf"
   pre.mkdir()
-  (pre / "model_config.json").write_text('{"family": "decoder"}')
+  pretrained_lib.save_model_config(TransformerConfig(family="decoder"), str(pre))
   hf_folder.mkdir()
   (hf_folder / "config.json").write_text("{}")
   bert = tmp_path / "bert"  # an encoder writes no text: no generate
   bert.mkdir()
-  (bert / "model_config.json").write_text('{"family": "encoder"}')
+  pretrained_lib.save_model_config(TransformerConfig(family="encoder"), str(bert))
   for folder, message in [
       (pre, rf"{pre} is a pretraining workdir, not a fine-tuned one \(no task.json\): "
             rf"fine-tune it with --config.init_from={pre}, or write text with it: "

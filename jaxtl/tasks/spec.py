@@ -22,6 +22,7 @@ from jaxtl.data.tokenizers import Tokenizer
 from jaxtl.models import TransformerConfig
 from jaxtl.models.family import family_of
 from jaxtl.models.heads import POOLINGS, TaskModel
+from jaxtl.pretraining import pretrained
 from jaxtl.tasks import features as task_features
 from jaxtl.tasks import file_task, kinds
 from jaxtl.tasks.config import FinetuneConfig, TaskConfig
@@ -190,7 +191,11 @@ def _not_fine_tuned(workdir: str, path: str) -> str:
   if not os.path.isdir(workdir):
     return f"{workdir}: no such folder"
   if os.path.isfile(layout.model_config_file(workdir)):
-    writes = _family(workdir) != "encoder"  # a causal LM, a T5 or a BART
+    try:
+      rules = family_of(pretrained.load_model_config(workdir))
+      writes = rules.causal or rules.seq2seq  # a causal LM, a T5 or a BART
+    except (OSError, ValueError, TypeError, KeyError):  # the mistake is said: a workdir
+      writes = False
     return (f"{workdir} is a pretraining workdir, not a fine-tuned one (no "
             f"{layout.TASK_FILE}): fine-tune it with --config.init_from={workdir}"
             + (f", or write text with it: jaxtl generate --checkpoint={workdir}"
@@ -201,15 +206,6 @@ def _not_fine_tuned(workdir: str, path: str) -> str:
             f"--config.init_from={workdir}")
   return (f"{path} not found: not a jaxtl fine-tuning workdir (fine-tuning "
           "writes it before training starts)")
-
-
-def _family(workdir: str) -> str:
-  """The family model_config.json names ("" when it cannot be read)."""
-  try:
-    with open(layout.model_config_file(workdir)) as f:
-      return str(json.load(f).get("family", ""))
-  except (OSError, ValueError, AttributeError):
-    return ""
 
 
 def load(workdir: str) -> TaskSpec:
