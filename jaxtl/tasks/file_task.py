@@ -29,10 +29,9 @@ from typing import Any
 import numpy as np
 
 from jaxtl.data import hf_datasets, row_files
-from jaxtl.tasks.config import FILES_TASK, TaskConfig
+from jaxtl.tasks.config import TaskConfig
 from jaxtl.tasks.examples import BadRows, Examples
 
-TASK_NAME = FILES_TASK  # config.task.name of a task read from the user's files
 KINDS = ("classification", "regression", "token_classification", "text_to_text",
          "generation")
 UNLABELLED = ("regression", "generation")  # targets are scores or texts: no label set

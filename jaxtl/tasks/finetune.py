@@ -100,7 +100,7 @@ def load_task_splits(task: TaskConfig, seed: int) -> dict[str, Any]:
   results.json, see :func:`data_report`); ``num_train_examples`` and
   ``max_eval_examples`` then cut the splits.
   """
-  if task.name == file_task.TASK_NAME:
+  if task.name == tasks_config.FILES_TASK:
     splits = file_task.load_splits(task, seed)
   else:
     splits = _builtin_splits(task, seed)
@@ -127,7 +127,7 @@ def splits_note(task: TaskConfig, splits: Mapping[str, Any]) -> str | None:
   test, dev is what is reported as the test score; without both, only the
   training loss is.
   """
-  files = task.name == file_task.TASK_NAME
+  files = task.name == tasks_config.FILES_TASK
   add = {"dev": "--config.task.dev=FILE or --config.task.dev_fraction=0.1" if files
               else "--config.task.dev_fraction=0.1",
          "test": "--config.task.test=FILE or --config.task.test_fraction=0.1" if files

@@ -24,8 +24,8 @@ from jaxtl.models.family import family_of
 from jaxtl.models.heads import POOLINGS, TaskModel
 from jaxtl.pretraining import pretrained
 from jaxtl.tasks import features as task_features
-from jaxtl.tasks import file_task, kinds
-from jaxtl.tasks.config import FinetuneConfig, TaskConfig
+from jaxtl.tasks import kinds
+from jaxtl.tasks.config import FILES_TASK, FinetuneConfig, TaskConfig
 
 # The input fields a predictor reads, by kind (and by whether the task has pairs).
 _FIELDS = {"single": ("text",), "pair": ("text", "text_pair"),
@@ -142,7 +142,7 @@ def from_config(config: FinetuneConfig, family: str, label_names: tuple[str, ...
       max_answer_tokens=task.max_answer_tokens,
       length_multiple=config.train.length_multiple,
       max_target_len=task.max_target_len, num_beams=task.num_beams,
-      columns=tuple(task.text_fields) if task.name == file_task.TASK_NAME else (),
+      columns=tuple(task.text_fields) if task.name == FILES_TASK else (),
       compute_dtype=config.train.compute_dtype)
 
 
