@@ -109,13 +109,15 @@ class TaskConfig:
     data (and the run would ask for JAXTL_DATA_DIR): say so instead."""
     if self.name == FILES_TASK:
       return
-    for field in dataclasses.fields(self):
-      value = getattr(self, field.name)
-      if field.name in FILES_ONLY and value != _default(field):
+    fields = sections.fields(type(self))
+    for name in FILES_ONLY:
+      value = getattr(self, name)
+      if value != _default(fields[name]):
         raise ValueError(
-            f"config.task.{field.name}={value!r} is read by the files task only, and "
+            f"config.task.{name}={value!r} is read by the files task only, and "
             f"this run's task is {self.name}: add task=files to the recipe, e.g. "
             f"--config=finetune_minilm:task=files")
+
 
 FILES_TASK = "files"  # config.task.name of a task read from the user's files
 # TaskConfig keys only the files task reads.
