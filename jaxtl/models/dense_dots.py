@@ -27,7 +27,8 @@ on the AMX Xeon the float32 MiniLM step took 1,056 ms that way against
 On a Zen 3 or Zen 4 EPYC, whose YNNPACK takes ``g @ w.T`` as it is, even
 ``w.T`` is left to XLA (:func:`jaxtl.runtime.xla_cpu.folds_float32_dx`):
 280.2 against 292.6 ms at 10 x 48 on the Zen 3, 195.0 against 199.9 on
-the Zen 4.
+the Zen 4, and 188.5 against 202.9 on an AMX Xeon that reports family 6
+model 167 (480 MiB of L3).
 ``launch/cpu_dots.py`` shows which form reaches which kernel on the CPU it
 runs on.
 """
