@@ -7,7 +7,7 @@ import importlib
 import pytest
 
 from jaxtl.train import config_checks
-from jaxtl.train.loop import ConfigError
+from jaxtl.train.workload import ConfigError
 
 from configs_test import ALL_RECIPES, RECIPE_ARGS
 

@@ -26,7 +26,7 @@ from jaxtl.pretraining import pipeline
 from jaxtl.models import TransformerConfig, attention, electra, paths
 from jaxtl.models import config as model_config
 from jaxtl.train import identity as identity_lib
-from jaxtl.train import loop, optim, perf, sharding
+from jaxtl.train import loop, optim, perf, sharding, workload
 from jaxtl.pretraining import pretrained
 from jaxtl.pretraining import config as pretrain_config
 from jaxtl.pretraining.config import PretrainConfig, Stage
@@ -116,13 +116,13 @@ def check_positions(model_cfg: TransformerConfig, lengths: Mapping[str, int],
   positions."""
   longest = max(lengths.values())
   if model_cfg.position == "learned" and longest > model_cfg.max_len:
-    raise loop.ConfigError(f"{where}: batches of {longest} tokens need {longest} "
+    raise workload.ConfigError(f"{where}: batches of {longest} tokens need {longest} "
                            f"positions, but the model has {model_cfg.max_len} ({table})")
 
 
 def make_stage(index: int, stage: Stage, init_from: str, data: pipeline.DataSetup,
                model_cfg: TransformerConfig, model: nn.Module, params_shape: Any,
-               where: str, run_objective: objectives.Objective) -> loop.Stage:
+               where: str, run_objective: objectives.Objective) -> workload.Stage:
   """A stage's batches (a stream of their own after the first, so a stage
   over the same rows does not repeat its predecessor's), loss and numbers."""
   objective = objectives.get(stage.objective.name)
@@ -141,7 +141,7 @@ def make_stage(index: int, stage: Stage, init_from: str, data: pipeline.DataSetu
   flops = perf.flops_per_example(model_cfg, params_shape, *prepared.lengths.values(),
                                  head_positions=prepared.max_predictions,
                                  generator=_generator(model))
-  return loop.Stage(
+  return workload.Stage(
       steps=stage.steps, batches=batches, loss_fn=loss_fn,
       batch_size=stage.data.batch_size, flops_per_example=flops,
       tokens_per_example=sum(prepared.lengths.values()),
@@ -171,11 +171,11 @@ def identity(config: PretrainConfig) -> dict[str, Any]:
                            skip=[f"model.{k}" for k in pretrained.RUNTIME_FIELDS])
 
 
-def loop_config(config: PretrainConfig, batch_devices: int = 1) -> loop.LoopConfig:
+def loop_config(config: PretrainConfig, batch_devices: int = 1) -> workload.LoopConfig:
   """The loop's numbers from a pretraining config (all in steps);
   ``batch_devices``: the devices the mesh splits each batch over."""
   t = config.train
-  numbers = loop.LoopConfig(
+  numbers = workload.LoopConfig(
       steps=t.steps, batch_size=config.data.batch_size, log_every=t.log_every,
       eval_every=t.eval_every, eval_at_start=True,
       checkpoint_every=t.checkpoint_every, keep_checkpoints=t.keep_checkpoints,
@@ -257,7 +257,7 @@ def train_and_evaluate(config: PretrainConfig | ml_collections.ConfigDict, workd
   stages = tuple(make_stage(k, stage, config.init_from, data, model_cfg, model,
                             params_shape, where(k), objective)
                  for k, stage in enumerate(config.run_stages()))
-  work = loop.Workload(
+  work = workload.Workload(
       model=model,
       weight_fn=functools.partial(objective.weight_total, family=model_cfg.family),
       init_inputs=init_inputs, summarize=objective.summarize, stages=stages,

@@ -9,7 +9,8 @@ The names most callers need are here; the modules hold the rest:
 :mod:`~jaxtl.train.metrics`, :mod:`~jaxtl.train.perf`.
 """
 
-from jaxtl.train.loop import ConfigError, LoopConfig, Outcome, Stage, Workload, run
+from jaxtl.train.loop import run
+from jaxtl.train.workload import ConfigError, LoopConfig, Outcome, Stage, Workload
 from jaxtl.train.metrics import MetricsWriter
 from jaxtl.train.stopping import EXIT_PREEMPTED, Preempted
 from jaxtl.train.step import (TrainState, abstract_sharded_state, abstract_state,

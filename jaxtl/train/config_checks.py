@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 import ml_collections
 
 from jaxtl.train.identity import leaves
-from jaxtl.train.loop import ConfigError
+from jaxtl.train.workload import ConfigError
 
 # Sections each mode's config must have, and the recipes that have them.
 MODES: dict[str, tuple[tuple[str, ...], str]] = {
@@ -163,7 +163,7 @@ SUMS: tuple[tuple[tuple[str, str], Bound], ...] = (
 
 
 def check_values(config: ml_collections.ConfigDict, mode: str) -> None:
-  """Raises :class:`jaxtl.train.loop.ConfigError` for the first value of
+  """Raises :class:`jaxtl.train.workload.ConfigError` for the first value of
   ``config`` (a ``pretrain``, ``finetune`` or ``study`` config) outside what
   it allows.
 
