@@ -251,6 +251,10 @@ def test_an_unknown_flag_is_named_with_the_recipe_key_or_the_commands_own_flags(
       f"({prog} --help says what each is)")
   assert console.unknown_flag("checkpoint", ["prog"], values).startswith(
       f"--checkpoint is not a flag of {prog}: it takes --config")
+  # A recipe's key with no recipe: absl has no --config.* flags to know it by.
+  assert console.unknown_flag("config.train.epochs", ["prog", "--workdir=w"], values) == (
+      f"--config.train.epochs sets a key of a recipe, and no recipe is named: add "
+      f"--config=RECIPE ({prog} --help lists the recipes)")
 
 
 def test_a_console_line_is_the_time_and_the_message_and_library_info_is_left_out():

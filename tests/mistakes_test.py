@@ -50,6 +50,9 @@ CASES = [
     (["prompt", "--task=trec"], "jaxtl prompt: --checkpoint is needed; jaxtl prompt "
      "--help says what each flag is"),
     (["lm_eval", "--tasks=nope"], "jaxtl lm_eval: Tasks not found: nope"),
+    (["finetune", "--workdir={tmp}/h", "--config.train.epochs=1"],
+     "jaxtl finetune: --config.train.epochs sets a key of a recipe, and no recipe is "
+     "named: add --config=RECIPE (jaxtl finetune --help lists the recipes)"),
 ]
 
 

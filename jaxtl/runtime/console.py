@@ -205,8 +205,14 @@ def parse_flags(argv: list[str]) -> list[str]:
 def unknown_flag(name: str, argv: list[str], values: flags.FlagValues = flags.FLAGS
                  ) -> str:
   """One line for ``--name``, which the command (``argv[0]``) lacks: the
-  recipe key of that name (``--epochs``: ``--config.train.epochs``), else
-  the flags it has (absl's own guess may be its --log_dir)."""
+  recipe key of that name (``--epochs``: ``--config.train.epochs``), a
+  recipe's key given with no recipe (``--config.train.epochs`` without
+  ``--config=``: absl then knows no such flag), else the flags it has
+  (absl's own guess may be its --log_dir)."""
+  if (name.startswith("config.") and "config" in values
+      and not any(a == "--config" or a.startswith("--config=") for a in argv)):
+    return (f"--{name} sets a key of a recipe, and no recipe is named: add "
+            f"--config=RECIPE ({program()} --help lists the recipes)")
   keys = [key for key in _config_keys(argv, values) if key.split(".")[-1] == name]
   if keys:
     return (f"--{name} is not a flag of {program()}: the recipe's key is "
