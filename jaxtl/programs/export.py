@@ -58,7 +58,9 @@ FLAGS = flags.FLAGS
 def main(argv: list[str]) -> None:
   del argv
   if spec.exists(FLAGS.checkpoint) and not FLAGS.architecture and not FLAGS.generator:
-    tuned = predictor.load(FLAGS.checkpoint)  # best/, LoRA merged
+    # best/, LoRA merged; float32: an export computes nothing, so neither
+    # auto's choice nor its log line is this command's.
+    tuned = predictor.load(FLAGS.checkpoint, compute_dtype="float32")
     arch = convert.export_task_hf(FLAGS.out, tuned.config, tuned.params, tuned.spec,
                                   tokenizer=tuned.tokenizer, model_type=FLAGS.model_type)
     # A task's inputs, framed as in fine-tuning (GPT-2's too: a ... <eos>).
