@@ -34,6 +34,7 @@ Writes results.json (dev history, best dev, test metrics) in the workdir.
 """
 
 from jaxtl.configs import common
+from jaxtl.runtime import console
 
 # task -> (head kind, max length, epochs)
 TASKS = {
@@ -59,7 +60,7 @@ LABEL_WORDS = {"trec": ("abbreviation", "description", "entity", "human",
 def get_config(arg: str | None = None):
   args = common.parse_arg(arg, task="trec", scheme="full", model="bert_tiny")
   if args.task not in TASKS:
-    raise ValueError(f"unknown task {args.task!r}; known: {sorted(TASKS)}")
+    raise ValueError(console.unknown("task", args.task, sorted(TASKS)))
   kind, max_len, epochs = TASKS[args.task]
   c = common.finetune_config(args.model)
   # task=files is scored by its kind's metrics (it may be changed on the

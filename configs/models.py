@@ -12,6 +12,8 @@ from typing import Any
 
 import ml_collections
 
+from jaxtl.runtime import console
+
 _BERT = dict(family="encoder", position="learned", type_vocab_size=2,
              activation="gelu", norm="layernorm", norm_eps=1e-12,
              pre_norm=False, embed_norm=True, use_bias=True,
@@ -78,7 +80,7 @@ def fields() -> dict[str, tuple[Any, str]]:
 def get_model_config(name: str) -> ml_collections.ConfigDict:
   """A preset as a ConfigDict with every TransformerConfig field present."""
   if name not in PRESETS:
-    raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+    raise ValueError(console.unknown("model preset", name, sorted(PRESETS)))
   values = {key: default for key, (default, _) in fields().items()}
   values.update(PRESETS[name])
   return ml_collections.ConfigDict(values)

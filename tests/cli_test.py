@@ -44,7 +44,8 @@ def test_unknown_recipes_and_commands_are_named(capsys):
   with pytest.raises(SystemExit) as stop:
     cli.run(["jaxtl", "pretrian"])
   assert stop.value.code == 2
-  assert "unknown command 'pretrian'; the commands: pretrain" in capsys.readouterr().err
+  assert "unknown command 'pretrian' (pretrain?); known: pretrain, finetune" in (
+      capsys.readouterr().err)
 
 
 @pytest.mark.subprocess

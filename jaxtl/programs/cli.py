@@ -148,8 +148,8 @@ def run(argv: list[str] | None = None) -> None:
     return
   command, rest = argv[1], argv[2:]
   if command not in COMMANDS:
-    console.exit_mistake(f"unknown command {command!r}; the commands: "
-                         f"{', '.join(COMMANDS)} (jaxtl --help says what each does)")
+    console.exit_mistake(f"{console.unknown('command', command, COMMANDS)} "
+                         "(jaxtl --help says what each does)")
   console.set_program(f"jaxtl {command}")
   if command == "recipes":
     print(recipes.listing())

@@ -23,7 +23,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Callable, Iterator, NoReturn
+from typing import Any, Callable, Iterable, Iterator, NoReturn
 
 from absl import app, flags
 from absl import logging
@@ -200,6 +200,15 @@ def parse_flags(argv: list[str]) -> list[str]:
     hint = ("; --verbose prints a run's whole config, every key and its value"
             if isinstance(e, (AttributeError, KeyError)) else "")
     exit_mistake(f"bad flag or config override: {describe(e)}{hint}")
+
+
+def unknown(what: str, name: str, known: Iterable[str]) -> str:
+  """"unknown WHAT 'NAME' (CLOSEST?); known: A, B, C": a name outside a
+  fixed set, with the nearest one when a typo is likely."""
+  known = list(known)
+  close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+  guess = f" ({close[0]}?)" if close else ""
+  return f"unknown {what} {name!r}{guess}; known: {', '.join(known)}"
 
 
 def unknown_flag(name: str, argv: list[str], values: flags.FlagValues = flags.FLAGS

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxtl.data import sources
+from jaxtl.runtime import console
 from jaxtl.tasks import file_task
 from jaxtl.tasks.examples import BadRows, Examples, iter_lines
 from jaxtl.tasks.squad import SquadExamples, read_squad, split_squad_by_article
@@ -307,7 +308,7 @@ def load_task(task: str, split: str,
     The split's examples.
   """
   if task not in TASK_SPLITS:
-    raise ValueError(f"unknown task {task!r}; known: {', '.join(TASK_SPLITS)}")
+    raise ValueError(console.unknown("task", task, TASK_SPLITS))
   _check_split(task, split, TASK_SPLITS[task])
   if task == "trec":
     return read_trec(split, data_dir, on_error=on_error)
