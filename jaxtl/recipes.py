@@ -7,6 +7,7 @@ can be written without reading the source.
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib.util
 import os
 import shlex
@@ -102,8 +103,15 @@ def table(config: ml_collections.ConfigDict, prefix: str = "") -> str:
   rows = common.describe(config, strict=False)  # a user's own file may add keys
   picked = [row for row in rows if row[0].startswith(prefix)]
   if not picked:
-    raise ValueError(f"--filter={prefix}: no key starts so; the sections: "
-                     f"{', '.join(sorted({k.split('.')[0] for k, _, _ in rows}))}")
+    sections = sorted({k.split(".")[0] for k, _, _ in rows})
+    first = prefix.split(".")[0]
+    if first in sections:  # a section's key misspelt: list the section
+      raise ValueError(f"--filter={prefix}: no key starts so; --filter={first} lists "
+                       "that section's keys")
+    close = difflib.get_close_matches(first, sections, n=1, cutoff=0.6)
+    guess = f" ({close[0]}?)" if close else ""
+    raise ValueError(f"--filter={prefix}: no key starts so{guess}; the sections: "
+                     f"{', '.join(sections)}")
   return "\n".join(line.rstrip() for line in _columns(
       [(f"--config.{k}={_shell(v)}", f"({type(v).__name__})", meaning)
        for k, v, meaning in picked]))

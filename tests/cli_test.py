@@ -148,7 +148,15 @@ def test_the_command_line_explains_itself(capsys):
   assert all(line.startswith("--config.task.t") for line in lines)
   with pytest.raises(SystemExit) as stop:
     cli.run(["jaxtl", "config", "finetune", "--filter=nope"])
-  assert stop.value.code == 2 and "no key starts so" in capsys.readouterr().err
+  assert stop.value.code == 2 and "no key starts so; the sections: adapt," in (
+      capsys.readouterr().err)
+  with pytest.raises(SystemExit) as stop:  # a typo: the closest section or key
+    cli.run(["jaxtl", "config", "finetune", "--filter=trainn"])
+  assert "--filter=trainn: no key starts so (train?); the sections:" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as stop:  # a section's key misspelt
+    cli.run(["jaxtl", "config", "finetune", "--filter=optim.learning_rate"])
+  assert ("--filter=optim.learning_rate: no key starts so; --filter=optim lists that "
+          "section's keys") in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("recipe", ["finetune:task=files", "pretrain_mlm"])
