@@ -159,13 +159,12 @@ def _tfds_missing(name: str, data_dir: str, why: str, flags: str = "") -> str:
     hint = (f" jaxtl's recipes set manual_dir to ${env}/{name} when "
             f"{env} is set (it is not): export {env}=FOLDER "
             "holding the shared datasets and run again.")
-  set_ = (lambda key, value: f"{flags}.{key}={value}") if flags else (
-      lambda key, value: f"{key}={value}")
+  key = f"{flags}." if flags else ""
   return (
       f"TFDS dataset {name!r} is not prepared in {data_dir} (the source's "
       f"data_dir; default {TFDS_DEFAULT_DIR_DOC}) and cannot be downloaded: "
-      f"{why}. Point it at local files: {set_('data_dir', 'FOLDER')} where it is "
-      f"prepared, or {set_('manual_dir', 'FOLDER')} with its source files (datasets "
+      f"{why}. Point it at local files: {key}data_dir=FOLDER where it is "
+      f"prepared, or {key}manual_dir=FOLDER with its source files (datasets "
       "whose TFDS checksums name their files, e.g. tiny_shakespeare's "
-      f"input.txt), or read the files directly: {set_('kind', 'text')} (or "
-      f"jsonl, tsv, hf) with {set_('files.train', 'PATH')}.{hint}")
+      f"input.txt), or read the files directly: {key}kind=text (or "
+      f"jsonl, tsv, hf) with {key}files.train=PATH.{hint}")

@@ -40,7 +40,6 @@ from jaxtl.train.stopping import Preempted
 from jaxtl.train.workload import LoopConfig, Outcome, Stage, Workload
 
 Array = jax.Array
-Batch = Mapping[str, Any]
 
 
 def check_bad_steps(bad_steps: Array, limit: int, step: int) -> None:
