@@ -15,6 +15,9 @@
 #                                # name this CPU, or stop naming it
 #   launch/cpu_check.sh step     # the same three beside PyTorch, alternated ($ROUNDS rounds)
 #   launch/cpu_check.sh accuracy # TREC and SST-2 (9,000 rows), 3 seeds, float32 against bfloat16
+#   launch/cpu_check.sh floor    # the step beside the sum of its matmuls, attention and update
+#                                # timed alone (launch/step_floor.py), PyTorch's step in turns:
+#                                # the most jaxtl could be ahead with this CPU's kernels
 #
 # Logs and the benchmark's result blocks go to $OUT (or ./cpu_out).
 # $FLAG_SETTINGS (';'-separated, each a list of VAR=value) replaces the
@@ -124,5 +127,13 @@ xla_cpu_prefer_vector_width=512;xla_cpu_enable_fast_math=true}"
         2>&1 | tee -a "$out/accuracy.log" | grep -vE "^(I|W)[0-9]{4}" | tail -6
     done
     ;;
-  *) echo "usage: launch/cpu_check.sh dots|flags|versus|rules|step|accuracy"; exit 2;;
+  floor)
+    for shape in "--batch_size=32 --length=64" "--batch_size=10 --length=48"; do
+      for dtype in auto float32; do
+        python launch/step_floor.py --torch $shape --dtype=$dtype 2>&1 \
+          | tee -a "$out/floor.log" | grep -vE "^(I|W)[0-9]{4}|computing in" | tee -a "$out/floor.md"
+      done
+    done
+    ;;
+  *) echo "usage: launch/cpu_check.sh dots|flags|versus|rules|step|accuracy|floor"; exit 2;;
 esac

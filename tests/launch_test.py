@@ -32,3 +32,22 @@ def test_minilm_trec_runs_both_sides_on_a_few_questions(tmp_path, small_bert):
     assert 0 <= run["test"] <= 1 and len(run["seconds"]) == 1 and run["wall"] > 0
   assert summary["speed_ratio"] > 0
   assert "jaxtl epochs are" in out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_step_floor_prints_the_floor_and_the_step():
+  """launch/step_floor.py on a tiny classifier: every part timed, the floor
+  their sum."""
+  out = subprocess.run(
+      [sys.executable, "launch/step_floor.py", "--preset=tiny_cls", "--batch_size=2",
+       "--length=16", "--repeats=1"],
+      cwd=REPO, env={**os.environ, "JAXTL_KEEP_MEMORY": "0"}, capture_output=True,
+      text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  rows = dict(line.strip("| ").rsplit(" | ", 1) for line in out.stdout.splitlines()
+              if line.startswith("| ") and not line.startswith("| part"))
+  parts = [float(ms.replace(",", "")) for name, ms in rows.items()
+           if not name.startswith(("**", "the rest"))]
+  assert len(parts) == 3 and all(ms > 0 for ms in parts)
+  assert float(rows["**floor** (their sum)"].replace(",", "")) == pytest.approx(sum(parts), abs=0.2)
