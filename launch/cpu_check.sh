@@ -20,6 +20,8 @@
 #                                # the most jaxtl could be ahead with this CPU's kernels
 #
 # Logs and the benchmark's result blocks go to $OUT (or ./cpu_out).
+# $SHAPE (e.g. "--batch_size=10 --length=48", TREC's packed batch) sets the
+# shape of the flags, versus and step stages (default: the preset's 32 x 64).
 # $FLAG_SETTINGS (';'-separated, each a list of VAR=value) replaces the
 # flag stage's settings; "JAXTL_CPU_FLAGS=0" alone is XLA's defaults.
 set -uo pipefail
@@ -34,7 +36,7 @@ bench() {  # ENV... -- BENCHMARK FLAGS...: one row of the table
   while [[ $1 != -- ]]; do envs+=("$1"); shift; done; shift
   setting="${envs[*]:-XLA defaults} $*"
   env "${envs[@]}" python -m jaxtl benchmark --presets="${PRESET:-minilm_cls}" \
-      --steps="${STEPS:-6}" --warmup=2 --results="$out/benchmark_results.md" "$@" 2>&1 \
+      --steps="${STEPS:-6}" --warmup=2 --results="$out/benchmark_results.md" ${SHAPE:-} "$@" 2>&1 \
     | tee -a "$out/bench.log" | grep '^{"preset"' | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -82,7 +84,7 @@ xla_cpu_prefer_vector_width=512;xla_cpu_enable_fast_math=true}"
       for s in "${settings[@]}"; do
         JAXTL_CPU_FLAGS=0 python -m jaxtl benchmark --presets="${PRESET:-minilm_cls}" \
             --steps="${STEPS:-5}" --rounds="${ROUNDS:-6}" --warmup=2 --versus="$s" \
-            --results="$out/benchmark_results.md" $mode 2>&1 \
+            --results="$out/benchmark_results.md" ${SHAPE:-} $mode 2>&1 \
           | tee -a "$out/versus.log" | grep "^| ${PRESET:-minilm_cls}" | tee -a "$out/versus.md"
       done
     done
