@@ -28,13 +28,11 @@ table.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from absl import app, flags
 from jax import lax
@@ -43,7 +41,7 @@ from jaxtl.models import dense_dots
 from jaxtl.runtime import startup
 from jaxtl.tools import benchmark, benchmark_torch
 from jaxtl.tools.presets import (init_inputs, jaxtl_step, lookup, make_batch, model_config,
-                                 optimizer_config, time_alternated)
+                                 optimizer_config, time_alternated, time_steps)
 from jaxtl.train import optim, step as train_step
 
 flags.DEFINE_string("preset", "minilm_cls", "A classification preset of jaxtl benchmark.")
@@ -64,13 +62,8 @@ _LAYOUTS = (lambda m, k, n: ((m, k), (k, n), ((1,), (0,))),
 
 def median_s(fn: Callable, *args: Any) -> float:
   """Median seconds of ``fn(*args)`` over ``--repeats`` calls, after one."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(FLAGS.repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
+  return time_steps(lambda: jax.block_until_ready(fn(*args)), warmup=1,
+                    steps=FLAGS.repeats)
 
 
 def product_s(m: int, k: int, n: int, dtype: Any) -> float:
