@@ -7,7 +7,6 @@ can be written without reading the source.
 from __future__ import annotations
 
 import ast
-import difflib
 import importlib.util
 import os
 import shlex
@@ -16,6 +15,8 @@ from typing import Any
 from absl import flags
 import ml_collections
 from ml_collections import config_flags
+
+from jaxtl.runtime import console
 
 # The package jaxtl.configs: the top-level configs/ of a clone (an editable
 # install maps it there), or where a wheel put it.
@@ -108,8 +109,8 @@ def table(config: ml_collections.ConfigDict, prefix: str = "") -> str:
     if first in sections:  # a section's key misspelt: list the section
       raise ValueError(f"--filter={prefix}: no key starts so; --filter={first} lists "
                        "that section's keys")
-    close = difflib.get_close_matches(first, sections, n=1, cutoff=0.6)
-    guess = f" ({close[0]}?)" if close else ""
+    close = console.closest(first, sections)
+    guess = f" ({close}?)" if close else ""
     raise ValueError(f"--filter={prefix}: no key starts so{guess}; the sections: "
                      f"{', '.join(sections)}")
   return "\n".join(line.rstrip() for line in _columns(

@@ -202,12 +202,18 @@ def parse_flags(argv: list[str]) -> list[str]:
     exit_mistake(f"bad flag or config override: {describe(e)}{hint}")
 
 
+def closest(name: str, known: Iterable[str]) -> str | None:
+  """The one of ``known`` that ``name`` is likely a typo of, or None."""
+  close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+  return close[0] if close else None
+
+
 def unknown(what: str, name: str, known: Iterable[str]) -> str:
   """"unknown WHAT 'NAME' (CLOSEST?); known: A, B, C": a name outside a
   fixed set, with the nearest one when a typo is likely."""
   known = list(known)
-  close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-  guess = f" ({close[0]}?)" if close else ""
+  close = closest(name, known)
+  guess = f" ({close}?)" if close else ""
   return f"unknown {what} {name!r}{guess}; known: {', '.join(known)}"
 
 
@@ -227,8 +233,8 @@ def unknown_flag(name: str, argv: list[str], values: flags.FlagValues = flags.FL
     return (f"--{name} is not a flag of {program()}: the recipe's key is "
             f"{' or '.join(f'--config.{k}' for k in keys)}")
   own = sorted(f.name for f in values.get_key_flags_for_module(argv[0]))
-  close = difflib.get_close_matches(name, own, n=1, cutoff=0.6)
-  guess = f"--{close[0]}? " if close else ""
+  close = closest(name, own)
+  guess = f"--{close}? " if close else ""
   return (f"--{name} is not a flag of {program()}: {guess}it takes "
           f"{', '.join('--' + f for f in own)} ({program()} --help says what each is)")
 
