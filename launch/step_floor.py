@@ -28,6 +28,7 @@ table.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -66,8 +67,10 @@ def median_s(fn: Callable, *args: Any) -> float:
                     steps=FLAGS.repeats)
 
 
+@functools.cache
 def product_s(m: int, k: int, n: int, dtype: Any) -> float:
-  """The fastest layout of an [m, k] x [k, n] product accumulating in float32."""
+  """The fastest layout of an [m, k] x [k, n] product accumulating in float32
+  (timed once a shape: the layers repeat theirs)."""
   best = float("inf")
   for layout in _LAYOUTS:
     lhs, rhs, contract = layout(m, k, n)
@@ -111,21 +114,15 @@ def attention_s(cfg: Any, batch: int, length: int, dtype: Any) -> float:
 
 
 def update_s(params: Any) -> float:
-  """The global norm and AdamW with clipping over ``params``, donated, in
-  the train step's finite guard."""
+  """The global norm and AdamW with clipping over ``params``, donated, as
+  the train step applies them (:func:`jaxtl.train.step.apply_update`)."""
   tx, schedule = optim.make_optimizer(optimizer_config(), total_steps=1000)
   grads = jax.tree.map(lambda p: jnp.full_like(p, 1e-3), params)
 
   def update(params, opt_state, grads):
     norm = optax.tree.norm(grads)
-
-    def apply(g, p, o):
-      updates, o = optax.with_extra_args_support(tx).update(
-          g, o, p, grad_norm=norm, schedule=schedule)
-      return optax.apply_updates(p, updates), o
-
-    return train_step.keep_if_finite(jnp.isfinite(norm), apply, grads, params, opt_state,
-                                     select=False)
+    return train_step.apply_update(tx, grads, params, opt_state, norm, jnp.isfinite(norm),
+                                   schedule)
 
   run = jax.jit(update, donate_argnums=(0, 1))
   state = [jax.tree.map(jnp.copy, params), tx.init(params)]

@@ -168,6 +168,24 @@ def keep_if_finite(finite: Array, update: Callable, grads: Any, params: Any,
   return jax.lax.cond(finite, update, lambda g, p, o: (p, o), grads, params, opt_state)
 
 
+def apply_update(tx: optax.GradientTransformation, grads: Any, params: Any,
+                 opt_state: Any, grad_norm: Array, finite: Array,
+                 schedule: optim.Schedule) -> tuple[Any, Any]:
+  """``tx``'s update of ``params`` and ``opt_state`` where ``finite``, else
+  both as they were (:func:`keep_if_finite`, in the back end's faster
+  form). ``grad_norm`` is the gradients' global norm, which the
+  optimizer's clipping (:func:`jaxtl.train.optim.clip_by_global_norm`)
+  takes instead of computing it again."""
+
+  def update(grads, params, opt_state):
+    updates, opt_state = optax.with_extra_args_support(tx).update(
+        grads, opt_state, params, grad_norm=grad_norm, schedule=schedule)
+    return optax.apply_updates(params, updates), opt_state
+
+  return keep_if_finite(finite, update, grads, params, opt_state,
+                        select=jax.default_backend() == "gpu")
+
+
 def train_step(state: TrainState, batch: Mapping[str, Array], rng: Array,
                schedule: optim.Schedule, *, loss_fn: Callable, weight_fn: Callable,
                tx: optax.GradientTransformation,
@@ -189,15 +207,8 @@ def train_step(state: TrainState, batch: Mapping[str, Array], rng: Array,
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
-  def update(grads, params, opt_state):
-    # The norm goes to the optimizer's clipping (optim.clip_by_global_norm),
-    # which would otherwise take it again.
-    updates, opt_state = optax.with_extra_args_support(tx).update(
-        grads, opt_state, params, grad_norm=grad_norm, schedule=schedule)
-    return optax.apply_updates(params, updates), opt_state
-
-  params, opt_state = keep_if_finite(finite, update, grads, state.params, state.opt_state,
-                                     select=jax.default_backend() == "gpu")
+  params, opt_state = apply_update(tx, grads, state.params, state.opt_state, grad_norm,
+                                   finite, schedule)
   new_state = state.replace(
       step=state.step + 1, params=params, opt_state=opt_state,
       bad_steps=jnp.where(finite, 0, state.bad_steps + 1),
