@@ -10,7 +10,9 @@
 #   launch/gpu_check.sh generate [PRESET]  # greedy generation, KV cache, beside HF's generate
 #   launch/gpu_check.sh versus PRESET...   # each preset's step against the commit packed
 #                                          # as .gpu_carry/base (BASE=REV launch/gpu_carry.sh),
-#                                          # both in one process, in alternating rounds
+#                                          # both in one process, in alternating rounds;
+#                                          # VERSUS=CHANGE: against itself with that change
+#                                          # (e.g. VERSUS=norm_impl=pallas), no base needed
 #
 # Packages the GPU image lacks travel as wheels in .whl/ and are installed
 # into /tmp/site; MiniLM and TREC for the trec stage travel in .gpu_carry/.
@@ -159,12 +161,15 @@ PY
     # What this tree's changes did to the step, measured as the estimates of
     # launch/gpu_traffic.py predicted them: both steps compiled in one
     # process and timed in turns (jaxtl benchmark --versus=tree=...).
-    [[ -d .gpu_carry/base/jaxtl ]] || { echo "no .gpu_carry/base: BASE=REV launch/gpu_carry.sh"; exit 2; }
+    # VERSUS=CHANGE times the step with and without a --versus change instead.
+    change=${VERSUS:-tree=.gpu_carry/base}
+    [[ -n ${VERSUS:-} || -d .gpu_carry/base/jaxtl ]] \
+      || { echo "no .gpu_carry/base: BASE=REV launch/gpu_carry.sh (or VERSUS=CHANGE)"; exit 2; }
     for name in "$@"; do
       base=--model=attention_dropout_rate=0.0
       [[ $name == t5_* ]] && base=""
       timeout ${BENCH_TIMEOUT:-300} python3 -m jaxtl benchmark --presets="$name" $base \
-        --versus=tree=.gpu_carry/base --steps=5 --warmup=2 --rounds=${ROUNDS:-6} \
+        --versus="$change" --steps=5 --warmup=2 --rounds=${ROUNDS:-6} \
         --results="$out/benchmark_results.md" 2>&1 | tee -a "$out/versus.log" \
         | grep -vE "^(I|W|E)[0-9]{4}|^\{" | tail -6
     done

@@ -38,8 +38,8 @@ def _inputs(name):
   return (x, seg, pos)
 
 
-def _loss_and_grads(name, impl):
-  cfg, model = make(name, attention_impl=impl, **BF16)
+def _loss_and_grads(name, impl, **kw):
+  cfg, model = make(name, attention_impl=impl, **BF16, **kw)
   args = _inputs(name)
   params = init(model, args[0])
   live = (args[2] if name == "t5" else args[1]) > 0
@@ -58,11 +58,9 @@ def test_auto_picks_cudnn_for_16_bit_and_xla_for_float32():
   assert attention.attention_impl(make("gpt2", head_dim=12)[0], jnp.bfloat16) == "xla"
 
 
-@pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
-def test_cudnn_outputs_and_gradients_match_xla(name):
-  _, got, got_grads = _loss_and_grads(name, "cudnn")
-  _, want, want_grads = _loss_and_grads(name, "xla")
-  assert _rel(got, want) < 2e-2
+def _assert_close_grads(got_grads, want_grads):
+  """Each gradient leaf close to ``want_grads``' and finite; returns the
+  leaves with their paths."""
   flat_got = jax.tree_util.tree_leaves_with_path(got_grads)
   flat_want = dict(jax.tree_util.tree_leaves_with_path(want_grads))
   scale = max(float(jnp.linalg.norm(w)) for w in flat_want.values())
@@ -73,9 +71,28 @@ def test_cudnn_outputs_and_gradients_match_xla(name):
     err = float(jnp.linalg.norm(g - w))
     assert err < 5e-2 * float(jnp.linalg.norm(w)) + 1e-4 * scale, jax.tree_util.keystr(path)
     assert bool(jnp.all(jnp.isfinite(g))), jax.tree_util.keystr(path)
+  return flat_got
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
+def test_cudnn_outputs_and_gradients_match_xla(name):
+  _, got, got_grads = _loss_and_grads(name, "cudnn")
+  _, want, want_grads = _loss_and_grads(name, "xla")
+  assert _rel(got, want) < 2e-2
+  flat_got = _assert_close_grads(got_grads, want_grads)
   if name == "t5":  # T5's relative bias learns only through cuDNN's bias gradient.
     bias = [g for p, g in flat_got if "relative" in jax.tree_util.keystr(p)]
     assert bias and all(float(jnp.abs(g).sum()) > 0 for g in bias)
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
+def test_pallas_norms_compiled_by_triton_match_xla(name):
+  """norm_impl=pallas's kernels as Triton compiles them (CPUs only run
+  them interpreted: tests/norm_kernel_test.py)."""
+  _, got, got_grads = _loss_and_grads(name, "xla", norm_impl="pallas")
+  _, want, want_grads = _loss_and_grads(name, "xla")
+  assert _rel(got, want) < 2e-2
+  _assert_close_grads(got_grads, want_grads)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "t5"])

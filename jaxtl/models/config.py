@@ -76,6 +76,8 @@ class TransformerConfig:
   gated_mlp: bool = _field(False, "gated MLP (T5 v1.1's gated GELU)")
   norm: str = _field("layernorm", "normalisation: layernorm | rmsnorm")
   norm_eps: float = _field(1e-12, "epsilon of every norm")
+  norm_impl: str = _field("xla", "norms' kernels: xla | pallas (one Pallas kernel each "
+                          "way, for GPUs; jaxtl.models.norm_kernel)")
   pre_norm: bool = _field(True, "norm before each block (GPT-2, T5); False: after it (BERT)")
   embed_norm: bool = _field(False, "norm right after the embeddings (BERT)")
   use_bias: bool = _field(True, "biases in dense layers (T5 has none)")
@@ -123,6 +125,7 @@ class TransformerConfig:
         "family": (self.family, FAMILIES),
         "position": (self.position, ("learned", "relative")),
         "norm": (self.norm, ("layernorm", "rmsnorm")),
+        "norm_impl": (self.norm_impl, ("xla", "pallas")),
         "remat": (self.remat, REMAT_POLICIES),
         "attention_impl": (self.attention_impl, (None, "xla", "cudnn", "einsum")),
         "decoder_start": (self.decoder_start, DECODER_STARTS),
@@ -234,10 +237,15 @@ def computing_in(cfg: TransformerConfig, compute_dtype: str,
   what :func:`jaxtl.runtime.xla_cpu.auto_precision` picks on this backend);
   "" keeps it. For a loaded model, so that the machine that runs it decides:
   a model tuned in bfloat16 where that paid computes in float32 on an AVX2
-  CPU, where bfloat16 is slower."""
+  CPU, where bfloat16 is slower, and one trained with ``norm_impl=pallas``
+  on a GPU runs XLA's norms elsewhere."""
   if compute_dtype not in (*DTYPES, ""):
     raise ValueError(f"compute_dtype={compute_dtype!r}; expected auto, float32 or "
                      "bfloat16")
+  # The norms' Pallas kernels are GPU kernels: elsewhere they would run
+  # interpreted, so a model trained with them on a GPU loads with XLA's norms.
+  if cfg.norm_impl == "pallas" and jax.default_backend() != "gpu":
+    cfg = cfg.replace(norm_impl="xla")
   if compute_dtype == "auto":  # this machine decides both
     dtype = xla_cpu.auto_precision(jax.default_backend(), keep_float32)
     return cfg.replace(dtype=dtype, row_major_dots=with_row_major_dots(dtype, False))

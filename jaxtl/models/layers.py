@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-from jaxtl.models import dense_dots, paths
+from jaxtl.models import dense_dots, norm_kernel, paths
 from jaxtl.models.dropout import Dropout
 from jaxtl.models.config import TransformerConfig
 
@@ -148,7 +148,13 @@ def activation_fn(name: str) -> Callable[[Array], Array]:
 
 def make_norm(cfg: TransformerConfig, name: str) -> Callable[[Array], Array]:
   """LayerNorm (BERT, GPT-2) or RMSNorm without bias (T5), per the config
-  (see :func:`without_unit_batch`)."""
+  (see :func:`without_unit_batch`); ``norm_impl=pallas``: the same norm as
+  one Pallas kernel each way (:mod:`jaxtl.models.norm_kernel`)."""
+  if cfg.norm_impl == "pallas":
+    return norm_kernel.PallasNorm(
+        epsilon=cfg.norm_eps, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
+        centered=cfg.norm == "layernorm", scale_init=ones_init(("embed",)),
+        bias_init=zeros_init(("embed",)), name=name)
   if cfg.norm == "rmsnorm":
     norm = nn.RMSNorm(epsilon=cfg.norm_eps, dtype=cfg.jnp_dtype,
                       param_dtype=cfg.jnp_param_dtype,

@@ -33,7 +33,7 @@ from jaxtl.train import workdir as workdir_lib
 
 # Fields a resumed run may change: they shape no parameter.
 RUNTIME_FIELDS = ("dropout_rate", "attention_dropout_rate", "lora_dropout", "dtype",
-                  "remat", "attention_impl", "row_major_dots", "init_std")
+                  "remat", "attention_impl", "norm_impl", "row_major_dots", "init_std")
 
 
 # model_config.json's entry for a pretrainer's second model (ELECTRA's
