@@ -57,6 +57,27 @@ def test_kernels_match_flax_outputs_and_gradients(centered, dtype, tol, rows, wi
     assert _rel(got_dp[name], want_dp[name]) < 1e-5, name
 
 
+@pytest.mark.parametrize("used", ["both", "residual only"])
+def test_residual_gradient_joins_the_norms_inside_the_kernel(used):
+  x = jax.random.normal(jax.random.key(0), (19, 40))
+  scale, bias = jax.random.normal(jax.random.key(1), (40,)), jnp.zeros((40,))
+  dz, dres = jax.random.normal(jax.random.key(2), (2, 19, 40))
+  if used == "residual only":
+    dz = jnp.zeros_like(dz)
+
+  def ours(x, scale):
+    z, passed = norm_kernel.norm_and_residual(x, scale, bias, eps=1e-6, out_dtype=x.dtype)
+    return (jnp.sum(z * dz) if used == "both" else 0.0) + jnp.sum(passed * dres)
+
+  def theirs(x, scale):
+    z = _flax_norm(True, x.dtype).apply({"params": {"scale": scale, "bias": bias}}, x)
+    return jnp.sum(z * dz) + jnp.sum(x * dres)
+
+  got, want = jax.grad(ours, (0, 1))(x, scale), jax.grad(theirs, (0, 1))(x, scale)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+
+
 def test_leading_axes_are_rows_and_out_dtype_is_asked_for():
   x = jax.random.normal(jax.random.key(0), (2, 5, 24))
   scale, bias = jnp.full((24,), 2.0), jnp.ones((24,))
@@ -71,7 +92,7 @@ def test_leading_axes_are_rows_and_out_dtype_is_asked_for():
   np.testing.assert_allclose(rows.std(-1), 2.0, atol=2e-2)
 
 
-@pytest.mark.parametrize("name", ["bert", "t5"])
+@pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
 def test_model_with_pallas_norms_keeps_parameters_and_loss(name):
   x = tokens((2, 9))
   _, xla_model = make(name)

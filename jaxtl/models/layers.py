@@ -146,15 +146,19 @@ def activation_fn(name: str) -> Callable[[Array], Array]:
 # Layers.
 
 
-def make_norm(cfg: TransformerConfig, name: str) -> Callable[[Array], Array]:
+def make_norm(cfg: TransformerConfig, name: str, residual: bool = False) -> Callable[..., Any]:
   """LayerNorm (BERT, GPT-2) or RMSNorm without bias (T5), per the config
   (see :func:`without_unit_batch`); ``norm_impl=pallas``: the same norm as
-  one Pallas kernel each way (:mod:`jaxtl.models.norm_kernel`)."""
+  one Pallas kernel each way (:mod:`jaxtl.models.norm_kernel`).
+
+  ``residual``: the callable answers ``(norm(x), x)``, the second for a
+  pre-norm block's residual add; the Pallas kernels then add the gradient
+  that comes back along the residual to the norm's in the same pass."""
   if cfg.norm_impl == "pallas":
     return norm_kernel.PallasNorm(
         epsilon=cfg.norm_eps, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
         centered=cfg.norm == "layernorm", scale_init=ones_init(("embed",)),
-        bias_init=zeros_init(("embed",)), name=name)
+        bias_init=zeros_init(("embed",)), residual=residual, name=name)
   if cfg.norm == "rmsnorm":
     norm = nn.RMSNorm(epsilon=cfg.norm_eps, dtype=cfg.jnp_dtype,
                       param_dtype=cfg.jnp_param_dtype,
@@ -166,7 +170,8 @@ def make_norm(cfg: TransformerConfig, name: str) -> Callable[[Array], Array]:
                         bias_init=zeros_init(("embed",)), name=name)
   else:
     raise ValueError(f"unknown norm {cfg.norm!r}; known: layernorm, rmsnorm")
-  return without_unit_batch(norm)
+  apply = without_unit_batch(norm)
+  return (lambda x: (apply(x), x)) if residual else apply
 
 
 def without_unit_batch(fn: Callable[[Array], Array]) -> Callable[[Array], Array]:

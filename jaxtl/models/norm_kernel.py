@@ -27,6 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from absl import logging
+from jax import custom_derivatives
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -84,10 +85,12 @@ def _forward_kernel(x_ref, scale_ref, *refs, eps: float, centered: bool,
   plgpu.store(rstd_ref.at[rows], rstd, mask=in_rows)
 
 
-def _backward_kernel(x_ref, scale_ref, mean_ref, rstd_ref, dz_ref, dx_ref, *partial_refs,
-                     centered: bool, block_rows: int, width: int) -> None:
-  """``BACKWARD_BLOCKS`` blocks of rows: each row's ``dx``, and this
+def _backward_kernel(x_ref, scale_ref, mean_ref, rstd_ref, dz_ref, *refs, centered: bool,
+                     residual: bool, block_rows: int, width: int) -> None:
+  """``BACKWARD_BLOCKS`` blocks of rows: each row's ``dx`` (plus, with
+  ``residual``, the gradient the residual add sent back to ``x``), and this
   program's sums of the scale's (and bias's) gradient over its rows."""
+  dres_ref, (dx_ref, *partial_refs) = (refs[0], refs[1:]) if residual else (None, refs)
   n, d = x_ref.shape
   program = pl.program_id(0)
   cols = jnp.arange(width)
@@ -107,6 +110,8 @@ def _backward_kernel(x_ref, scale_ref, mean_ref, rstd_ref, dz_ref, dx_ref, *part
     if centered:
       dx -= (g.sum(axis=1) / d)[:, None]
     dx *= rstd[:, None]
+    if residual:
+      dx += _block(dres_ref, rows, cols)[1]
     plgpu.store(dx_ref.at[rows[:, None], cols[None, :]], dx.astype(dx_ref.dtype), mask=mask)
     return sums[0] + (dz * x_hat).sum(axis=0), sums[1] + dz.sum(axis=0)
 
@@ -125,7 +130,8 @@ def _call(kernel: Any, grid: int, out_shape: list[jax.ShapeDtypeStruct], warps: 
 
 
 def _forward(x: Array, scale: Array, bias: Array | None, eps: float, out_dtype: Any,
-             interpret: bool) -> tuple[Array, tuple[Array, ...]]:
+             interpret: bool) -> tuple[Array, Array, Array]:
+  """(normed rows, mean, reciprocal deviation)."""
   n, d = x.shape
   width = pl.next_power_of_2(d)
   block_rows, warps = launch(width)
@@ -133,40 +139,57 @@ def _forward(x: Array, scale: Array, bias: Array | None, eps: float, out_dtype: 
   kernel = functools.partial(_forward_kernel, eps=eps, centered=centered,
                              block_rows=block_rows, width=width)
   stats = jax.ShapeDtypeStruct((n,), jnp.float32)
-  z, mean, rstd = _call(kernel, pl.cdiv(n, block_rows),
-                        [jax.ShapeDtypeStruct((n, d), out_dtype), stats, stats], warps,
-                        interpret, "norm_forward", x, scale,
-                        *([bias] if centered else []))
-  return z, (x, scale, bias, mean, rstd)
+  return _call(kernel, pl.cdiv(n, block_rows),
+               [jax.ShapeDtypeStruct((n, d), out_dtype), stats, stats], warps,
+               interpret, "norm_forward", x, scale, *([bias] if centered else []))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def _norm(x: Array, scale: Array, bias: Array | None, eps: float, out_dtype: Any,
-          interpret: bool) -> Array:
-  return _forward(x, scale, bias, eps, out_dtype, interpret)[0]
+          interpret: bool) -> tuple[Array, Array]:
+  """(normed rows, ``x`` itself): the second is what a pre-norm block adds
+  its branch to, so that the gradient coming back along the residual joins
+  the norm's inside the backward kernel (XLA would add the two in a pass of
+  its own, reading both and writing the sum)."""
+  return _forward(x, scale, bias, eps, out_dtype, interpret)[0], x
 
 
-def _backward(eps: float, out_dtype: Any, interpret: bool, saved: tuple[Array, ...],
-              dz: Array) -> tuple[Array, Array, Array | None]:
+def _norm_forward(x: Any, scale: Any, bias: Any, eps: float, out_dtype: Any,
+                  interpret: bool) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
+  # symbolic_zeros: primals arrive wrapped, with whether each is differentiated.
+  x, scale, bias = x.value, scale.value, None if bias is None else bias.value
+  z, mean, rstd = _forward(x, scale, bias, eps, out_dtype, interpret)
+  return (z, x), (x, scale, bias, mean, rstd)
+
+
+def _norm_backward(eps: float, out_dtype: Any, interpret: bool, saved: tuple[Array, ...],
+                   cotangents: tuple[Any, Any]) -> tuple[Array, Array, Array | None]:
   del eps, out_dtype
   x, scale, bias, mean, rstd = saved
+  dz, dres = cotangents
+  centered = bias is not None
+  zero = custom_derivatives.SymbolicZero
+  if isinstance(dz, zero):  # the normed rows went unused
+    return (jnp.zeros_like(x) if isinstance(dres, zero) else dres, jnp.zeros_like(scale),
+            jnp.zeros_like(bias) if centered else None)
+  residual = not isinstance(dres, zero)
   n, d = x.shape
   width = pl.next_power_of_2(d)
   block_rows, warps = launch(width)
   programs = pl.cdiv(n, block_rows * BACKWARD_BLOCKS)
-  centered = bias is not None
   partial = jax.ShapeDtypeStruct((programs * d,), jnp.float32)
-  kernel = functools.partial(_backward_kernel, centered=centered, block_rows=block_rows,
-                             width=width)
+  kernel = functools.partial(_backward_kernel, centered=centered, residual=residual,
+                             block_rows=block_rows, width=width)
   dx, *partials = _call(kernel, programs,
                         [jax.ShapeDtypeStruct((n, d), x.dtype)] + [partial] * (1 + centered),
-                        warps, interpret, "norm_backward", x, scale, mean, rstd, dz)
+                        warps, interpret, "norm_backward", x, scale, mean, rstd, dz,
+                        *([dres] if residual else []))
   dscale, *dbias = [p.reshape(programs, d).sum(axis=0) for p in partials]
   return (dx, dscale.astype(scale.dtype),
           dbias[0].astype(bias.dtype) if centered else None)
 
 
-_norm.defvjp(_forward, _backward)
+_norm.defvjp(_norm_forward, _norm_backward, symbolic_zeros=True)
 
 
 def norm(x: Array, scale: Array, bias: Array | None, *, eps: float, out_dtype: Any,
@@ -175,27 +198,36 @@ def norm(x: Array, scale: Array, bias: Array | None, *, eps: float, out_dtype: A
   its statistics in float32, answered in ``out_dtype``; differentiable in
   all three arrays. ``interpret``: run Pallas's interpreter (None: on any
   back end but a GPU)."""
+  return norm_and_residual(x, scale, bias, eps=eps, out_dtype=out_dtype,
+                           interpret=interpret)[0]
+
+
+def norm_and_residual(x: Array, scale: Array, bias: Array | None, *, eps: float,
+                      out_dtype: Any, interpret: bool | None = None) -> tuple[Array, Array]:
+  """(:func:`norm` of ``x``, ``x``): a pre-norm block's branch input and
+  the residual it adds its branch to, one kernel each way."""
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
   *lead, d = x.shape
-  z = _norm(x.reshape(-1, d), scale, bias, eps, jnp.dtype(out_dtype), interpret)
-  return z.reshape(*lead, d)
+  z, x_out = _norm(x.reshape(-1, d), scale, bias, eps, jnp.dtype(out_dtype), interpret)
+  return z.reshape(*lead, d), x_out.reshape(*lead, d)
 
 
 class PallasNorm(nn.Module):
   """A norm module with ``nn.LayerNorm``'s (``nn.RMSNorm``'s, when
   ``centered`` is False) parameters, names and logical axes, computed by
   :func:`norm`: checkpoints move between ``norm_impl=xla`` and ``pallas``
-  unchanged."""
+  unchanged. With ``residual`` it answers :func:`norm_and_residual`'s pair."""
   epsilon: float
   dtype: Any
   param_dtype: Any
   centered: bool
   scale_init: Any
   bias_init: Any = None
+  residual: bool = False
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array) -> Array | tuple[Array, Array]:
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty and mesh.size > 1:
       raise ValueError(f"norm_impl=pallas runs on one device; this mesh has {mesh.size} "
@@ -205,7 +237,8 @@ class PallasNorm(nn.Module):
     bias = self.param("bias", self.bias_init, (d,), self.param_dtype) if self.centered else None
     if jax.default_backend() != "gpu":
       _warn_interpreted(jax.default_backend())
-    return norm(x, scale, bias, eps=self.epsilon, out_dtype=self.dtype)
+    pair = norm_and_residual(x, scale, bias, eps=self.epsilon, out_dtype=self.dtype)
+    return pair if self.residual else pair[0]
 
 
 @functools.cache

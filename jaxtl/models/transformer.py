@@ -62,8 +62,12 @@ class TransformerBlock(nn.Module):
     drop = Dropout(cfg.dropout_rate, name=f"{name}_dropout")
     adapt = (layers.Adapter(cfg, name=paths.adapter(name)) if cfg.adapter_dim
              and name != paths.CROSS_ATTENTION else (lambda y: y))
-    norm = layers.make_norm(cfg, paths.norm(name))
-    y_BTD, aux = fn(norm(x_BTD) if cfg.pre_norm else x_BTD)
+    norm = layers.make_norm(cfg, paths.norm(name), residual=cfg.pre_norm)
+    if cfg.pre_norm:
+      h_BTD, x_BTD = norm(x_BTD)
+      y_BTD, aux = fn(h_BTD)
+    else:
+      y_BTD, aux = fn(x_BTD)
     if at is not None:
       x_BTD = at_positions(x_BTD, at)
     x_BTD = x_BTD + drop(adapt(y_BTD), deterministic=self.deterministic)
