@@ -57,6 +57,23 @@ def test_kernels_match_flax_outputs_and_gradients(centered, dtype, tol, rows, wi
     assert _rel(got_dp[name], want_dp[name]) < 1e-5, name
 
 
+@pytest.mark.parametrize("rows", [70, 100])
+def test_backward_programs_looping_over_several_blocks(rows, monkeypatch):
+  """Few programs, each looping over row blocks, the last ones past the
+  rows' end: what long batches get (a few rows here get one block each)."""
+  monkeypatch.setattr(norm_kernel, "BACKWARD_PROGRAMS", 1)
+  assert norm_kernel.backward_blocks(rows, 32) > 1
+  x = jax.random.normal(jax.random.key(0), (rows, 20))
+  scale, bias = jax.random.normal(jax.random.key(1), (2, 20))
+  dz = jax.random.normal(jax.random.key(2), (rows, 20))
+  got = jax.vjp(lambda x, s, b: norm_kernel.norm(x, s, b, eps=1e-6, out_dtype=x.dtype),
+                x, scale, bias)[1](dz)
+  want = jax.vjp(lambda x, s, b: _flax_norm(True, x.dtype).apply(
+      {"params": {"scale": s, "bias": b}}, x), x, scale, bias)[1](dz)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("used", ["both", "residual only"])
 def test_residual_gradient_joins_the_norms_inside_the_kernel(used):
   x = jax.random.normal(jax.random.key(0), (19, 40))

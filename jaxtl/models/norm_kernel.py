@@ -33,9 +33,11 @@ from jax.experimental.pallas import triton as plgpu
 
 Array = jax.Array
 
-# Row blocks that programs loop over in the backward pass: more rows a
-# program means fewer partial sums of the scale's gradient to write and add.
-BACKWARD_BLOCKS = 16
+# Programs the backward pass aims for (about 8 an H100 multiprocessor, so
+# that enough loads are in flight), each looping over up to 16 row blocks:
+# more rows a program, fewer partial sums of the scale's gradient to write.
+BACKWARD_PROGRAMS = 1024
+MAX_BACKWARD_BLOCKS = 16
 
 
 def launch(width: int) -> tuple[int, int]:
@@ -43,6 +45,11 @@ def launch(width: int) -> tuple[int, int]:
   of 2): about 4,096 float32 values a block, so that a Triton program keeps
   its block in registers; wide rows get more warps."""
   return max(1, min(32, 4096 // width)), 8 if width >= 4096 else 4
+
+
+def backward_blocks(rows: int, block_rows: int) -> int:
+  """Row blocks each backward program loops over, for ``rows`` rows."""
+  return max(1, min(MAX_BACKWARD_BLOCKS, rows // (block_rows * BACKWARD_PROGRAMS)))
 
 
 def _block(ref: Any, rows: Array, cols: Array) -> tuple[Array, Array]:
@@ -86,8 +93,8 @@ def _forward_kernel(x_ref, scale_ref, *refs, eps: float, centered: bool,
 
 
 def _backward_kernel(x_ref, scale_ref, mean_ref, rstd_ref, dz_ref, *refs, centered: bool,
-                     residual: bool, block_rows: int, width: int) -> None:
-  """``BACKWARD_BLOCKS`` blocks of rows: each row's ``dx`` (plus, with
+                     residual: bool, block_rows: int, blocks: int, width: int) -> None:
+  """``blocks`` blocks of rows: each row's ``dx`` (plus, with
   ``residual``, the gradient the residual add sent back to ``x``), and this
   program's sums of the scale's (and bias's) gradient over its rows."""
   dres_ref, (dx_ref, *partial_refs) = (refs[0], refs[1:]) if residual else (None, refs)
@@ -97,7 +104,7 @@ def _backward_kernel(x_ref, scale_ref, mean_ref, rstd_ref, dz_ref, *refs, center
   scale = _vector(scale_ref, cols)[None, :]
 
   def block(i: Array, sums: tuple[Array, Array]) -> tuple[Array, Array]:
-    rows = (program * BACKWARD_BLOCKS + i) * block_rows + jnp.arange(block_rows)
+    rows = (program * blocks + i) * block_rows + jnp.arange(block_rows)
     mask, x = _block(x_ref, rows, cols)
     _, dz = _block(dz_ref, rows, cols)
     in_rows = rows < n
@@ -116,7 +123,7 @@ def _backward_kernel(x_ref, scale_ref, mean_ref, rstd_ref, dz_ref, *refs, center
     return sums[0] + (dz * x_hat).sum(axis=0), sums[1] + dz.sum(axis=0)
 
   zeros = jnp.zeros((width,), jnp.float32)
-  dscale, dbias = jax.lax.fori_loop(0, BACKWARD_BLOCKS, block, (zeros, zeros))
+  dscale, dbias = jax.lax.fori_loop(0, blocks, block, (zeros, zeros))
   # Partial sums are [programs * D], flat: one program's row starts at program * D.
   for ref, total in zip(partial_refs, (dscale, dbias)):
     plgpu.store(ref.at[program * d + cols], total, mask=cols < d)
@@ -176,10 +183,11 @@ def _norm_backward(eps: float, out_dtype: Any, interpret: bool, saved: tuple[Arr
   n, d = x.shape
   width = pl.next_power_of_2(d)
   block_rows, warps = launch(width)
-  programs = pl.cdiv(n, block_rows * BACKWARD_BLOCKS)
+  blocks = backward_blocks(n, block_rows)
+  programs = pl.cdiv(n, block_rows * blocks)
   partial = jax.ShapeDtypeStruct((programs * d,), jnp.float32)
   kernel = functools.partial(_backward_kernel, centered=centered, residual=residual,
-                             block_rows=block_rows, width=width)
+                             block_rows=block_rows, blocks=blocks, width=width)
   dx, *partials = _call(kernel, programs,
                         [jax.ShapeDtypeStruct((n, d), x.dtype)] + [partial] * (1 + centered),
                         warps, interpret, "norm_backward", x, scale, mean, rstd, dz,
