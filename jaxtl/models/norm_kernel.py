@@ -9,7 +9,10 @@ memory traffic"). These kernels read a row block once each way: the
 forward reads ``x`` and writes the normed rows plus two float32 numbers a
 row; the backward reads ``x`` and the incoming gradient and writes ``dx``,
 summing the scale's and bias's gradients over its rows as it goes (a
-float32 row of partial sums per program, added up by XLA).
+float32 row of partial sums per program, added up by XLA). In a pre-norm
+block the residual passes through the kernel as well
+(:func:`norm_and_residual`), so the gradient that comes back along it is
+added to the norm's in the same backward pass.
 
 The kernels are written for Pallas's Triton back end (GPUs). CPUs run them
 through Pallas's interpreter, slowly: that is for tests, which check them
@@ -81,9 +84,9 @@ def _forward_kernel(x_ref, scale_ref, *refs, eps: float, centered: bool,
   cols = jnp.arange(width)
   mask, x = _block(x_ref, rows, cols)
   mean = x.sum(axis=1) / d if centered else jnp.zeros((block_rows,), jnp.float32)
-  centred = jnp.where(mask, x - mean[:, None], 0.0)
-  rstd = jax.lax.rsqrt((centred * centred).sum(axis=1) / d + eps)
-  z = centred * rstd[:, None] * _vector(scale_ref, cols)[None, :]
+  x_mean = jnp.where(mask, x - mean[:, None], 0.0)
+  rstd = jax.lax.rsqrt((x_mean * x_mean).sum(axis=1) / d + eps)
+  z = x_mean * rstd[:, None] * _vector(scale_ref, cols)[None, :]
   if centered:
     z += _vector(bias_ref, cols)[None, :]
   plgpu.store(z_ref.at[rows[:, None], cols[None, :]], z.astype(z_ref.dtype), mask=mask)
