@@ -43,11 +43,13 @@ BACKWARD_PROGRAMS = 1024
 MAX_BACKWARD_BLOCKS = 16
 
 
-def launch(width: int) -> tuple[int, int]:
-  """(rows a block, warps a program) for rows padded to ``width`` (a power
-  of 2): about 4,096 float32 values a block, so that a Triton program keeps
-  its block in registers; wide rows get more warps."""
-  return max(1, min(32, 4096 // width)), 8 if width >= 4096 else 4
+def launch(d: int) -> tuple[int, int, int]:
+  """(width, rows a block, warps a program) for rows of ``d`` values: rows
+  padded to a power of 2 (Triton's blocks are), about 4,096 float32 values
+  a block, so that a Triton program keeps its block in registers; wide
+  rows get more warps."""
+  width = pl.next_power_of_2(d)
+  return width, max(1, min(32, 4096 // width)), 8 if width >= 4096 else 4
 
 
 def backward_blocks(rows: int, block_rows: int) -> int:
@@ -134,6 +136,7 @@ def _backward_kernel(x_ref, scale_ref, mean_ref, rstd_ref, dz_ref, *refs, center
 
 def _call(kernel: Any, grid: int, out_shape: list[jax.ShapeDtypeStruct], warps: int,
           interpret: bool, name: str, *args: Array) -> Any:
+  """``kernel`` over a 1-D grid of ``grid`` programs, each of ``warps`` warps."""
   return pl.pallas_call(kernel, grid=(grid,), out_shape=out_shape, interpret=interpret,
                         compiler_params=plgpu.CompilerParams(num_warps=warps),
                         name=name)(*args)
@@ -143,8 +146,7 @@ def _forward(x: Array, scale: Array, bias: Array | None, eps: float, out_dtype: 
              interpret: bool) -> tuple[Array, Array, Array]:
   """(normed rows, mean, reciprocal deviation)."""
   n, d = x.shape
-  width = pl.next_power_of_2(d)
-  block_rows, warps = launch(width)
+  width, block_rows, warps = launch(d)
   centered = bias is not None
   kernel = functools.partial(_forward_kernel, eps=eps, centered=centered,
                              block_rows=block_rows, width=width)
@@ -184,8 +186,7 @@ def _norm_backward(eps: float, out_dtype: Any, interpret: bool, saved: tuple[Arr
             jnp.zeros_like(bias) if centered else None)
   residual = not isinstance(dres, zero)
   n, d = x.shape
-  width = pl.next_power_of_2(d)
-  block_rows, warps = launch(width)
+  width, block_rows, warps = launch(d)
   blocks = backward_blocks(n, block_rows)
   programs = pl.cdiv(n, block_rows * blocks)
   partial = jax.ShapeDtypeStruct((programs * d,), jnp.float32)
